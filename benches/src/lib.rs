@@ -1,0 +1,1 @@
+//! Benchmarks for the Idempotency-Key layer; see `BENCHMARKS.md`.

@@ -1,0 +1,1 @@
+//! SQL stores for `idempotency-core` (PostgreSQL, MySQL/MariaDB, SQLite). Work in progress.
