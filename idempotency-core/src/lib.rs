@@ -8,3 +8,6 @@ pub use store::{
     Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
     RecordState, Reservation, StoreError, StoredResponse,
 };
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
