@@ -1,1 +1,13 @@
-//! Benchmarks for the Idempotency-Key layer; see `BENCHMARKS.md`.
+//! Benchmarks for the Idempotency-Key layer; see `BENCHMARKS.md` at the repository root.
+//!
+//! Every figure is a ratio against a baseline measured in the same run, interleaved with it,
+//! because the machines these run on are shared and noisy.
+
+pub mod app;
+pub mod harness;
+pub mod http_load;
+pub mod inprocess;
+pub mod report;
+pub mod scale;
+#[cfg(feature = "sql")]
+pub mod sql;

@@ -1,0 +1,55 @@
+//! The benchmark app (`POST /orders` answering `201 created`) behind the `idempotent`
+//! crate's `IdempotencyLayer` and its in-memory store, so that `compare` can drive it with
+//! the same load as our own layer in the same run.
+//!
+//! Usage: `peer-idempotent --listen 127.0.0.1:8090 [--threads 1]`
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::post;
+use idempotent::memory::MemoryStore;
+use idempotent::middleware::IdempotencyLayer;
+
+/// The handler every benchmark server runs: the same bytes as `benches::app::create_order`.
+async fn create_order() -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        r#"{"id":"ord_1","status":"created"}"#,
+    )
+}
+
+fn main() {
+    let mut listen: SocketAddr = "127.0.0.1:8090".parse().expect("default address");
+    let mut threads = 1usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let value = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--listen" => listen = value.parse().expect("--listen takes ip:port"),
+            "--threads" => threads = value.parse().expect("--threads takes a number"),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        // Defaults otherwise: 60 s processing lease, 24 h completed lease, 1 MiB body cap.
+        let store = MemoryStore::builder()
+            .try_build()
+            .expect("idempotent memory store");
+        let app = Router::new()
+            .route("/orders", post(create_order))
+            .layer(IdempotencyLayer::new(store));
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .expect("bind the listen address");
+        println!("listening on {}", listener.local_addr().expect("local address"));
+        axum::serve(listener, app).await.expect("serve");
+    });
+}

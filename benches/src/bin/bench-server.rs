@@ -1,0 +1,95 @@
+//! The benchmark app over HTTP: `bench-server --mode bare|memory|sqlite|postgres
+//! --listen 127.0.0.1:0 [--threads 1] [--database-url URL]`.
+//!
+//! Prints `listening on ADDR` once it accepts connections, then serves until killed.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+
+use idempotency_core::IdempotencyLayer;
+use idempotency_store_memory::MemoryStore;
+
+struct Args {
+    mode: String,
+    listen: SocketAddr,
+    threads: usize,
+    database_url: Option<String>,
+    max_entries: usize,
+}
+
+fn parse_args() -> Args {
+    let mut parsed = Args {
+        mode: "bare".to_owned(),
+        listen: "127.0.0.1:0".parse().expect("default address"),
+        threads: 1,
+        database_url: None,
+        max_entries: 100_000_000,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let value = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--mode" => parsed.mode = value,
+            "--listen" => parsed.listen = value.parse().expect("--listen takes ip:port"),
+            "--threads" => parsed.threads = value.parse().expect("--threads takes a number"),
+            "--database-url" => parsed.database_url = Some(value),
+            "--max-entries" => {
+                parsed.max_entries = value.parse().expect("--max-entries takes a number")
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    parsed
+}
+
+async fn layer(args: &Args) -> Option<IdempotencyLayer> {
+    match args.mode.as_str() {
+        "bare" => None,
+        // The default bound (10,000) would fill up under a fresh-key load and answer 503.
+        "memory" => Some(IdempotencyLayer::new(
+            MemoryStore::new().with_max_entries(args.max_entries),
+        )),
+        #[cfg(feature = "sql")]
+        mode @ ("sqlite" | "postgres" | "mysql") => Some(
+            benches::sql::server_layer(mode, args.database_url.as_deref())
+                .await
+                .unwrap_or_else(|error| panic!("cannot set up the {mode} store: {error}")),
+        ),
+        other => panic!(
+            "unknown --mode {other} (bare, memory{})",
+            if cfg!(feature = "sql") {
+                ", sqlite, postgres, mysql"
+            } else {
+                "; the SQL modes need --features sql"
+            }
+        ),
+    }
+}
+
+fn main() {
+    let args = parse_args();
+    let _ = &args.database_url;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async move {
+        let app = match layer(&args).await {
+            Some(layer) => benches::app::layered(layer),
+            None => benches::app::bare(),
+        };
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .expect("bind the listen address");
+        let mut stdout = std::io::stdout();
+        writeln!(
+            stdout,
+            "listening on {}",
+            listener.local_addr().expect("local address")
+        )
+        .and_then(|()| stdout.flush())
+        .expect("stdout");
+        axum::serve(listener, app).await.expect("serve");
+    });
+}

@@ -1,0 +1,534 @@
+//! `compare [--quick] [--only inprocess,http,sql,scale] [--out FILE] …`: runs every
+//! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
+//!
+//! Options:
+//! - `--quick`: short runs (a few minutes in all on 2 cores);
+//! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `sql`, `scale`;
+//! - `--connections LIST`: HTTP concurrency levels (default `1,16,64`);
+//! - `--seconds N`, `--rounds N`: length of each `wrk` run and interleaved rounds;
+//! - `--server-threads N`: tokio worker threads of each HTTP server (default 1);
+//! - `--peer PATH`: the `peer-idempotent` binary (default: its release build);
+//! - `--postgres-url`, `--mysql-url`: databases for the SQL benchmarks;
+//! - `--out FILE`: also write the tables to FILE.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use benches::harness::median;
+use benches::http_load::{self, Load, LoadResult, Server};
+use benches::report::{self, Row, Table, Verdict, micros};
+use benches::{inprocess, scale};
+
+struct Options {
+    quick: bool,
+    sections: Vec<String>,
+    connections: Vec<usize>,
+    seconds: Option<u64>,
+    rounds: Option<usize>,
+    server_threads: usize,
+    peer: PathBuf,
+    postgres_url: String,
+    mysql_url: String,
+    out: Option<PathBuf>,
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        quick: false,
+        sections: ["inprocess", "http", "sql", "scale"]
+            .map(str::to_owned)
+            .to_vec(),
+        connections: vec![1, 16, 64],
+        seconds: None,
+        rounds: None,
+        server_threads: 1,
+        peer: PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/peer-idempotent/target/release/peer-idempotent"
+        )),
+        postgres_url: std::env::var("BENCH_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+        mysql_url: std::env::var("BENCH_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+        out: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--quick" {
+            o.quick = true;
+            continue;
+        }
+        let value = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        let list = || value.split(',').map(str::trim).map(str::to_owned);
+        match arg.as_str() {
+            "--only" => o.sections = list().collect(),
+            "--connections" => {
+                o.connections = list()
+                    .map(|c| c.parse().expect("--connections takes numbers"))
+                    .collect()
+            }
+            "--seconds" => o.seconds = Some(value.parse().expect("--seconds takes a number")),
+            "--rounds" => o.rounds = Some(value.parse().expect("--rounds takes a number")),
+            "--server-threads" => {
+                o.server_threads = value.parse().expect("--server-threads takes a number")
+            }
+            "--peer" => o.peer = PathBuf::from(value),
+            "--postgres-url" => o.postgres_url = value,
+            "--mysql-url" => o.mysql_url = value,
+            "--out" => o.out = Some(PathBuf::from(value)),
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    o
+}
+
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .expect("current executable")
+        .with_file_name(name)
+}
+
+fn skipped(name: &str, why: impl Into<String>) -> Row {
+    Row {
+        name: name.to_owned(),
+        measured: why.into(),
+        baseline: String::new(),
+        ratio: String::new(),
+        target: String::new(),
+        verdict: Verdict::Skipped,
+    }
+}
+
+/// Starts a server: name, program, arguments, and the `wrk` modes to drive it with.
+type StartServer<'a> = dyn FnMut(&str, &PathBuf, &[&str], &[&'static str]) + 'a;
+
+/// One line of load: which server, which `wrk` mode.
+struct Scenario {
+    label: String,
+    server: usize,
+    mode: &'static str,
+}
+
+/// Results of one scenario at one concurrency level, one per round, and its ratio to the
+/// bare server of the same round.
+#[derive(Default)]
+struct Samples {
+    runs: Vec<LoadResult>,
+    vs_bare: Vec<f64>,
+}
+
+impl Samples {
+    fn med(&self, f: impl Fn(&LoadResult) -> f64) -> f64 {
+        median(&mut self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+}
+
+fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
+    let seconds = o.seconds.unwrap_or(if o.quick { 2 } else { 5 });
+    let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 3 });
+    if std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        rows.push(skipped(
+            "HTTP on loopback",
+            "wrk not found: apt-get install -y wrk",
+        ));
+        return;
+    }
+    let script = std::env::temp_dir().join(format!("idempotency-bench-{}.lua", std::process::id()));
+    std::fs::write(&script, http_load::WRK_SCRIPT).expect("write the wrk script");
+    let server_bin = sibling("bench-server");
+    let threads = o.server_threads.to_string();
+
+    if !o.peer.exists() {
+        rows.push(skipped(
+            "HTTP, idempotent crate (peer)",
+            format!(
+                "{} not built (cargo build --release --ignore-rust-version in benches/peer-idempotent)",
+                o.peer.display()
+            ),
+        ));
+    }
+    let mut start_errors = Vec::new();
+    let mut servers: Vec<Server> = Vec::new();
+    let mut scenarios: Vec<Scenario> = Vec::new();
+    let mut start =
+        |name: &str, program: &PathBuf, args: &[&str], modes: &[&'static str]| match Server::spawn(
+            name, program, args,
+        ) {
+            Ok(server) => {
+                servers.push(server);
+                for mode in modes {
+                    let what = match *mode {
+                        "nokey" => "no key",
+                        "fresh" => "first execution",
+                        _ => "replay",
+                    };
+                    scenarios.push(Scenario {
+                        label: format!("{name}, {what}"),
+                        server: servers.len() - 1,
+                        mode,
+                    });
+                }
+            }
+            Err(error) => start_errors.push(skipped(&format!("HTTP, {name}"), error)),
+        };
+    let base = ["--threads", threads.as_str()];
+    start(
+        "bare",
+        &server_bin,
+        &[&base[..], &["--mode", "bare"]].concat(),
+        &["nokey"],
+    );
+    start(
+        "ours + memory",
+        &server_bin,
+        &[&base[..], &["--mode", "memory"]].concat(),
+        &["nokey", "fresh", "fixed"],
+    );
+    if o.peer.exists() {
+        start(
+            "idempotent 2.0 + memory",
+            &o.peer,
+            &base,
+            &["fresh", "fixed"],
+        );
+    }
+    sql_servers(o, &server_bin, &base, &mut start);
+    rows.append(&mut start_errors);
+
+    if servers.first().is_none_or(|s| s.name != "bare") {
+        rows.push(skipped("HTTP on loopback", "the bare server did not start"));
+        return;
+    }
+    let fixed_key = format!("k-fixed-{}", std::process::id());
+    let mut broken = vec![false; servers.len()];
+    for (i, server) in servers.iter().enumerate().skip(1) {
+        if let Err(error) = http_load::check_replays(server.addr, &fixed_key) {
+            rows.push(skipped(&format!("HTTP, {}", server.name), error));
+            broken[i] = true;
+        }
+    }
+    scenarios.retain(|s| !broken[s.server]);
+
+    let mut results: BTreeMap<(usize, usize), Samples> = BTreeMap::new();
+    let mut invocation = 0u64;
+    for &connections in &o.connections {
+        let load = Load {
+            script: &script,
+            connections,
+            threads: 1,
+            seconds,
+        };
+        for round in 0..rounds {
+            eprintln!(
+                "http: {connections} connections, round {}/{rounds}",
+                round + 1
+            );
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..scenarios.len()).collect()
+            } else {
+                (0..scenarios.len()).rev().collect()
+            };
+            let mut bare_rps = f64::NAN;
+            let mut this_round = Vec::new();
+            for i in order {
+                let s = &scenarios[i];
+                invocation += 1;
+                let nonce = format!("{}-{invocation}", std::process::id());
+                match http_load::run_wrk(load, servers[s.server].addr, s.mode, &nonce, &fixed_key) {
+                    Ok(result) => {
+                        if s.server == 0 {
+                            bare_rps = result.rps;
+                        }
+                        this_round.push((i, result));
+                    }
+                    Err(error) => eprintln!("{}: {error}", s.label),
+                }
+            }
+            for (i, result) in this_round {
+                let samples = results.entry((i, connections)).or_default();
+                samples.vs_bare.push(result.rps / bare_rps);
+                samples.runs.push(result);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&script);
+
+    let mut detail = Table::new(
+        format!(
+            "HTTP on loopback (wrk, 1 thread; servers: {} tokio worker thread(s); {seconds} s per run, median of {rounds} round(s))",
+            o.server_threads
+        ),
+        &[
+            "server, load",
+            "connections",
+            "req/s",
+            "× bare req/s",
+            "p50",
+            "p99",
+            "errors",
+        ],
+    );
+    for (i, s) in scenarios.iter().enumerate() {
+        for &c in &o.connections {
+            let Some(samples) = results.get(&(i, c)) else {
+                continue;
+            };
+            let errors: u64 = samples
+                .runs
+                .iter()
+                .map(|r| r.non_2xx + r.socket_errors)
+                .sum();
+            detail.push(vec![
+                s.label.clone(),
+                c.to_string(),
+                format!("{:.0}", samples.med(|r| r.rps)),
+                format!("{:.3}", median(&mut samples.vs_bare.clone())),
+                micros(samples.med(|r| r.p50_us)),
+                micros(samples.med(|r| r.p99_us)),
+                errors.to_string(),
+            ]);
+        }
+    }
+    tables.push(detail);
+
+    // Summary rows: one per target, every concurrency level in it.
+    let find = |label: &str| scenarios.iter().position(|s| s.label == label);
+    let ratio_per_level = |i: usize, against: Option<usize>| -> Vec<(usize, f64)> {
+        o.connections
+            .iter()
+            .filter_map(|&c| {
+                let subject = results.get(&(i, c))?;
+                let ratio = match against {
+                    None => median(&mut subject.vs_bare.clone()),
+                    Some(j) => {
+                        let other = results.get(&(j, c))?;
+                        let mut per_round: Vec<f64> = subject
+                            .runs
+                            .iter()
+                            .zip(&other.runs)
+                            .map(|(a, b)| a.rps / b.rps)
+                            .collect();
+                        median(&mut per_round)
+                    }
+                };
+                Some((c, ratio))
+            })
+            .collect()
+    };
+    let mut summary_row = |name: &str,
+                           subject: Option<usize>,
+                           against: Option<usize>,
+                           against_name: &str,
+                           target: &str,
+                           ok: Option<&dyn Fn(f64) -> bool>| {
+        let Some(i) = subject else {
+            return;
+        };
+        if against.is_none() && !against_name.starts_with("bare") {
+            rows.push(skipped(name, format!("{against_name} did not run")));
+            return;
+        }
+        let levels = ratio_per_level(i, against);
+        if levels.is_empty() {
+            return;
+        }
+        let rps = |j: usize| {
+            o.connections
+                .iter()
+                .filter_map(|&c| Some(format!("{:.0}", results.get(&(j, c))?.med(|r| r.rps))))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        rows.push(Row {
+            name: format!(
+                "{name} (c = {})",
+                o.connections
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            ),
+            measured: format!("{} req/s", rps(i)),
+            baseline: format!("{} req/s ({against_name})", rps(against.unwrap_or(0))),
+            ratio: levels
+                .iter()
+                .map(|(_, r)| format!("{r:.3}×"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            target: target.to_owned(),
+            verdict: match ok {
+                Some(ok) => Verdict::from_bool(levels.iter().all(|(_, r)| ok(*r))),
+                None => Verdict::Info,
+            },
+        });
+    };
+    let ours_nokey = find("ours + memory, no key");
+    let ours_fresh = find("ours + memory, first execution");
+    let ours_replay = find("ours + memory, replay");
+    let peer_fresh = find("idempotent 2.0 + memory, first execution");
+    let peer_replay = find("idempotent 2.0 + memory, replay");
+    summary_row(
+        "HTTP, no key (ours + memory)",
+        ours_nokey,
+        None,
+        "bare",
+        "costs < 1% (≥ 0.99×)",
+        Some(&|r| r >= 0.99),
+    );
+    summary_row(
+        "HTTP, first execution (ours + memory)",
+        ours_fresh,
+        None,
+        "bare",
+        "≥ 0.90×",
+        Some(&|r| r >= 0.90),
+    );
+    summary_row(
+        "HTTP, replay (ours + memory) vs the bare trivial handler",
+        ours_replay,
+        None,
+        "bare",
+        "replay faster than the handler (> 1×)",
+        Some(&|r| r > 1.0),
+    );
+    summary_row(
+        "HTTP, first execution: ours vs idempotent 2.0 (both memory)",
+        ours_fresh,
+        peer_fresh,
+        "idempotent 2.0",
+        "ahead of the peer (> 1×)",
+        Some(&|r| r > 1.0),
+    );
+    summary_row(
+        "HTTP, replay: ours vs idempotent 2.0 (both memory)",
+        ours_replay,
+        peer_replay,
+        "idempotent 2.0",
+        "ahead of the peer (> 1×)",
+        Some(&|r| r > 1.0),
+    );
+    for label in ["ours + SQLite", "ours + PostgreSQL"] {
+        for what in ["first execution", "replay"] {
+            summary_row(
+                &format!("HTTP, {what} ({label})"),
+                find(&format!("{label}, {what}")),
+                None,
+                "bare",
+                "",
+                None,
+            );
+        }
+    }
+    drop(servers);
+}
+
+#[cfg(feature = "sql")]
+fn sql_servers(o: &Options, server_bin: &PathBuf, base: &[&str], start: &mut StartServer<'_>) {
+    let sqlite_path = std::env::temp_dir().join(format!(
+        "idempotency-bench-http-{}.sqlite",
+        std::process::id()
+    ));
+    let sqlite_url = format!("sqlite://{}?mode=rwc", sqlite_path.display());
+    start(
+        "ours + SQLite",
+        server_bin,
+        &[base, &["--mode", "sqlite", "--database-url", &sqlite_url]].concat(),
+        &["fresh", "fixed"],
+    );
+    start(
+        "ours + PostgreSQL",
+        server_bin,
+        &[
+            base,
+            &["--mode", "postgres", "--database-url", &o.postgres_url],
+        ]
+        .concat(),
+        &["fresh", "fixed"],
+    );
+}
+
+#[cfg(not(feature = "sql"))]
+fn sql_servers(_: &Options, _: &PathBuf, _: &[&str], _: &mut StartServer<'_>) {}
+
+#[cfg(feature = "sql")]
+fn sql_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
+    let settings = if o.quick {
+        benches::sql::Settings::quick()
+    } else {
+        benches::sql::Settings::full()
+    };
+    benches::sql::run(settings, &o.postgres_url, &o.mysql_url, rows, tables);
+}
+
+#[cfg(not(feature = "sql"))]
+fn sql_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
+    rows.push(skipped(
+        "SQL stores",
+        "built without the `sql` feature (benches/run.sh turns it on)",
+    ));
+}
+
+fn date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn main() {
+    let o = options();
+    let mut rows = Vec::new();
+    let mut tables = Vec::new();
+    let wants = |s: &str| o.sections.iter().any(|x| x == s);
+    if wants("inprocess") {
+        eprintln!("in-process layer overhead…");
+        let settings = if o.quick {
+            inprocess::Settings::quick()
+        } else {
+            inprocess::Settings::full()
+        };
+        rows.extend(inprocess::run(settings));
+    }
+    if wants("http") {
+        eprintln!("HTTP on loopback…");
+        http_section(&o, &mut rows, &mut tables);
+    }
+    if wants("sql") {
+        eprintln!("SQL stores…");
+        sql_section(&o, &mut rows, &mut tables);
+    }
+    if wants("scale") {
+        eprintln!("memory store scale…");
+        rows.push(scale::run(&sibling("mem-scale"), 1_000_000));
+        #[cfg(feature = "sql")]
+        rows.push(benches::sql::purge_scale(
+            &o.postgres_url,
+            if o.quick {
+                benches::sql::Settings::quick()
+            } else {
+                benches::sql::Settings::full()
+            },
+        ));
+    }
+
+    let mut out = format!(
+        "## Results ({}, {} mode, {} cores)\n\n",
+        date(),
+        if o.quick { "quick" } else { "full" },
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    out.push_str(&report::summary("Summary against SPEC section 9", &rows).to_markdown());
+    for table in &tables {
+        out.push('\n');
+        out.push_str(&table.to_markdown());
+    }
+    println!("{out}");
+    if let Some(path) = &o.out {
+        std::fs::write(path, &out).expect("write --out");
+    }
+}

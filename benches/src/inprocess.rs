@@ -1,0 +1,221 @@
+//! The layer's overhead in process: `tower::ServiceExt::oneshot` on the trivial app, with
+//! and without the layer, no HTTP and no sockets.
+
+use std::cell::Cell;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use http::{HeaderValue, Request, StatusCode, header};
+use idempotency_core::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer};
+use idempotency_store_memory::MemoryStore;
+use tokio::runtime::Runtime;
+use tower::ServiceExt;
+
+use crate::app;
+use crate::harness::{Paired, paired};
+use crate::report::{Row, Verdict, nanos};
+
+/// How long the in-process benchmarks run.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Interleaved rounds per comparison.
+    pub rounds: usize,
+    /// Requests per round.
+    pub iters: u64,
+}
+
+impl Settings {
+    /// A few seconds in all.
+    pub fn quick() -> Self {
+        Self {
+            rounds: 9,
+            iters: 4_000,
+        }
+    }
+
+    /// About a minute in all.
+    pub fn full() -> Self {
+        Self {
+            rounds: 21,
+            iters: 20_000,
+        }
+    }
+}
+
+/// Which `Idempotency-Key` a request carries.
+#[derive(Clone, Copy, Debug)]
+enum Key {
+    /// None: the layer passes the request through.
+    None,
+    /// A new key on every request: the first execution of each.
+    Fresh,
+    /// The same key on every request: every request after the first is a replay.
+    Fixed,
+}
+
+struct Bench<'a> {
+    runtime: &'a Runtime,
+    counter: Cell<u64>,
+}
+
+impl Bench<'_> {
+    fn request(&self, key: Key) -> Request<Body> {
+        let mut builder = Request::post(app::PATH).header(header::CONTENT_TYPE, "application/json");
+        let n = self.counter.get();
+        self.counter.set(n + 1);
+        // Both sides of a comparison pay for the same key formatting.
+        let value = match key {
+            Key::None => None,
+            Key::Fresh => Some(format!("inproc-fresh-{n}")),
+            Key::Fixed => Some(format!("inproc-fixed-{}", black_box(0u64))),
+        };
+        if let Some(value) = value {
+            builder = builder.header(
+                IDEMPOTENCY_KEY,
+                HeaderValue::try_from(value).expect("printable key"),
+            );
+        }
+        builder
+            .body(Body::from(app::REQUEST_BODY))
+            .expect("valid request")
+    }
+
+    async fn call(&self, router: &Router, key: Key) -> http::Response<Body> {
+        let response = router
+            .clone()
+            .oneshot(self.request(key))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::CREATED);
+        response
+    }
+
+    fn batch(&self, router: &Router, key: Key, iters: u64) -> Duration {
+        self.runtime.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let response = self.call(router, key).await;
+                let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .expect("body");
+                black_box(body);
+            }
+            start.elapsed()
+        })
+    }
+
+    fn compare(
+        &self,
+        settings: Settings,
+        (baseline, baseline_key): (&Router, Key),
+        (subject, subject_key): (&Router, Key),
+    ) -> Paired {
+        paired(
+            settings.rounds,
+            settings.iters,
+            |n| self.batch(baseline, baseline_key, n),
+            |n| self.batch(subject, subject_key, n),
+        )
+    }
+}
+
+fn layer() -> IdempotencyLayer {
+    // The default bound (10,000 live records) would fill up during the fresh-key benchmark
+    // and answer 503; the benchmark measures the steady state, not the bound.
+    IdempotencyLayer::new(MemoryStore::new().with_max_entries(100_000_000))
+}
+
+fn row(name: &str, result: Paired, baseline: &str, target: &str, verdict: Verdict) -> Row {
+    Row {
+        name: name.to_owned(),
+        measured: format!("{}/req", nanos(result.subject_ns)),
+        baseline: format!("{}/req ({baseline})", nanos(result.baseline_ns)),
+        ratio: format!(
+            "{:.3}× {baseline} throughput (rounds {:.2}–{:.2})",
+            result.throughput_ratio, result.ratio_range.0, result.ratio_range.1
+        ),
+        target: target.to_owned(),
+        verdict,
+    }
+}
+
+/// Runs the in-process comparisons and returns their rows.
+pub fn run(settings: Settings) -> Vec<Row> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let bench = Bench {
+        runtime: &runtime,
+        counter: Cell::new(0),
+    };
+    let bare = app::bare();
+
+    // Sanity: the layered app executes once and replays after.
+    let check = app::layered(layer());
+    runtime.block_on(async {
+        let first = bench.call(&check, Key::Fixed).await;
+        assert!(first.headers().get(IDEMPOTENT_REPLAYED).is_none());
+        let second = bench.call(&check, Key::Fixed).await;
+        assert_eq!(
+            second.headers().get(IDEMPOTENT_REPLAYED),
+            Some(&HeaderValue::from_static("true")),
+            "the layered app does not replay"
+        );
+    });
+
+    let mut rows = Vec::new();
+
+    let no_key = app::layered(layer());
+    let result = bench.compare(settings, (&bare, Key::None), (&no_key, Key::None));
+    rows.push(row(
+        "in-process oneshot, no key (layer + memory store)",
+        result,
+        "bare",
+        "costs < 1% (≥ 0.99×)",
+        Verdict::from_bool(result.throughput_ratio >= 0.99),
+    ));
+    // What any layer added with `Router::layer` costs (axum boxes the layered route and
+    // its future): the share of the figure above that is not the layer's own code.
+    let identity = app::bare().layer(tower::layer::util::Identity::new());
+    let result = bench.compare(settings, (&identity, Key::None), (&no_key, Key::None));
+    rows.push(row(
+        "in-process oneshot, no key (layer + memory store) vs a no-op layer",
+        result,
+        "no-op `Identity` layer",
+        "",
+        Verdict::Info,
+    ));
+
+    let fresh = app::layered(layer());
+    let result = bench.compare(settings, (&bare, Key::Fresh), (&fresh, Key::Fresh));
+    rows.push(row(
+        "in-process oneshot, first execution (fresh key, memory store)",
+        result,
+        "bare",
+        "≥ 0.90×",
+        Verdict::from_bool(result.throughput_ratio >= 0.90),
+    ));
+
+    let replay = app::layered(layer());
+    let result = bench.compare(settings, (&bare, Key::Fixed), (&replay, Key::Fixed));
+    rows.push(row(
+        "in-process oneshot, replay (memory store) vs the bare trivial handler",
+        result,
+        "bare",
+        "replay faster than the handler (> 1×)",
+        Verdict::from_bool(result.throughput_ratio > 1.0),
+    ));
+
+    let result = bench.compare(settings, (&fresh, Key::Fresh), (&replay, Key::Fixed));
+    rows.push(row(
+        "in-process oneshot, replay vs first execution (memory store)",
+        result,
+        "first execution",
+        "",
+        Verdict::Info,
+    ));
+    rows
+}

@@ -1,0 +1,884 @@
+//! The SQL stores against raw SQL: reserve + finalize through the store against the same
+//! two statements issued raw through the same sqlx pool, and a replay against one raw
+//! `SELECT`, on PostgreSQL, MariaDB/MySQL and SQLite. Also the purge-under-load scale test.
+//!
+//! The raw statements below are copied from the stores' sources
+//! (`idempotency-store-sql/src/{postgres,mysql,sqlite}.rs`, `Statements::new`), with the
+//! same parameters in the same order; if a store changes its SQL, change them here too.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idempotency_core::{
+    Binding, FencingToken, IdempotencyLayer, IdempotencyStore, Ownership, RecordId, RecordState,
+    Reservation, StoredResponse, store::purge_all_expired,
+};
+use idempotency_store_sql::sqlx::{self, Row as _};
+use idempotency_store_sql::{MySqlStore, PoolSettings, PostgresStore, SqliteStore};
+use tokio::runtime::Runtime;
+
+use crate::harness::{Paired, paired, quantile};
+use crate::report::{Row, Table, Verdict, micros, nanos};
+
+/// The table every SQL benchmark uses (never the default one, which tests may use).
+const TABLE: &str = "bench_idempotency";
+/// The table of the HTTP benchmark servers.
+const HTTP_TABLE: &str = "bench_idempotency_http";
+/// The table of the purge test.
+const PURGE_TABLE: &str = "bench_idempotency_purge";
+
+const LEASE: Duration = Duration::from_secs(20);
+const LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// How long the SQL benchmarks run.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Interleaved rounds per comparison.
+    pub rounds: usize,
+    /// Operations per round.
+    pub iters: u64,
+    /// Expired rows the purge test deletes.
+    pub purge_rows: u64,
+    /// Reservations timed with no purge running.
+    pub purge_baseline: usize,
+}
+
+impl Settings {
+    /// Under a minute for the three databases.
+    pub fn quick() -> Self {
+        Self {
+            rounds: 5,
+            iters: 100,
+            purge_rows: 1_000_000,
+            purge_baseline: 1_000,
+        }
+    }
+
+    /// A few minutes.
+    pub fn full() -> Self {
+        Self {
+            rounds: 11,
+            iters: 300,
+            purge_rows: 1_000_000,
+            purge_baseline: 4_000,
+        }
+    }
+}
+
+/// The layer the `bench-server` binary runs for `--mode sqlite|postgres|mysql`.
+pub async fn server_layer(mode: &str, url: Option<&str>) -> Result<IdempotencyLayer, String> {
+    let settings = PoolSettings::default();
+    let store: Arc<dyn IdempotencyStore> = match mode {
+        "postgres" => Arc::new(
+            PostgresStore::connect(url.ok_or("--database-url is required")?, &settings)
+                .await
+                .map_err(|e| e.to_string())?
+                .with_table_name(HTTP_TABLE)
+                .map_err(|e| e.to_string())?
+                .migrate()
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        "mysql" => Arc::new(
+            MySqlStore::connect(url.ok_or("--database-url is required")?, &settings)
+                .await
+                .map_err(|e| e.to_string())?
+                .with_table_name(HTTP_TABLE)
+                .map_err(|e| e.to_string())?
+                .migrate()
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        "sqlite" => {
+            let default = format!(
+                "sqlite:{}",
+                std::env::temp_dir()
+                    .join(format!("idempotency-bench-{}.sqlite", std::process::id()))
+                    .display()
+            );
+            Arc::new(
+                SqliteStore::connect(url.unwrap_or(&default), &settings)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .with_table_name(HTTP_TABLE)
+                    .map_err(|e| e.to_string())?
+                    .migrate()
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        other => return Err(format!("unknown SQL mode {other}")),
+    };
+    Ok(IdempotencyLayer::from_shared_store(store))
+}
+
+/// The binding every benchmark record carries.
+fn binding() -> Binding {
+    Binding {
+        method: "POST".to_owned(),
+        path: crate::app::PATH.to_owned(),
+        body_sha256: [7; 32],
+    }
+}
+
+/// The response every benchmark record stores.
+fn response() -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![(
+            "content-type".to_owned(),
+            Bytes::from_static(b"application/json"),
+        )],
+        body: Bytes::from_static(crate::app::RESPONSE_BODY.as_bytes()),
+    }
+}
+
+/// One database: the store, and the same pool for the raw statements.
+enum Raw {
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// The statements the stores issue, for the benchmark table.
+struct Statements {
+    reserve: String,
+    finalize: String,
+    load: String,
+}
+
+const PG_NOW: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+const MY_NOW: &str =
+    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
+const LITE_NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+fn postgres_statements(table: &str) -> Statements {
+    let t = format!("\"{table}\"");
+    let now = PG_NOW;
+    Statements {
+        reserve: format!(
+            "WITH clock AS MATERIALIZED (SELECT {now} AS now_ms),
+            ins AS (
+                INSERT INTO {t} AS r
+                    (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                     created_at_ms, expires_at_ms, lease_expires_at_ms,
+                     response_status, response_headers, response_body)
+                SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
+                       now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
+                FROM clock
+                ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+                    method = EXCLUDED.method,
+                    path = EXCLUDED.path,
+                    body_sha256 = EXCLUDED.body_sha256,
+                    fencing_token = EXCLUDED.fencing_token,
+                    created_at_ms = EXCLUDED.created_at_ms,
+                    expires_at_ms = EXCLUDED.expires_at_ms,
+                    lease_expires_at_ms = EXCLUDED.lease_expires_at_ms,
+                    response_status = NULL,
+                    response_headers = NULL,
+                    response_body = NULL
+                WHERE r.expires_at_ms <= EXCLUDED.created_at_ms
+                RETURNING r.fencing_token
+            )
+            SELECT TRUE AS reserved, NULL::text AS method, NULL::text AS path,
+                   NULL::bytea AS body_sha256, fencing_token,
+                   NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
+                   NULL::integer AS response_status, NULL::bytea AS response_headers,
+                   NULL::bytea AS response_body
+            FROM ins
+            UNION ALL
+            SELECT FALSE, e.method, e.path, e.body_sha256, e.fencing_token,
+                   e.lease_expires_at_ms, clock.now_ms, e.response_status,
+                   e.response_headers, e.response_body
+            FROM {t} AS e, clock
+            WHERE e.scope = $1 AND e.idempotency_key = $2
+              AND e.expires_at_ms > clock.now_ms
+              AND NOT EXISTS (SELECT 1 FROM ins)"
+        ),
+        finalize: format!(
+            "UPDATE {t}
+             SET response_status = $4, response_headers = $5, response_body = $6
+             WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
+               AND response_status IS NULL AND expires_at_ms > {now}"
+        ),
+        load: format!(
+            "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.lease_expires_at_ms,
+                    clock.now_ms, r.response_status, r.response_headers, r.response_body
+             FROM {t} AS r, (SELECT {now} AS now_ms) AS clock
+             WHERE r.scope = $1 AND r.idempotency_key = $2
+               AND r.expires_at_ms > clock.now_ms"
+        ),
+    }
+}
+
+fn mysql_statements(table: &str) -> Statements {
+    let t = format!("`{table}`");
+    let now = MY_NOW;
+    let expired = "expires_at_ms <= VALUES(created_at_ms)";
+    let replace = |column: &str| format!("{column} = IF({expired}, VALUES({column}), {column})");
+    Statements {
+        reserve: format!(
+            "INSERT INTO {t}
+                (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                 created_at_ms, expires_at_ms, lease_expires_at_ms,
+                 response_status, response_headers, response_body)
+             VALUES (?, ?, ?, ?, ?, ?,
+                     IF(LAST_INSERT_ID(1) = 1, {now}, NULL),
+                     {now} + ?, {now} + ?, NULL, NULL, NULL)
+             ON DUPLICATE KEY UPDATE
+                {method},
+                {path},
+                {body_sha256},
+                fencing_token = IF({expired}, VALUES(fencing_token),
+                    IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)),
+                {created_at_ms},
+                {lease_expires_at_ms},
+                response_status = IF({expired}, NULL, response_status),
+                response_headers = IF({expired}, NULL, response_headers),
+                response_body = IF({expired}, NULL, response_body),
+                {expires_at_ms}",
+            method = replace("method"),
+            path = replace("path"),
+            body_sha256 = replace("body_sha256"),
+            created_at_ms = replace("created_at_ms"),
+            lease_expires_at_ms = replace("lease_expires_at_ms"),
+            expires_at_ms = replace("expires_at_ms"),
+        ),
+        finalize: format!(
+            "UPDATE {t}
+             SET response_status = ?, response_headers = ?, response_body = ?
+             WHERE scope = ? AND idempotency_key = ? AND fencing_token = ?
+               AND response_status IS NULL AND expires_at_ms > {now}"
+        ),
+        load: format!(
+            "SELECT CAST(method AS CHAR CHARACTER SET utf8mb4) AS method,
+                    CAST(path AS CHAR CHARACTER SET utf8mb4) AS path, body_sha256, fencing_token, lease_expires_at_ms,
+                    {now} AS now_ms, response_status, response_headers, response_body
+             FROM {t}
+             WHERE scope = ? AND idempotency_key = ? AND expires_at_ms > {now}"
+        ),
+    }
+}
+
+fn sqlite_statements(table: &str) -> Statements {
+    let t = format!("\"{table}\"");
+    let now = LITE_NOW;
+    Statements {
+        reserve: format!(
+            "INSERT INTO {t}
+                (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                 created_at_ms, expires_at_ms, lease_expires_at_ms,
+                 response_status, response_headers, response_body)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6,
+                     {now}, {now} + ?8, {now} + ?7, NULL, NULL, NULL)
+             ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+                method = excluded.method,
+                path = excluded.path,
+                body_sha256 = excluded.body_sha256,
+                fencing_token = excluded.fencing_token,
+                created_at_ms = excluded.created_at_ms,
+                expires_at_ms = excluded.expires_at_ms,
+                lease_expires_at_ms = excluded.lease_expires_at_ms,
+                response_status = NULL,
+                response_headers = NULL,
+                response_body = NULL
+             WHERE {t}.expires_at_ms <= excluded.created_at_ms
+             RETURNING fencing_token"
+        ),
+        finalize: format!(
+            "UPDATE {t}
+             SET response_status = ?4, response_headers = ?5, response_body = ?6
+             WHERE scope = ?1 AND idempotency_key = ?2 AND fencing_token = ?3
+               AND response_status IS NULL AND expires_at_ms > {now}"
+        ),
+        load: format!(
+            "SELECT method, path, body_sha256, fencing_token, lease_expires_at_ms,
+                    {now} AS now_ms, response_status, response_headers, response_body
+             FROM {t}
+             WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {now}"
+        ),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Db {
+    name: &'static str,
+    store: Arc<dyn IdempotencyStore>,
+    raw: Raw,
+    sql: Statements,
+}
+
+impl Db {
+    /// The raw reserve statement; returns whether it reserved the key.
+    async fn raw_reserve(&self, key: &str, token: i64) -> Result<bool, BoxError> {
+        let b = binding();
+        let sha = &b.body_sha256[..];
+        Ok(match &self.raw {
+            Raw::Postgres(pool) => {
+                let row = sqlx::query(&self.sql.reserve)
+                    .bind("")
+                    .bind(key)
+                    .bind(&b.method)
+                    .bind(&b.path)
+                    .bind(sha)
+                    .bind(token)
+                    .bind(millis(LEASE))
+                    .bind(millis(LIFETIME))
+                    .fetch_optional(pool)
+                    .await?;
+                match row {
+                    Some(row) => row.try_get::<bool, _>("reserved")?,
+                    None => false,
+                }
+            }
+            Raw::MySql(pool) => {
+                let done = sqlx::query(&self.sql.reserve)
+                    .bind("")
+                    .bind(key)
+                    .bind(&b.method)
+                    .bind(&b.path)
+                    .bind(sha)
+                    .bind(token)
+                    .bind(millis(LIFETIME))
+                    .bind(millis(LEASE))
+                    .execute(pool)
+                    .await?;
+                done.rows_affected() == 1 && done.last_insert_id() == 1
+            }
+            Raw::Sqlite(pool) => {
+                let token: Option<i64> = sqlx::query_scalar(&self.sql.reserve)
+                    .bind("")
+                    .bind(key)
+                    .bind(&b.method)
+                    .bind(&b.path)
+                    .bind(sha)
+                    .bind(token)
+                    .bind(millis(LEASE))
+                    .bind(millis(LIFETIME))
+                    .fetch_optional(pool)
+                    .await?;
+                token.is_some()
+            }
+        })
+    }
+
+    /// The raw finalize statement; returns whether it matched the row.
+    async fn raw_finalize(&self, key: &str, token: i64) -> Result<bool, BoxError> {
+        let r = response();
+        let headers = r.encode_headers();
+        let done = match &self.raw {
+            Raw::Postgres(pool) => sqlx::query(&self.sql.finalize)
+                .bind("")
+                .bind(key)
+                .bind(token)
+                .bind(i32::from(r.status))
+                .bind(&headers[..])
+                .bind(&r.body[..])
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Raw::MySql(pool) => sqlx::query(&self.sql.finalize)
+                .bind(i32::from(r.status))
+                .bind(&headers[..])
+                .bind(&r.body[..])
+                .bind("")
+                .bind(key)
+                .bind(token)
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            Raw::Sqlite(pool) => sqlx::query(&self.sql.finalize)
+                .bind("")
+                .bind(key)
+                .bind(token)
+                .bind(i32::from(r.status))
+                .bind(&headers[..])
+                .bind(&r.body[..])
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        };
+        Ok(done == 1)
+    }
+
+    /// The raw load `SELECT`; returns whether it found the row.
+    async fn raw_load(&self, key: &str) -> Result<bool, BoxError> {
+        Ok(match &self.raw {
+            Raw::Postgres(pool) => sqlx::query(&self.sql.load)
+                .bind("")
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+                .is_some(),
+            Raw::MySql(pool) => sqlx::query(&self.sql.load)
+                .bind("")
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+                .is_some(),
+            Raw::Sqlite(pool) => sqlx::query(&self.sql.load)
+                .bind("")
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+                .is_some(),
+        })
+    }
+
+    async fn store_reserve_finalize(&self, key: &str) -> Result<(), BoxError> {
+        let id = RecordId::new("", key);
+        let Reservation::Reserved(token) =
+            self.store.reserve(&id, &binding(), LEASE, LIFETIME).await?
+        else {
+            return Err(format!("{key} was already reserved").into());
+        };
+        match self.store.finalize(&id, token, &response()).await? {
+            Ownership::Held => Ok(()),
+            Ownership::Lost => Err(format!("{key}: finalize lost the record").into()),
+        }
+    }
+
+    async fn raw_reserve_finalize(&self, key: &str, token: i64) -> Result<(), BoxError> {
+        if !self.raw_reserve(key, token).await? {
+            return Err(format!("raw reserve of {key} did not reserve").into());
+        }
+        if !self.raw_finalize(key, token).await? {
+            return Err(format!("raw finalize of {key} matched no row").into());
+        }
+        Ok(())
+    }
+
+    /// A replay as the layer does it: `reserve` finds the completed record.
+    async fn store_replay(&self, key: &str) -> Result<(), BoxError> {
+        let id = RecordId::new("", key);
+        match self.store.reserve(&id, &binding(), LEASE, LIFETIME).await? {
+            Reservation::Exists(record) if matches!(record.state, RecordState::Completed(_)) => {
+                Ok(())
+            }
+            other => Err(format!("{key} did not replay: {other:?}").into()),
+        }
+    }
+
+    async fn store_load(&self, key: &str) -> Result<(), BoxError> {
+        match self.store.load(&RecordId::new("", key)).await? {
+            Some(_) => Ok(()),
+            None => Err(format!("{key} not found").into()),
+        }
+    }
+}
+
+async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
+    let settings = PoolSettings::default();
+    Ok(match name {
+        "PostgreSQL" => {
+            let store = PostgresStore::connect(url, &settings)
+                .await?
+                .with_table_name(TABLE)?
+                .migrate()
+                .await?;
+            let pool = store.pool().clone();
+            sqlx::query(&format!("TRUNCATE \"{TABLE}\""))
+                .execute(&pool)
+                .await?;
+            Db {
+                name,
+                store: Arc::new(store),
+                raw: Raw::Postgres(pool),
+                sql: postgres_statements(TABLE),
+            }
+        }
+        "MariaDB" => {
+            let store = MySqlStore::connect(url, &settings)
+                .await?
+                .with_table_name(TABLE)?
+                .migrate()
+                .await?;
+            let pool = store.pool().clone();
+            sqlx::query(&format!("TRUNCATE TABLE `{TABLE}`"))
+                .execute(&pool)
+                .await?;
+            Db {
+                name,
+                store: Arc::new(store),
+                raw: Raw::MySql(pool),
+                sql: mysql_statements(TABLE),
+            }
+        }
+        _ => {
+            let store = SqliteStore::connect(url, &settings)
+                .await?
+                .with_table_name(TABLE)?
+                .migrate()
+                .await?;
+            let pool = store.pool().clone();
+            Db {
+                name,
+                store: Arc::new(store),
+                raw: Raw::Sqlite(pool),
+                sql: sqlite_statements(TABLE),
+            }
+        }
+    })
+}
+
+struct Timer<'a> {
+    runtime: &'a Runtime,
+    counter: Cell<u64>,
+    prefix: String,
+}
+
+impl Timer<'_> {
+    fn next_key(&self) -> (String, i64) {
+        let n = self.counter.get();
+        self.counter.set(n + 1);
+        (format!("{}-{n}", self.prefix), 1_000_000 + n as i64)
+    }
+
+    /// Times `iters` runs of `op` on fresh keys; panics on the first failure, since a
+    /// benchmark that silently measures errors measures nothing.
+    fn time<F, Fut>(&self, iters: u64, op: F) -> Duration
+    where
+        F: Fn(String, i64) -> Fut,
+        Fut: Future<Output = Result<(), BoxError>>,
+    {
+        self.runtime.block_on(async {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let (key, token) = self.next_key();
+                if let Err(error) = op(key, token).await {
+                    panic!("SQL benchmark operation failed: {error}");
+                }
+            }
+            start.elapsed()
+        })
+    }
+
+    /// Completed records to replay, made before timing.
+    fn completed(&self, db: &Db, count: u64) -> Vec<String> {
+        self.runtime.block_on(async {
+            let mut keys = Vec::new();
+            for _ in 0..count {
+                let (key, _) = self.next_key();
+                db.store_reserve_finalize(&key)
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: cannot set up a record: {e}", db.name));
+                keys.push(key);
+            }
+            keys
+        })
+    }
+
+    fn time_over<F, Fut>(&self, keys: &[String], iters: u64, op: F) -> Duration
+    where
+        F: Fn(String) -> Fut,
+        Fut: Future<Output = Result<(), BoxError>>,
+    {
+        self.runtime.block_on(async {
+            let start = Instant::now();
+            for i in 0..iters {
+                let key = keys[(i as usize) % keys.len()].clone();
+                if let Err(error) = op(key).await {
+                    panic!("SQL benchmark operation failed: {error}");
+                }
+            }
+            start.elapsed()
+        })
+    }
+}
+
+fn cost_row(name: String, result: Paired, baseline: &str, target: &str, limit: f64) -> Row {
+    let cost = 1.0 / result.throughput_ratio;
+    Row {
+        name,
+        measured: format!("{}/op", nanos(result.subject_ns)),
+        baseline: format!("{}/op ({baseline})", nanos(result.baseline_ns)),
+        ratio: format!(
+            "{cost:.2}× the raw time (rounds {:.2}–{:.2})",
+            1.0 / result.ratio_range.1,
+            1.0 / result.ratio_range.0
+        ),
+        target: target.to_owned(),
+        verdict: Verdict::from_bool(cost <= limit),
+    }
+}
+
+/// Runs the store-vs-raw comparisons on every database that answers and adds their rows.
+pub fn run(
+    settings: Settings,
+    postgres_url: &str,
+    mysql_url: &str,
+    rows: &mut Vec<Row>,
+    tables: &mut Vec<Table>,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let sqlite_path = std::env::temp_dir().join(format!(
+        "idempotency-bench-sql-{}.sqlite",
+        std::process::id()
+    ));
+    let sqlite_url = format!("sqlite:{}", sqlite_path.display());
+    let mut detail = Table::new(
+        "SQL stores: one operation at a time on one connection (median per op)",
+        &[
+            "database",
+            "operation",
+            "through the store",
+            "raw through the same pool",
+            "store / raw",
+        ],
+    );
+    for (name, url) in [
+        ("PostgreSQL", postgres_url),
+        ("MariaDB", mysql_url),
+        ("SQLite", sqlite_url.as_str()),
+    ] {
+        eprintln!("sql: {name}");
+        let db = match runtime.block_on(open(name, url)) {
+            Ok(db) => db,
+            Err(error) => {
+                rows.push(Row {
+                    name: format!("{name}: store vs raw SQL"),
+                    measured: format!("not reachable at {url}: {error}"),
+                    baseline: String::new(),
+                    ratio: String::new(),
+                    target: String::new(),
+                    verdict: Verdict::Skipped,
+                });
+                continue;
+            }
+        };
+        let timer = Timer {
+            runtime: &runtime,
+            counter: Cell::new(0),
+            prefix: format!("sql-{}-{}", std::process::id(), name),
+        };
+        let first = paired(
+            settings.rounds,
+            settings.iters,
+            |n| {
+                timer.time(n, |key, token| async move {
+                    db.raw_reserve_finalize(&key, token).await
+                })
+            },
+            |n| {
+                timer.time(
+                    n,
+                    |key, _| async move { db.store_reserve_finalize(&key).await },
+                )
+            },
+        );
+        rows.push(cost_row(
+            format!("{name}: reserve + finalize, store vs the same 2 statements raw"),
+            first,
+            "raw",
+            "≤ 1.2× raw",
+            1.2,
+        ));
+        let keys = timer.completed(&db, settings.iters.min(200));
+        let load = paired(
+            settings.rounds,
+            settings.iters,
+            |n| {
+                timer.time_over(
+                    &keys,
+                    n,
+                    |key| async move { db.raw_load(&key).await.map(drop) },
+                )
+            },
+            |n| timer.time_over(&keys, n, |key| async move { db.store_load(&key).await }),
+        );
+        rows.push(cost_row(
+            format!("{name}: load (replay read), store vs one raw SELECT"),
+            load,
+            "raw SELECT",
+            "one round trip (≤ 1.2× one SELECT)",
+            1.2,
+        ));
+        let replay = paired(
+            settings.rounds,
+            settings.iters,
+            |n| {
+                timer.time_over(
+                    &keys,
+                    n,
+                    |key| async move { db.raw_load(&key).await.map(drop) },
+                )
+            },
+            |n| timer.time_over(&keys, n, |key| async move { db.store_replay(&key).await }),
+        );
+        rows.push(cost_row(
+            format!(
+                "{name}: replay as the layer does it (reserve finds the record) vs one raw SELECT"
+            ),
+            replay,
+            "raw SELECT",
+            "one round trip (≤ 1.2× one SELECT)",
+            1.2,
+        ));
+        for (op, result) in [
+            ("reserve + finalize", first),
+            ("load", load),
+            ("replay (reserve on a completed key)", replay),
+        ] {
+            detail.push(vec![
+                name.to_owned(),
+                op.to_owned(),
+                nanos(result.subject_ns),
+                nanos(result.baseline_ns),
+                format!("{:.2}×", 1.0 / result.throughput_ratio),
+            ]);
+        }
+    }
+    let _ = std::fs::remove_file(&sqlite_path);
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", sqlite_path.display()));
+    }
+    tables.push(detail);
+}
+
+fn p(latencies: &mut [f64], q: f64) -> f64 {
+    latencies.sort_by(f64::total_cmp);
+    quantile(latencies, q)
+}
+
+async fn reservation_latencies(
+    store: &PostgresStore,
+    prefix: &str,
+    count: usize,
+    stop: impl Fn() -> bool,
+) -> Result<Vec<f64>, BoxError> {
+    let mut latencies = Vec::with_capacity(count);
+    let b = binding();
+    for n in 0..count {
+        if stop() {
+            break;
+        }
+        let id = RecordId::new("", format!("{prefix}-{n}"));
+        let start = Instant::now();
+        let reservation = store.reserve(&id, &b, LEASE, LIFETIME).await?;
+        latencies.push(start.elapsed().as_secs_f64() * 1e6);
+        if !matches!(reservation, Reservation::Reserved(FencingToken(_))) {
+            return Err(format!("{id} was not reserved").into());
+        }
+    }
+    Ok(latencies)
+}
+
+/// Reservation p99 on PostgreSQL while `settings.purge_rows` expired rows are purged in
+/// batches of 1,000, against the p99 with no purge running (same run, same table).
+pub fn purge_scale(postgres_url: &str, settings: Settings) -> Row {
+    let name = format!(
+        "PostgreSQL: reservation p99 while {} expired rows are purged (batches of 1,000)",
+        settings.purge_rows
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let outcome: Result<Row, BoxError> = runtime.block_on(async {
+        let store = PostgresStore::connect(postgres_url, &PoolSettings::default())
+            .await?
+            .with_table_name(PURGE_TABLE)?
+            .migrate()
+            .await?;
+        let pool = store.pool().clone();
+        sqlx::query(&format!("TRUNCATE \"{PURGE_TABLE}\""))
+            .execute(&pool)
+            .await?;
+        let filled = Instant::now();
+        sqlx::query(&format!(
+            "INSERT INTO \"{PURGE_TABLE}\"
+                (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                 created_at_ms, expires_at_ms, lease_expires_at_ms,
+                 response_status, response_headers, response_body)
+             SELECT '', 'expired-' || g, 'POST', '/orders', decode(repeat('07', 32), 'hex'), g,
+                    now_ms - 3600000, now_ms - 1000, now_ms - 3590000,
+                    201, convert_to('content-type:application/json\n', 'UTF8'),
+                    convert_to($2, 'UTF8')
+             FROM generate_series(1, $1::bigint) AS g,
+                  (SELECT {PG_NOW} AS now_ms) AS clock"
+        ))
+        .bind(i64::try_from(settings.purge_rows)?)
+        .bind(crate::app::RESPONSE_BODY)
+        .execute(&pool)
+        .await?;
+        sqlx::query(&format!("ANALYZE \"{PURGE_TABLE}\""))
+            .execute(&pool)
+            .await?;
+        let fill_seconds = filled.elapsed().as_secs_f64();
+
+        let prefix = format!("purge-{}", std::process::id());
+        let mut quiet = reservation_latencies(
+            &store,
+            &format!("{prefix}-quiet"),
+            settings.purge_baseline,
+            || false,
+        )
+        .await?;
+
+        let purger = store.clone();
+        let purge_started = Instant::now();
+        let purge = tokio::spawn(async move {
+            let deleted = purge_all_expired(&purger, 1_000).await;
+            (deleted, purge_started.elapsed())
+        });
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut busy = reservation_latencies(&store, &format!("{prefix}-busy"), 1_000_000, || {
+            purge.is_finished() || Instant::now() > deadline
+        })
+        .await?;
+        let (deleted, purge_time) = purge.await?;
+        let deleted = deleted?;
+        sqlx::query(&format!("TRUNCATE \"{PURGE_TABLE}\""))
+            .execute(&pool)
+            .await?;
+        if busy.len() < 100 {
+            return Err(format!(
+                "the purge finished after only {} reservations; nothing to compare",
+                busy.len()
+            )
+            .into());
+        }
+        let (quiet_p99, busy_p99) = (p(&mut quiet, 0.99), p(&mut busy, 0.99));
+        let (quiet_p50, busy_p50) = (p(&mut quiet, 0.5), p(&mut busy, 0.5));
+        let ratio = busy_p99 / quiet_p99;
+        Ok(Row {
+            name,
+            measured: format!(
+                "p99 {} (p50 {}) over {} reservations during the purge ({deleted} rows deleted in {:.1} s; filled in {fill_seconds:.1} s)",
+                micros(busy_p99),
+                micros(busy_p50),
+                busy.len(),
+                purge_time.as_secs_f64()
+            ),
+            baseline: format!(
+                "p99 {} (p50 {}) over {} reservations, no purge",
+                micros(quiet_p99),
+                micros(quiet_p50),
+                quiet.len()
+            ),
+            ratio: format!("{ratio:.2}× p99"),
+            target: "≤ 2× p99".to_owned(),
+            verdict: Verdict::from_bool(ratio <= 2.0 && deleted >= settings.purge_rows),
+        })
+    });
+    outcome.unwrap_or_else(|error| Row {
+        name,
+        measured: format!("failed: {error}"),
+        baseline: String::new(),
+        ratio: String::new(),
+        target: String::new(),
+        verdict: Verdict::Skipped,
+    })
+}
