@@ -37,7 +37,7 @@
 //! use tower_layer::Layer;
 //!
 //! let catalog: axum::Router = axum::Router::new(); // your Iceberg REST routes
-//! let app = axum::Router::new()
+//! let app: axum::Router = axum::Router::new()
 //!     .fallback_service(IdempotencyLayer::iceberg(MemoryStore::new()).layer(catalog));
 //! ```
 
