@@ -257,14 +257,15 @@ pub async fn check_steps(store: &dyn IdempotencyStore, steps: &[Step]) {
                     .unwrap_or_else(|e| panic!("{e} at {}", context()));
                 let owns = owns(&model, key, &tokens, token);
                 assert_eq!(answer == Ownership::Held, owns, "renew at {}", context());
-                if owns {
-                    if let Some(Model::InFlight {
+                if let (
+                    true,
+                    Some(Model::InFlight {
                         lease_lapsed: lapsed,
                         ..
-                    }) = model.get_mut(&key)
-                    {
-                        *lapsed = lease_lapsed;
-                    }
+                    }),
+                ) = (owns, model.get_mut(&key))
+                {
+                    *lapsed = lease_lapsed;
                 }
             }
             Step::TakeOver { key, owner } => {
