@@ -222,36 +222,42 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
             threads: 1,
             seconds,
         };
+        let mut run = |i: usize| -> Option<LoadResult> {
+            let s = &scenarios[i];
+            invocation += 1;
+            let nonce = format!("{}-{invocation}", std::process::id());
+            http_load::run_wrk(load, servers[s.server].addr, s.mode, &nonce, &fixed_key)
+                .map_err(|error| eprintln!("{}: {error}", s.label))
+                .ok()
+        };
         for round in 0..rounds {
             eprintln!(
                 "http: {connections} connections, round {}/{rounds}",
                 round + 1
             );
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..scenarios.len()).collect()
-            } else {
-                (0..scenarios.len()).rev().collect()
-            };
-            let mut bare_rps = f64::NAN;
-            let mut this_round = Vec::new();
-            for i in order {
-                let s = &scenarios[i];
-                invocation += 1;
-                let nonce = format!("{}-{invocation}", std::process::id());
-                match http_load::run_wrk(load, servers[s.server].addr, s.mode, &nonce, &fixed_key) {
-                    Ok(result) => {
-                        if s.server == 0 {
-                            bare_rps = result.rps;
-                        }
-                        this_round.push((i, result));
-                    }
-                    Err(error) => eprintln!("{}: {error}", s.label),
-                }
+            // bare, A, bare, B, bare, …: every subject runs between two bare runs, and
+            // its ratio is taken against their mean, so slow drifts in the machine's load
+            // cancel out.
+            let mut order: Vec<usize> = (1..scenarios.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
             }
-            for (i, result) in this_round {
-                let samples = results.entry((i, connections)).or_default();
-                samples.vs_bare.push(result.rps / bare_rps);
-                samples.runs.push(result);
+            let mut before = run(0);
+            if let Some(bare) = before {
+                results.entry((0, connections)).or_default().runs.push(bare);
+            }
+            for i in order {
+                let subject = run(i);
+                let after = run(0);
+                if let Some(bare) = after {
+                    results.entry((0, connections)).or_default().runs.push(bare);
+                }
+                if let (Some(subject), Some(b), Some(a)) = (subject, before, after) {
+                    let samples = results.entry((i, connections)).or_default();
+                    samples.vs_bare.push(subject.rps / ((b.rps + a.rps) / 2.0));
+                    samples.runs.push(subject);
+                }
+                before = after;
             }
         }
     }
@@ -259,7 +265,7 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
 
     let mut detail = Table::new(
         format!(
-            "HTTP on loopback (wrk, 1 thread; servers: {} tokio worker thread(s); {seconds} s per run, median of {rounds} round(s))",
+            "HTTP on loopback (wrk, 1 thread; servers: {} tokio worker thread(s); {seconds} s per run, median of {rounds} round(s); each run's ratio is against the mean of the bare runs just before and after it)",
             o.server_threads
         ),
         &[
@@ -286,7 +292,11 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
                 s.label.clone(),
                 c.to_string(),
                 format!("{:.0}", samples.med(|r| r.rps)),
-                format!("{:.3}", median(&mut samples.vs_bare.clone())),
+                if samples.vs_bare.is_empty() {
+                    "1 (baseline)".to_owned()
+                } else {
+                    format!("{:.3}", median(&mut samples.vs_bare.clone()))
+                },
                 micros(samples.med(|r| r.p50_us)),
                 micros(samples.med(|r| r.p99_us)),
                 errors.to_string(),
@@ -306,11 +316,12 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
                     None => median(&mut subject.vs_bare.clone()),
                     Some(j) => {
                         let other = results.get(&(j, c))?;
+                        // Each normalized by its own neighbouring bare runs.
                         let mut per_round: Vec<f64> = subject
-                            .runs
+                            .vs_bare
                             .iter()
-                            .zip(&other.runs)
-                            .map(|(a, b)| a.rps / b.rps)
+                            .zip(&other.vs_bare)
+                            .map(|(a, b)| a / b)
                             .collect();
                         median(&mut per_round)
                     }
