@@ -30,16 +30,16 @@ impl Settings {
     /// A few seconds in all.
     pub fn quick() -> Self {
         Self {
-            rounds: 9,
-            iters: 4_000,
+            rounds: 15,
+            iters: 2_000,
         }
     }
 
     /// About a minute in all.
     pub fn full() -> Self {
         Self {
-            rounds: 21,
-            iters: 20_000,
+            rounds: 41,
+            iters: 5_000,
         }
     }
 }
@@ -133,8 +133,11 @@ fn row(name: &str, result: Paired, baseline: &str, target: &str, verdict: Verdic
         measured: format!("{}/req", nanos(result.subject_ns)),
         baseline: format!("{}/req ({baseline})", nanos(result.baseline_ns)),
         ratio: format!(
-            "{:.3}× {baseline} throughput (rounds {:.2}–{:.2})",
-            result.throughput_ratio, result.ratio_range.0, result.ratio_range.1
+            "{:.3}× {baseline} throughput (median round {:.3}, rounds {:.2}–{:.2})",
+            result.throughput_ratio,
+            result.median_ratio,
+            result.ratio_range.0,
+            result.ratio_range.1
         ),
         target: target.to_owned(),
         verdict,

@@ -50,8 +50,8 @@ impl Settings {
     /// Under a minute for the three databases.
     pub fn quick() -> Self {
         Self {
-            rounds: 5,
-            iters: 100,
+            rounds: 9,
+            iters: 50,
             purge_rows: 1_000_000,
             purge_baseline: 1_000,
         }
@@ -60,8 +60,8 @@ impl Settings {
     /// A few minutes.
     pub fn full() -> Self {
         Self {
-            rounds: 11,
-            iters: 300,
+            rounds: 21,
+            iters: 100,
             purge_rows: 1_000_000,
             purge_baseline: 4_000,
         }
@@ -601,7 +601,8 @@ fn cost_row(name: String, result: Paired, baseline: &str, target: &str, limit: O
         measured: format!("{}/op", nanos(result.subject_ns)),
         baseline: format!("{}/op ({baseline})", nanos(result.baseline_ns)),
         ratio: format!(
-            "{cost:.2}× the raw time (rounds {:.2}–{:.2})",
+            "{cost:.2}× the raw time (median round {:.2}, rounds {:.2}–{:.2})",
+            1.0 / result.median_ratio,
             1.0 / result.ratio_range.1,
             1.0 / result.ratio_range.0
         ),

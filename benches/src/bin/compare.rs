@@ -124,8 +124,8 @@ impl Samples {
 }
 
 fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
-    let seconds = o.seconds.unwrap_or(if o.quick { 2 } else { 5 });
-    let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 3 });
+    let seconds = o.seconds.unwrap_or(2);
+    let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 5 });
     if std::process::Command::new("wrk")
         .arg("--version")
         .output()
@@ -178,6 +178,13 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     let base = ["--threads", threads.as_str()];
     start(
         "bare",
+        &server_bin,
+        &[&base[..], &["--mode", "bare"]].concat(),
+        &["nokey"],
+    );
+    // The same bare app in a second process: its ratio to the first is the noise floor.
+    start(
+        "bare, second server",
         &server_bin,
         &[&base[..], &["--mode", "bare"]].concat(),
         &["nokey"],
@@ -377,6 +384,14 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
             },
         });
     };
+    summary_row(
+        "HTTP noise floor: the same bare app in a second process",
+        find("bare, second server, no key"),
+        None,
+        "bare",
+        "",
+        None,
+    );
     let ours_nokey = find("ours + memory, no key");
     let ours_fresh = find("ours + memory, first execution");
     let ours_replay = find("ours + memory, replay");
