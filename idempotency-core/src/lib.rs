@@ -1,10 +1,118 @@
 //! Idempotency-Key middleware for Tower and axum services.
+//!
+//! A client that sends a mutation and loses the answer (a timeout, a dropped connection,
+//! a load balancer that gave up) cannot tell whether the mutation happened. If it sends
+//! the request again, a table may be created twice, a commit applied twice. The
+//! `Idempotency-Key` header fixes this: the client sends the same unique key with every
+//! retry of one operation, and the server runs the operation at most once per key and
+//! answers every retry with the first answer. The Apache Iceberg REST catalog spec
+//! defines exactly this header for its mutation endpoints.
+//!
+//! This crate is the server side, as a `tower::Layer`:
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idempotency_core::IdempotencyLayer;
+//! use idempotency_store_memory::MemoryStore;
+//!
+//! let app: Router = Router::new()
+//!     .route("/v1/namespaces", post(|| async { "created" }))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//! ```
+//!
+//! # The life of a keyed request
+//!
+//! 1. **Take part?** Only POST, PUT, PATCH and DELETE requests that pass the
+//!    [`RouteFilter`] and carry an `Idempotency-Key` header. Everything else goes to the
+//!    inner service untouched and unbuffered. A malformed, oversized or repeated header
+//!    gets 400 before anything is read ([`KeyFormat`]: [`OpaqueKey`] by default,
+//!    [`UuidKey`] for Iceberg).
+//! 2. **Bind.** The body is buffered (413 over the limit) and the record is bound to the
+//!    method, path and query, and the SHA-256 of the body. The record is found by
+//!    (scope, key); the [`ScopeExtractor`] says whose key it is.
+//! 3. **Reserve** atomically in the [`IdempotencyStore`]. One request wins; it owns the
+//!    key under a lease and a fencing token.
+//! 4. **Execute** the inner service on a task of its own, renewing the lease while it
+//!    runs. A client that disconnects does not cancel it.
+//! 5. **Classify.** 2xx and deterministic 4xx are **finalized**: status, allow-listed
+//!    headers and the whole body are stored. 5xx and 401, 403, 408, 419, 429 are
+//!    **released**: the key is freed so a retry runs again. A panic releases too.
+//! 6. **Replay.** A retry with the same binding gets the stored answer byte for byte,
+//!    with `idempotent-replayed: true`; the inner service is not called. A retry with
+//!    another binding gets 422. A retry that arrives while the first is running waits
+//!    for it, then replays; if the wait runs out it gets 409 with `Retry-After`.
+//! 7. **Crashes.** If an owner stops renewing (its process died), the next retry takes
+//!    the record over with a new token; the old owner can no longer write to it.
+//!
+//! Every response the layer took part in carries an [`Outcome`] extension, and every
+//! outcome is a `tracing` event with an `outcome` field.
+//!
+//! # Security: scopes
+//!
+//! Without a scope extractor every caller shares one key space, and anyone who learns a
+//! key can collect its response. **A multi-tenant service must set a scope**, and the
+//! layer belongs *after* authentication and authorization, so that a replay never
+//! reaches someone who could not have made the original request:
+//!
+//! ```
+//! # use idempotency_core::IdempotencyLayer;
+//! # use idempotency_store_memory::MemoryStore;
+//! #[derive(Clone)]
+//! struct Tenant(String);
+//!
+//! let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
+//!     request.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default()
+//! });
+//! # drop(layer);
+//! ```
+//!
+//! # Stores
+//!
+//! `idempotency-store-memory` keeps records in process (development, tests, one node).
+//! `idempotency-store-sql` keeps them in PostgreSQL, MySQL/MariaDB or SQLite, shared by
+//! replicas and durable across crashes. Any type implementing [`IdempotencyStore`] works;
+//! the [`conformance`] suite (feature `conformance`) checks it.
+//!
+//! # Defaults
+//!
+//! | setting | default | why |
+//! |---|---|---|
+//! | lifetime | 30 min | the Iceberg default for `idempotency-key-lifetime` |
+//! | lease | 20 s | renewed every ~7 s; a crashed owner's key is free again within 20 s |
+//! | in-flight wait | 10 s | most mutations finish well within it, so duplicates get the real answer |
+//! | request / response body | 8 MiB | fits real Iceberg metadata and MySQL's default packet size |
+//! | store failure | fail closed (503) | running unprotected can execute a mutation twice |
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 
+mod body;
+pub mod error;
+mod future;
+pub mod key;
+mod layer;
+pub mod policy;
+mod service;
 pub mod store;
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use body::ResponseBody;
+pub use error::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
+pub use future::ResponseFuture;
+pub use key::{KeyError, KeyFormat, OpaqueKey, UuidKey};
+pub use layer::{
+    DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
+    DEFAULT_MAX_RESPONSE_BODY, IdempotencyLayer, InFlightRequests,
+};
+pub use policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, Outcome, ReservationHandle};
 pub use store::{
     Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
     RecordState, Reservation, StoreError, StoredResponse,
 };
+
+/// The README's usage snippet, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

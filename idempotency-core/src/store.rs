@@ -391,7 +391,10 @@ mod tests {
         let response = StoredResponse {
             status: 201,
             headers: vec![
-                ("content-type".into(), Bytes::from_static(b"application/json")),
+                (
+                    "content-type".into(),
+                    Bytes::from_static(b"application/json"),
+                ),
                 ("etag".into(), Bytes::from_static(b"\"a:b\"")),
             ],
             body: Bytes::new(),

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
-    RecordState, Reservation, StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, RecordState,
+    Reservation, StoreError, StoredResponse,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;

@@ -1,0 +1,431 @@
+//! [`IdempotencyLayer`]: the configuration, and the `tower::Layer` that wraps a service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode, header};
+use tokio_util::task::TaskTracker;
+use tower_layer::Layer;
+
+use crate::error::{ErrorRenderer, ProblemJson};
+use crate::key::{KeyFormat, OpaqueKey};
+use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+use crate::service::Idempotency;
+use crate::store::IdempotencyStore;
+
+/// How long a record is kept, from its first submission, by default: 30 minutes.
+pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(30 * 60);
+/// How long an owner's lease lasts between renewals, by default: 20 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(20);
+/// How long a duplicate waits for an in-flight owner, by default: 10 seconds.
+pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+/// The largest request body buffered (and fingerprinted), by default: 8 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 8 * 1024 * 1024;
+/// The largest response body stored for replay, by default: 8 MiB.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 8 * 1024 * 1024;
+
+/// Everything the service needs, shared by every clone of it.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) store: Arc<dyn IdempotencyStore>,
+    pub(crate) key_format: Arc<dyn KeyFormat>,
+    pub(crate) scope: Arc<dyn ScopeExtractor>,
+    pub(crate) routes: Arc<dyn RouteFilter>,
+    pub(crate) renderer: Arc<dyn ErrorRenderer>,
+    pub(crate) lifetime: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) in_flight_wait: Duration,
+    pub(crate) in_flight_status: StatusCode,
+    pub(crate) key_reused_status: StatusCode,
+    pub(crate) not_stored_status: StatusCode,
+    pub(crate) retry_after: Duration,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) release_statuses: Vec<StatusCode>,
+    pub(crate) replayed_headers: Vec<HeaderName>,
+    pub(crate) require_key: bool,
+    pub(crate) fail_open: bool,
+    pub(crate) finalize_retry_for: Duration,
+    pub(crate) in_flight: TaskTracker,
+}
+
+/// A `tower::Layer` that makes mutations carrying an `Idempotency-Key` header run at most
+/// once per key, and replays the first answer to every retry.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idempotency_core::IdempotencyLayer;
+/// use idempotency_store_memory::MemoryStore;
+///
+/// let app: Router = Router::new()
+///     .route("/orders", post(|| async { "created" }))
+///     .layer(IdempotencyLayer::new(MemoryStore::new()));
+/// ```
+///
+/// Place it after authentication, and give it a [scope](Self::with_scope) in a
+/// multi-tenant service. See the [crate docs](crate) for the whole story.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("lifetime", &self.settings.lifetime)
+            .field("lease", &self.settings.lease)
+            .field("in_flight_wait", &self.settings.in_flight_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the defaults: opaque keys, one scope, every mutation,
+    /// a 30-minute lifetime, 409 while in flight, 422 on key reuse, fail-closed.
+    pub fn new(store: impl IdempotencyStore) -> Self {
+        Self::from_shared_store(Arc::new(store))
+    }
+
+    /// A layer over a store that is already shared, e.g. with a purge task.
+    pub fn from_shared_store(store: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                store,
+                key_format: Arc::new(OpaqueKey),
+                scope: Arc::new(SingleScope),
+                routes: Arc::new(AllMutations),
+                renderer: Arc::new(ProblemJson),
+                lifetime: DEFAULT_LIFETIME,
+                lease: DEFAULT_LEASE,
+                in_flight_wait: DEFAULT_IN_FLIGHT_WAIT,
+                in_flight_status: StatusCode::CONFLICT,
+                key_reused_status: StatusCode::UNPROCESSABLE_ENTITY,
+                not_stored_status: StatusCode::CONFLICT,
+                retry_after: Duration::from_secs(1),
+                max_request_body: DEFAULT_MAX_REQUEST_BODY,
+                max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+                release_statuses: [401, 403, 408, 419, 429]
+                    .into_iter()
+                    .map(|code| StatusCode::from_u16(code).expect("valid status"))
+                    .collect(),
+                replayed_headers: vec![
+                    header::CONTENT_TYPE,
+                    header::CONTENT_ENCODING,
+                    header::CONTENT_LANGUAGE,
+                    header::CONTENT_LOCATION,
+                    header::LOCATION,
+                    header::ETAG,
+                    header::LAST_MODIFIED,
+                ],
+                require_key: false,
+                fail_open: false,
+                finalize_retry_for: Duration::from_secs(5),
+                in_flight: TaskTracker::new(),
+            }),
+        }
+    }
+
+    fn edit(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(Arc::make_mut(&mut self.settings));
+        self
+    }
+
+    /// How long a record is kept from its first submission (default 30 minutes). Retries
+    /// after that run again.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_lifetime(Duration::from_secs(3600));
+    /// assert_eq!(layer.lifetime(), Duration::from_secs(3600));
+    /// ```
+    pub fn with_lifetime(self, lifetime: Duration) -> Self {
+        self.edit(|s| s.lifetime = lifetime)
+    }
+
+    /// The record lifetime.
+    pub fn lifetime(&self) -> Duration {
+        self.settings.lifetime
+    }
+
+    /// How long an owner's lease lasts (default 20 s). The owner renews it every third of
+    /// that while the inner service runs; a crashed owner's record is taken over after it.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_lease(Duration::from_secs(5));
+    /// ```
+    pub fn with_lease(self, lease: Duration) -> Self {
+        self.edit(|s| s.lease = lease.max(Duration::from_millis(30)))
+    }
+
+    /// How long a duplicate waits for an in-flight owner before it is answered with the
+    /// in-flight status (default 10 s).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_in_flight_wait(Duration::ZERO);
+    /// ```
+    pub fn with_in_flight_wait(self, wait: Duration) -> Self {
+        self.edit(|s| s.in_flight_wait = wait)
+    }
+
+    /// The status a duplicate gets when the owner is still running after the wait
+    /// (default 409 Conflict; the Iceberg profile uses 503). `Retry-After` is always added.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_in_flight_status(http::StatusCode::SERVICE_UNAVAILABLE);
+    /// ```
+    pub fn with_in_flight_status(self, status: StatusCode) -> Self {
+        self.edit(|s| s.in_flight_status = status)
+    }
+
+    /// The status for a key reused with another method, path or body (default 422).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_key_reused_status(http::StatusCode::BAD_REQUEST);
+    /// ```
+    pub fn with_key_reused_status(self, status: StatusCode) -> Self {
+        self.edit(|s| s.key_reused_status = status)
+    }
+
+    /// The status replayed for a request that ran but whose response was larger than
+    /// [`max_response_body`](Self::with_max_response_body) and so was not stored
+    /// (default 409 Conflict). The first caller always gets the whole real response.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_not_stored_status(http::StatusCode::INTERNAL_SERVER_ERROR);
+    /// ```
+    pub fn with_not_stored_status(self, status: StatusCode) -> Self {
+        self.edit(|s| s.not_stored_status = status)
+    }
+
+    /// The `Retry-After` the layer sends with in-flight and store-failure answers
+    /// (default 1 s).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_retry_after(Duration::from_secs(2));
+    /// ```
+    pub fn with_retry_after(self, retry_after: Duration) -> Self {
+        self.edit(|s| s.retry_after = retry_after)
+    }
+
+    /// The largest request body buffered and fingerprinted (default 8 MiB); larger keyed
+    /// requests get 413 and nothing is reserved.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_request_body(1 << 20);
+    /// ```
+    pub fn with_max_request_body(self, bytes: usize) -> Self {
+        self.edit(|s| s.max_request_body = bytes)
+    }
+
+    /// The largest response body stored for replay (default 8 MiB, which fits the
+    /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is streamed
+    /// whole to its caller, never truncated; retries then get the
+    /// [not-stored status](Self::with_not_stored_status) saying the request already ran.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_response_body(32 << 20);
+    /// ```
+    pub fn with_max_response_body(self, bytes: usize) -> Self {
+        self.edit(|s| s.max_response_body = bytes)
+    }
+
+    /// The 4xx statuses that release the key instead of being stored (default 401, 403,
+    /// 408, 419, 429): they say nothing about the operation, so a retry should run it.
+    /// 5xx statuses always release.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use http::StatusCode;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_release_statuses([StatusCode::UNAUTHORIZED, StatusCode::TOO_MANY_REQUESTS]);
+    /// ```
+    pub fn with_release_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        let statuses = statuses.into_iter().collect();
+        self.edit(|s| s.release_statuses = statuses)
+    }
+
+    /// The response headers stored and replayed (default: content-type,
+    /// content-encoding, content-language, content-location, location, etag,
+    /// last-modified). Others are dropped from replays, never from the first answer.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use http::header;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_replayed_headers([header::CONTENT_TYPE, header::LOCATION]);
+    /// ```
+    pub fn with_replayed_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let headers = headers.into_iter().collect();
+        self.edit(|s| s.replayed_headers = headers)
+    }
+
+    /// Answers 400 to a taking-part mutation that carries no key (default: such requests
+    /// pass through unprotected).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_require_key(true);
+    /// ```
+    pub fn with_require_key(self, require: bool) -> Self {
+        self.edit(|s| s.require_key = require)
+    }
+
+    /// When the store fails before the inner service ran: fail closed (the default: 503
+    /// with `Retry-After`, nothing runs) or, with `true`, fail open (run the request
+    /// unprotected and log a warning).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_fail_open(true);
+    /// ```
+    pub fn with_fail_open(self, fail_open: bool) -> Self {
+        self.edit(|s| s.fail_open = fail_open)
+    }
+
+    /// How long a failing finalize is retried, with backoff, before the layer gives up
+    /// and leaves the record for its lease to lapse (default 5 s).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_finalize_retry_for(Duration::from_secs(2));
+    /// ```
+    pub fn with_finalize_retry_for(self, duration: Duration) -> Self {
+        self.edit(|s| s.finalize_retry_for = duration)
+    }
+
+    /// How keys are parsed (default [`OpaqueKey`]).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::key::UuidKey;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_key_format(UuidKey::v7_only());
+    /// ```
+    pub fn with_key_format(self, format: impl KeyFormat) -> Self {
+        self.edit(|s| s.key_format = Arc::new(format))
+    }
+
+    /// How callers are told apart (default: one scope for all). See [`ScopeExtractor`].
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
+    ///     request.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    /// });
+    /// ```
+    pub fn with_scope(self, scope: impl ScopeExtractor) -> Self {
+        self.edit(|s| s.scope = Arc::new(scope))
+    }
+
+    /// Which mutations take part (default: all of them).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_routes(|_method: &http::Method, path: &str| path.starts_with("/v1/"));
+    /// ```
+    pub fn with_routes(self, routes: impl RouteFilter) -> Self {
+        self.edit(|s| s.routes = Arc::new(routes))
+    }
+
+    /// How the layer's own answers are rendered (default [`ProblemJson`]).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::error::Rejection;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_error_renderer(|r: &Rejection| {
+    ///     let mut response = http::Response::new(bytes::Bytes::from(r.message.clone()));
+    ///     *response.status_mut() = r.status;
+    ///     response
+    /// });
+    /// ```
+    pub fn with_error_renderer(self, renderer: impl ErrorRenderer) -> Self {
+        self.edit(|s| s.renderer = Arc::new(renderer))
+    }
+
+    /// The store this layer uses.
+    pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
+        &self.settings.store
+    }
+
+    /// A handle on the keyed requests this layer is running, for graceful shutdown.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # async fn example() {
+    /// let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let in_flight = layer.in_flight();
+    /// // ... serve with the layer, and on shutdown:
+    /// in_flight.wait().await;
+    /// # }
+    /// ```
+    pub fn in_flight(&self) -> InFlightRequests {
+        InFlightRequests {
+            tracker: self.settings.in_flight.clone(),
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, self.settings.clone())
+    }
+}
+
+/// The keyed requests a layer is running. Their inner calls run on tasks of their own,
+/// so they finish even when the client goes away; wait for them before exiting.
+#[derive(Clone, Debug)]
+pub struct InFlightRequests {
+    tracker: TaskTracker,
+}
+
+impl InFlightRequests {
+    /// How many keyed requests are running now.
+    pub fn count(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Waits until no keyed request is running.
+    pub async fn wait(&self) {
+        self.tracker.close();
+        self.tracker.wait().await;
+        // New requests may still arrive while a server drains; keep tracking them.
+        self.tracker.reopen();
+    }
+}

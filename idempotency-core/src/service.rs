@@ -1,0 +1,700 @@
+//! [`Idempotency`]: the service that reserves a key, runs the inner service once, records
+//! its answer and replays it to retries.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::error::{Rejection, RejectionKind};
+use crate::future::ResponseFuture;
+use crate::layer::Settings;
+use crate::policy::is_mutation;
+use http::HeaderName;
+
+use crate::store::{
+    Binding, BoxError, FencingToken, Ownership, RecordId, RecordState, Reservation, StoreError,
+    StoredResponse,
+};
+
+/// The request header that carries the key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The response header set on every replay.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// What the layer did with a keyed request. Every response to a request the layer took
+/// part in carries one as an extension, so an access log can say whether the request
+/// ran, was replayed or was refused. Requests passed through untouched carry none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The request reserved its key and ran; its answer was stored.
+    Executed,
+    /// The request took over a crashed owner's lapsed reservation and ran.
+    TookOver,
+    /// The request ran, and its answer released the key (5xx, 401, 429, …).
+    Released,
+    /// The request ran but its answer was too large to store.
+    ExecutedNotStored,
+    /// The stored answer of an earlier request was replayed; nothing ran.
+    Replayed,
+    /// The store failed and the layer is configured to fail open: it ran unprotected.
+    RanUnprotected,
+    /// The layer refused the request; nothing ran.
+    Rejected(RejectionKind),
+}
+
+/// The reservation a keyed request runs under, added to the request's extensions for
+/// the inner service. A service that keeps its state in the store's database can use it
+/// to finalize the record inside its own transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservationHandle {
+    /// The record reserved.
+    pub id: RecordId,
+    /// The token that owns it.
+    pub token: FencingToken,
+}
+
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around an inner one.
+pub struct Idempotency<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S: Clone> Clone for Idempotency<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn new(inner: S, settings: Arc<Settings>) -> Self {
+        Self { inner, settings }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+type Answer<ResBody, E> = Result<Response<ResponseBody<ResBody>>, E>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let settings = &self.settings;
+        if !is_mutation(request.method())
+            || !settings
+                .routes
+                .takes_part(request.method(), request.uri().path())
+        {
+            return ResponseFuture::passthrough(self.inner.call(request));
+        }
+        let key = match read_key(settings, &request) {
+            Ok(Some(key)) => key,
+            Ok(None) => return ResponseFuture::passthrough(self.inner.call(request)),
+            Err(rejection) => {
+                tracing::info!(
+                    outcome = rejection.kind.as_str(),
+                    method = %request.method(),
+                    path = request.uri().path(),
+                    "idempotency: rejected the key header: {}",
+                    rejection.message
+                );
+                return ResponseFuture::ready(render(settings, &rejection));
+            }
+        };
+        // The clone goes back into `self`; the instance that was polled ready serves this
+        // request (the usual tower pattern for services called from a spawned future).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::keyed(Box::pin(handle_keyed(
+            settings.clone(),
+            inner,
+            request,
+            key,
+        )))
+    }
+}
+
+/// The key of a taking-part request: `Ok(None)` without one, `Err` for a bad header.
+fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<String>, Rejection> {
+    let mut values = request.headers().get_all(&IDEMPOTENCY_KEY).iter();
+    let value = values.next().map(|v| v.as_bytes().trim_ascii());
+    if values.next().is_some() {
+        return Err(Rejection {
+            kind: RejectionKind::DuplicateKeyHeader,
+            status: StatusCode::BAD_REQUEST,
+            message: "the request carries more than one Idempotency-Key header; send exactly one"
+                .to_owned(),
+            retry_after: None,
+        });
+    }
+    match value {
+        Some(value) if !value.is_empty() => match settings.key_format.parse(value) {
+            Ok(key) => Ok(Some(key)),
+            Err(error) => Err(Rejection {
+                kind: RejectionKind::InvalidKey,
+                status: StatusCode::BAD_REQUEST,
+                message: error.to_string(),
+                retry_after: None,
+            }),
+        },
+        _ if settings.require_key => Err(Rejection {
+            kind: RejectionKind::MissingKey,
+            status: StatusCode::BAD_REQUEST,
+            message: format!(
+                "{} {} requires an Idempotency-Key header; send one (a new UUID per operation, \
+                 the same one on every retry)",
+                request.method(),
+                request.uri().path()
+            ),
+            retry_after: None,
+        }),
+        _ => Ok(None),
+    }
+}
+
+fn render<B>(settings: &Settings, rejection: &Rejection) -> Response<ResponseBody<B>> {
+    let mut response = settings.renderer.render(rejection).map(ResponseBody::full);
+    if let Some(retry_after) = rejection.retry_after {
+        let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    }
+    response
+        .extensions_mut()
+        .insert(Outcome::Rejected(rejection.kind));
+    response
+}
+
+fn reject<B, E>(settings: &Settings, rejection: Rejection) -> Answer<B, E> {
+    Ok(render(settings, &rejection))
+}
+
+fn replay<B>(stored: StoredResponse) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::full(stored.body));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response.extensions_mut().insert(Outcome::Replayed);
+    response
+}
+
+fn store_failure(settings: &Settings, id: &RecordId, error: &StoreError) -> Rejection {
+    if let StoreError::Full { .. } = error {
+        tracing::warn!(outcome = "store-full", key = %id, "idempotency: {error}");
+        return Rejection {
+            kind: RejectionKind::StoreFull,
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the server is holding too many idempotency records to accept a new key \
+                      right now; retry later with the same key"
+                .to_owned(),
+            retry_after: Some(settings.retry_after),
+        };
+    }
+    tracing::error!(outcome = "store-error", key = %id, error = %error, "idempotency: store failed before the request ran");
+    Rejection {
+        kind: RejectionKind::StoreUnavailable,
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "the idempotency store is unavailable, so the request was not run; retry \
+                  later with the same Idempotency-Key"
+            .to_owned(),
+        retry_after: Some(settings.retry_after),
+    }
+}
+
+fn key_reused(settings: &Settings, original: &Binding, retry: &Binding) -> Rejection {
+    let what = if original.method != retry.method || original.path != retry.path {
+        format!("{} {}", original.method, original.path)
+    } else {
+        "a request with another body".to_owned()
+    };
+    Rejection {
+        kind: RejectionKind::KeyReused,
+        status: settings.key_reused_status,
+        message: format!(
+            "this Idempotency-Key was already used for {what}; a key identifies one operation, \
+             so send a new key for a different request"
+        ),
+        retry_after: None,
+    }
+}
+
+fn in_flight(settings: &Settings) -> Rejection {
+    Rejection {
+        kind: RejectionKind::InFlight,
+        status: settings.in_flight_status,
+        message: "a request with this Idempotency-Key is still being processed; retry later \
+                  with the same key to get its result"
+            .to_owned(),
+        retry_after: Some(settings.retry_after),
+    }
+}
+
+/// Reservation attempts before a duplicate gives up: a key that keeps being released and
+/// re-reserved by others under our feet is answered as in flight.
+const MAX_ATTEMPTS: usize = 4;
+
+async fn handle_keyed<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<ReqBody>,
+    key: String,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let id = RecordId::new(settings.scope.scope(&parts), key);
+    let body = match Limited::new(body, settings.max_request_body)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            tracing::info!(outcome = "body-too-large", key = %id, "idempotency: request body over the limit");
+            return reject(
+                &settings,
+                Rejection {
+                    kind: RejectionKind::BodyTooLarge,
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    message: format!(
+                        "the request body is larger than the {} bytes this server accepts for \
+                         requests with an Idempotency-Key; send a smaller body",
+                        settings.max_request_body
+                    ),
+                    retry_after: None,
+                },
+            );
+        }
+        Err(error) => {
+            tracing::info!(outcome = "unreadable-body", key = %id, %error, "idempotency: request body could not be read");
+            return reject(
+                &settings,
+                Rejection {
+                    kind: RejectionKind::UnreadableBody,
+                    status: StatusCode::BAD_REQUEST,
+                    message: format!(
+                        "the request body could not be read ({error}); send the request again"
+                    ),
+                    retry_after: None,
+                },
+            );
+        }
+    };
+    let binding = Binding {
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), ToString::to_string),
+        body_sha256: Sha256::digest(&body).into(),
+    };
+    let request = Request::from_parts(parts, body);
+
+    let wait_until = Instant::now() + settings.in_flight_wait;
+    for _ in 0..MAX_ATTEMPTS {
+        let reservation = settings
+            .store
+            .reserve(&id, &binding, settings.lease, settings.lifetime)
+            .await;
+        let record = match reservation {
+            Ok(Reservation::Reserved(token)) => {
+                tracing::debug!(outcome = "reserved", key = %id, "idempotency: reserved the key");
+                return run_as_owner(settings, inner, request, id, token, Outcome::Executed).await;
+            }
+            Ok(Reservation::Exists(record)) => record,
+            Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+        };
+        if record.binding != binding {
+            tracing::info!(outcome = "mismatch", key = %id, "idempotency: key reused for another request");
+            return reject(&settings, key_reused(&settings, &record.binding, &binding));
+        }
+        let settled = match record.state {
+            RecordState::InFlight {
+                lease_lapsed: false,
+                ..
+            } => {
+                let remaining = wait_until.saturating_duration_since(Instant::now());
+                tracing::debug!(outcome = "waiting", key = %id, "idempotency: waiting for the in-flight owner");
+                match settings.store.wait(&id, remaining).await {
+                    Ok(Some(record)) => record.state,
+                    // Released or expired while we waited: reserve again.
+                    Ok(None) => continue,
+                    Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+                }
+            }
+            state => state,
+        };
+        match settled {
+            RecordState::Completed(stored) => {
+                tracing::debug!(outcome = "replayed", key = %id, status = stored.status, "idempotency: replayed the stored response");
+                return Ok(replay(stored));
+            }
+            RecordState::InFlight {
+                token,
+                lease_lapsed: true,
+            } => match settings.store.take_over(&id, token, settings.lease).await {
+                Ok(Some(token)) => {
+                    tracing::warn!(outcome = "taken-over", key = %id, "idempotency: took over a reservation whose owner stopped renewing its lease");
+                    return run_as_owner(settings, inner, request, id, token, Outcome::TookOver)
+                        .await;
+                }
+                // Someone else took it over, or the owner finished: look again.
+                Ok(None) => continue,
+                Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+            },
+            RecordState::InFlight { .. } => break,
+        }
+    }
+    tracing::info!(outcome = "conflict", key = %id, "idempotency: the owner is still running; answered in flight");
+    reject(&settings, in_flight(&settings))
+}
+
+/// The store failed before anything ran: fail closed, or run unprotected if configured.
+async fn store_failed<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<Bytes>,
+    id: &RecordId,
+    error: &StoreError,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: From<Bytes>,
+{
+    if settings.fail_open && !matches!(error, StoreError::Full { .. }) {
+        tracing::warn!(outcome = "ran-unprotected", key = %id, %error, "idempotency: store failed; running the request without protection (fail-open)");
+        let response = inner.call(request.map(ReqBody::from)).await?;
+        let mut response = response.map(ResponseBody::inner);
+        response.extensions_mut().insert(Outcome::RanUnprotected);
+        return Ok(response);
+    }
+    reject(&settings, store_failure(&settings, id, error))
+}
+
+/// Runs the inner service as the key's owner, on a task of its own so that it finishes
+/// (and records its answer) even when the caller drops the response future.
+async fn run_as_owner<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<Bytes>,
+    id: RecordId,
+    token: FencingToken,
+    outcome: Outcome,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let tracker = settings.in_flight.clone();
+    let owner = tracker.spawn(own_the_key(settings, inner, request, id, token, outcome));
+    match owner.await {
+        Ok(answer) => answer,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => {
+            panic!("idempotency: the task running a keyed request was cancelled: {error}")
+        }
+    }
+}
+
+/// How a response body ended up after buffering.
+enum Buffered<B> {
+    Whole(Bytes),
+    TooLarge { prefix: Bytes, rest: Pin<Box<B>> },
+    Failed { prefix: Bytes, error: BoxError },
+}
+
+async fn own_the_key<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<Bytes>,
+    id: RecordId,
+    token: FencingToken,
+    outcome: Outcome,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    ReqBody: From<Bytes>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let mut request = request.map(ReqBody::from);
+    request.extensions_mut().insert(ReservationHandle {
+        id: id.clone(),
+        token,
+    });
+    let max_body = settings.max_response_body;
+    let run = async move {
+        let response = inner.call(request).await?;
+        let (parts, body) = response.into_parts();
+        Ok((parts, buffer(body, max_body).await))
+    };
+    let ran = hold_lease(&settings, &id, token, AssertUnwindSafe(run).catch_unwind()).await;
+
+    let (parts, buffered) = match ran {
+        Err(panic) => {
+            release(&settings, &id, token, "the inner service panicked").await;
+            std::panic::resume_unwind(panic);
+        }
+        Ok(Err(error)) => {
+            release(&settings, &id, token, "the inner service returned an error").await;
+            return Err(error);
+        }
+        Ok(Ok(ran)) => ran,
+    };
+
+    let status = parts.status;
+    let releases = status.is_server_error() || settings.release_statuses.contains(&status);
+    let (body, outcome) = match buffered {
+        Buffered::Failed { prefix, error } => {
+            release(&settings, &id, token, "the response body failed").await;
+            (ResponseBody::failed(prefix, error), Outcome::Released)
+        }
+        _ if releases => {
+            release(
+                &settings,
+                &id,
+                token,
+                "the response status releases the key",
+            )
+            .await;
+            let body = match buffered {
+                Buffered::Whole(bytes) => ResponseBody::full(bytes),
+                Buffered::TooLarge { prefix, rest } => ResponseBody::prefixed(prefix, rest),
+                Buffered::Failed { .. } => unreachable!("handled above"),
+            };
+            (body, Outcome::Released)
+        }
+        Buffered::Whole(bytes) => {
+            let stored = StoredResponse {
+                status: status.as_u16(),
+                headers: settings
+                    .replayed_headers
+                    .iter()
+                    .flat_map(|name| {
+                        parts.headers.get_all(name).iter().map(move |value| {
+                            (
+                                name.as_str().to_owned(),
+                                Bytes::copy_from_slice(value.as_bytes()),
+                            )
+                        })
+                    })
+                    .collect(),
+                body: bytes.clone(),
+            };
+            finalize(&settings, &id, token, &stored).await;
+            (ResponseBody::full(bytes), outcome)
+        }
+        Buffered::TooLarge { prefix, rest } => {
+            let rejection = Rejection {
+                kind: RejectionKind::ResponseNotStored,
+                status: settings.not_stored_status,
+                message: format!(
+                    "the request with this Idempotency-Key already ran (status {}), but its \
+                     response was larger than the {} bytes kept for replay; read the \
+                     resource's current state instead of retrying",
+                    status.as_u16(),
+                    settings.max_response_body
+                ),
+                retry_after: None,
+            };
+            let rendered = settings.renderer.render(&rejection);
+            let stored = StoredResponse {
+                status: rendered.status().as_u16(),
+                headers: rendered
+                    .headers()
+                    .iter()
+                    .map(|(name, value)| {
+                        (
+                            name.as_str().to_owned(),
+                            Bytes::copy_from_slice(value.as_bytes()),
+                        )
+                    })
+                    .collect(),
+                body: rendered.into_body(),
+            };
+            tracing::warn!(outcome = "not-stored", key = %id, limit = settings.max_response_body, "idempotency: response too large to store; retries will be told it already ran");
+            finalize(&settings, &id, token, &stored).await;
+            (
+                ResponseBody::prefixed(prefix, rest),
+                Outcome::ExecutedNotStored,
+            )
+        }
+    };
+    let mut response = Response::from_parts(parts, body);
+    response.extensions_mut().insert(outcome);
+    Ok(response)
+}
+
+/// Drives `work` while renewing the lease every third of its length. Losing the lease
+/// does not stop the work: the request is already running, and the store's fencing keeps
+/// the stale owner from overwriting the new one.
+async fn hold_lease<F: Future>(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    work: F,
+) -> F::Output {
+    let period = settings.lease / 3;
+    let mut renewing = true;
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            output = &mut work => return output,
+            () = tokio::time::sleep(period), if renewing => {
+                match settings.store.renew(id, token, settings.lease).await {
+                    Ok(Ownership::Held) => {}
+                    Ok(Ownership::Lost) => {
+                        renewing = false;
+                        tracing::warn!(outcome = "lost-ownership", key = %id, "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
+                    }
+                    Err(error) => tracing::warn!(outcome = "store-error", key = %id, %error, "idempotency: renewing the lease failed; will retry"),
+                }
+            }
+        }
+    }
+}
+
+async fn buffer<B>(body: B, limit: usize) -> Buffered<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut collected = BytesMut::new();
+    loop {
+        match body.frame().await {
+            None => return Buffered::Whole(collected.freeze()),
+            Some(Err(error)) => {
+                return Buffered::Failed {
+                    prefix: collected.freeze(),
+                    error: error.into(),
+                };
+            }
+            Some(Ok(frame)) => {
+                // Trailers are not stored: replays carry status, headers and body only.
+                if let Ok(data) = frame.into_data() {
+                    collected.extend_from_slice(&data);
+                    if collected.len() > limit {
+                        return Buffered::TooLarge {
+                            prefix: collected.freeze(),
+                            rest: body,
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) {
+    match settings.store.release(id, token).await {
+        Ok(Ownership::Held) => {
+            tracing::info!(outcome = "released", key = %id, "idempotency: released the key: {why}")
+        }
+        Ok(Ownership::Lost) => {
+            tracing::warn!(outcome = "lost-ownership", key = %id, "idempotency: could not release a key it no longer owns ({why})")
+        }
+        Err(error) => {
+            tracing::error!(outcome = "store-error", key = %id, %error, "idempotency: releasing the key failed; it stays reserved until its lease lapses ({why})")
+        }
+    }
+}
+
+/// Stores the answer, retrying a failing store with backoff for a bounded time. The
+/// caller gets the real answer either way.
+async fn finalize(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    stored: &StoredResponse,
+) {
+    let give_up_at = Instant::now() + settings.finalize_retry_for;
+    let mut pause = Duration::from_millis(25);
+    loop {
+        match settings.store.finalize(id, token, stored).await {
+            Ok(Ownership::Held) => {
+                tracing::debug!(outcome = "finalized", key = %id, status = stored.status, "idempotency: stored the response");
+                return;
+            }
+            Ok(Ownership::Lost) => {
+                tracing::warn!(outcome = "lost-ownership", key = %id, "idempotency: the response was not stored: another request took over this key (this request's lease lapsed)");
+                return;
+            }
+            Err(error) if Instant::now() + pause < give_up_at => {
+                tracing::warn!(outcome = "store-error", key = %id, %error, "idempotency: storing the response failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(error) => {
+                tracing::error!(outcome = "store-error", key = %id, %error, "idempotency: storing the response failed; giving up, the record will be taken over when its lease lapses");
+                return;
+            }
+        }
+    }
+}

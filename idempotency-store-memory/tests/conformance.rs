@@ -1,0 +1,73 @@
+//! The memory store against the shared conformance suite, plus its own capacity rules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_core::{Binding, IdempotencyStore, RecordId, Reservation, StoreError};
+use idempotency_store_memory::MemoryStore;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_the_conformance_suite() {
+    idempotency_core::conformance::run_all(Arc::new(MemoryStore::new())).await;
+}
+
+fn binding() -> Binding {
+    Binding {
+        method: "POST".into(),
+        path: "/things".into(),
+        body_sha256: [0; 32],
+    }
+}
+
+#[tokio::test]
+async fn full_store_refuses_new_keys_without_evicting_live_ones() {
+    let store = MemoryStore::new().with_max_entries(3);
+    let long = Duration::from_secs(60);
+    for i in 0..3 {
+        let id = RecordId::new("", format!("k{i}"));
+        assert!(matches!(
+            store.reserve(&id, &binding(), long, long).await.unwrap(),
+            Reservation::Reserved(_)
+        ));
+    }
+    let error = store
+        .reserve(&RecordId::new("", "k3"), &binding(), long, long)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Full { max_entries: 3 }));
+    assert!(error.to_string().contains("raise max_entries"));
+    for i in 0..3 {
+        let id = RecordId::new("", format!("k{i}"));
+        assert!(store.load(&id).await.unwrap().is_some(), "k{i} was evicted");
+    }
+    // An existing key still answers with its record at capacity.
+    assert!(matches!(
+        store
+            .reserve(&RecordId::new("", "k0"), &binding(), long, long)
+            .await
+            .unwrap(),
+        Reservation::Exists(_)
+    ));
+}
+
+#[tokio::test]
+async fn full_store_makes_room_by_dropping_expired_records() {
+    let store = MemoryStore::new().with_max_entries(2);
+    let short = Duration::from_millis(50);
+    let long = Duration::from_secs(60);
+    for key in ["a", "b"] {
+        store
+            .reserve(&RecordId::new("", key), &binding(), long, short)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(short * 2).await;
+    assert!(matches!(
+        store
+            .reserve(&RecordId::new("", "c"), &binding(), long, long)
+            .await
+            .unwrap(),
+        Reservation::Reserved(_)
+    ));
+    assert_eq!(store.len(), 1, "expired records should have been dropped");
+}
