@@ -166,13 +166,13 @@
 //! INSERT INTO t (scope, idempotency_key, method, path, body_sha256, fencing_token,
 //!                created_at_ms, expires_at_ms, lease_expires_at_ms,
 //!                response_status, response_headers, response_body)
-//! VALUES (?, ?, ?, ?, ?, ?, IF(LAST_INSERT_ID(1) IS NULL, NULL, <now>),
+//! VALUES (?, ?, ?, ?, ?, ?, IF(LAST_INSERT_ID(1) = 1, <now>, NULL),
 //!         <now> + ?lifetime, <now> + ?lease, NULL, NULL, NULL)
 //! ON DUPLICATE KEY UPDATE
 //!     method = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(method), method),
 //!     ...  -- path, body_sha256, created_at_ms, lease_expires_at_ms likewise
 //!     fencing_token = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(fencing_token),
-//!                        IF(LAST_INSERT_ID(2) IS NULL, NULL, fencing_token)),
+//!                        IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)),
 //!     response_status = IF(expires_at_ms <= VALUES(created_at_ms), NULL, response_status),
 //!     ...  -- response_headers, response_body likewise
 //!     expires_at_ms = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(expires_at_ms),

@@ -23,6 +23,10 @@ use crate::table::{InvalidTableName, TableName};
 const NOW_MS: &str =
     "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
 
+/// (The markers are set inside `IF(LAST_INSERT_ID(n) = n, value, NULL)`: the optimizer
+/// cannot fold that away, as it folds `LAST_INSERT_ID(n) IS NULL`, and were the marker
+/// ever missing, the outcome check fails closed with an error instead of guessing.)
+///
 /// `LAST_INSERT_ID` value that reserve's VALUES list sets: the row was inserted (or, with
 /// two affected rows, an expired row was replaced).
 const MARK_INSERTED: u64 = 1;
@@ -112,14 +116,14 @@ impl Statements {
                      created_at_ms, expires_at_ms, lease_expires_at_ms,
                      response_status, response_headers, response_body)
                  VALUES (?, ?, ?, ?, ?, ?,
-                         IF(LAST_INSERT_ID({MARK_INSERTED}) IS NULL, NULL, {NOW_MS}),
+                         IF(LAST_INSERT_ID({MARK_INSERTED}) = {MARK_INSERTED}, {NOW_MS}, NULL),
                          {NOW_MS} + ?, {NOW_MS} + ?, NULL, NULL, NULL)
                  ON DUPLICATE KEY UPDATE
                     {method},
                     {path},
                     {body_sha256},
                     fencing_token = IF({expired}, VALUES(fencing_token),
-                        IF(LAST_INSERT_ID({MARK_EXISTING}) IS NULL, NULL, fencing_token)),
+                        IF(LAST_INSERT_ID({MARK_EXISTING}) = {MARK_EXISTING}, fencing_token, NULL)),
                     {created_at_ms},
                     {lease_expires_at_ms},
                     response_status = IF({expired}, NULL, response_status),
@@ -133,8 +137,11 @@ impl Statements {
                 lease_expires_at_ms = replace("lease_expires_at_ms"),
                 expires_at_ms = replace("expires_at_ms"),
             ),
+            // sqlx reads utf8mb4_bin text columns as binary (the server flags them
+            // BINARY), so the two text columns are cast to the connection's charset.
             load: format!(
-                "SELECT method, path, body_sha256, fencing_token, lease_expires_at_ms,
+                "SELECT CAST(method AS CHAR CHARACTER SET utf8mb4) AS method,
+                        CAST(path AS CHAR CHARACTER SET utf8mb4) AS path, body_sha256, fencing_token, lease_expires_at_ms,
                         {NOW_MS} AS now_ms, response_status, response_headers, response_body
                  FROM {t}
                  WHERE scope = ? AND idempotency_key = ? AND expires_at_ms > {NOW_MS}"
