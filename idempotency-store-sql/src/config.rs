@@ -24,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::{IdempotencyStore, StoreError};
+use idempotency_core::{IdempotencyLayer, IdempotencyStore, StoreError};
 use idempotency_store_memory::MemoryStore;
 
 use crate::common::PoolSettings;
@@ -506,6 +506,39 @@ impl IdempotencyConfig {
                 Err(not_compiled(url, backend))
             }
         }
+    }
+}
+
+impl IdempotencyConfig {
+    /// A layer over `store` with the configured lifetime and the layer's other defaults
+    /// (the generic profile). Further options are the layer's builder methods; for the
+    /// Iceberg profile, build that layer and apply `.with_lifetime(config.key_lifetime)`.
+    pub fn layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
+        IdempotencyLayer::from_shared_store(store).with_lifetime(self.key_lifetime)
+    }
+
+    /// When `idempotency-enabled` is true: builds the store (see [`build`](Self::build))
+    /// and a layer over it (see [`layer`](Self::layer)). When it is false: `None`, and
+    /// nothing is opened; the service then runs without the layer, so the header is
+    /// ignored.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), idempotency_store_sql::config::ConfigError> {
+    /// use std::collections::HashMap;
+    /// use idempotency_store_sql::config::IdempotencyConfig;
+    ///
+    /// let properties = HashMap::from([("idempotency-enabled", "true")]);
+    /// let config = IdempotencyConfig::from_properties(properties)?;
+    /// let (layer, _store) = config.build_layer().await?.expect("enabled");
+    /// assert_eq!(layer.lifetime(), config.key_lifetime);
+    /// # Ok(()) }
+    /// ```
+    pub async fn build_layer(&self) -> Result<Option<(IdempotencyLayer, BuiltStore)>, ConfigError> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let built = self.build().await?;
+        Ok(Some((self.layer(built.store.clone()), built)))
     }
 }
 
