@@ -97,7 +97,9 @@ impl RawRecord {
                     .ok()
                     .filter(|status| (100..=999).contains(status))
                     .ok_or_else(|| {
-                        StoreError::Corrupt(format!("response_status {status} is not an HTTP status"))
+                        StoreError::Corrupt(format!(
+                            "response_status {status} is not an HTTP status"
+                        ))
                     })?;
                 let headers = StoredResponse::decode_headers(
                     self.response_headers.as_deref().unwrap_or_default(),

@@ -188,7 +188,10 @@ impl fmt::Debug for IdempotencyConfig {
             .field("key_lifetime", &self.key_lifetime)
             .field("store_type", &self.store_type)
             .field("max_entries", &self.max_entries)
-            .field("database_url", &self.database_url.as_deref().map(redact_url))
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact_url),
+            )
             .field("database_user", &self.database_user)
             .field(
                 "database_password",
@@ -448,9 +451,14 @@ impl IdempotencyConfig {
             SqlBackend::Postgres => {
                 #[cfg(feature = "postgres")]
                 {
-                    let mut options: sqlx::postgres::PgConnectOptions = url
-                        .parse()
-                        .map_err(|e| invalid(DATABASE_URL, &redact_url(url), format!("a valid PostgreSQL URL ({e})")))?;
+                    let mut options: sqlx::postgres::PgConnectOptions =
+                        url.parse().map_err(|e| {
+                            invalid(
+                                DATABASE_URL,
+                                &redact_url(url),
+                                format!("a valid PostgreSQL URL ({e})"),
+                            )
+                        })?;
                     if let Some(user) = &self.database_user {
                         options = options.username(user);
                     }
@@ -471,9 +479,14 @@ impl IdempotencyConfig {
             SqlBackend::MySql => {
                 #[cfg(feature = "mysql")]
                 {
-                    let mut options: sqlx::mysql::MySqlConnectOptions = crate::mysql::mysql_url(url)
-                        .parse()
-                        .map_err(|e| invalid(DATABASE_URL, &redact_url(url), format!("a valid MySQL URL ({e})")))?;
+                    let mut options: sqlx::mysql::MySqlConnectOptions =
+                        crate::mysql::mysql_url(url).parse().map_err(|e| {
+                            invalid(
+                                DATABASE_URL,
+                                &redact_url(url),
+                                format!("a valid MySQL URL ({e})"),
+                            )
+                        })?;
                     if let Some(user) = &self.database_user {
                         options = options.username(user);
                     }
@@ -575,7 +588,11 @@ fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigE
     match parse_iso8601_duration(value) {
         Ok(duration) if duration > Duration::ZERO => Ok(duration),
         Ok(_) => Err(invalid(key, value, expected)),
-        Err(error) => Err(invalid(key, value, format!("{expected} ({})", error.reason))),
+        Err(error) => Err(invalid(
+            key,
+            value,
+            format!("{expected} ({})", error.reason),
+        )),
     }
 }
 

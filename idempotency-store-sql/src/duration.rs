@@ -84,7 +84,9 @@ pub fn parse_iso8601_duration(input: &str) -> Result<Duration, DurationParseErro
                 }
             };
             if rank <= last_unit {
-                return Err(fail("hours, minutes and seconds must each appear at most once, in that order"));
+                return Err(fail(
+                    "hours, minutes and seconds must each appear at most once, in that order",
+                ));
             }
             last_unit = rank;
             total += nanos;
@@ -267,11 +269,30 @@ mod tests {
     #[test]
     fn refuses_what_java_refuses() {
         for text in [
-            "", "P", "PT", "P1DT", "30M", "P1W", "P1M", "P1Y", "PT1D", "PT1M1H", "PT1H1H",
-            "PT1.5M", "PT1.1234567890S", "PT 1M", "PT1M ", "PT-M", "P1DT1", "PTS",
+            "",
+            "P",
+            "PT",
+            "P1DT",
+            "30M",
+            "P1W",
+            "P1M",
+            "P1Y",
+            "PT1D",
+            "PT1M1H",
+            "PT1H1H",
+            "PT1.5M",
+            "PT1.1234567890S",
+            "PT 1M",
+            "PT1M ",
+            "PT-M",
+            "P1DT1",
+            "PTS",
             "PT99999999999999999999S",
         ] {
-            assert!(parse_iso8601_duration(text).is_err(), "{text:?} was accepted");
+            assert!(
+                parse_iso8601_duration(text).is_err(),
+                "{text:?} was accepted"
+            );
         }
     }
 

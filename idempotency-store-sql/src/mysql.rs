@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
-    Reservation, StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
+    StoreError, StoredResponse,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool};
 
@@ -88,9 +88,8 @@ impl Statements {
         // columns assigned before it. Every assignment tests the *old* expires_at_ms, so
         // expires_at_ms is assigned last.
         let expired = "expires_at_ms <= VALUES(created_at_ms)";
-        let replace = |column: &str| {
-            format!("{column} = IF({expired}, VALUES({column}), {column})")
-        };
+        let replace =
+            |column: &str| format!("{column} = IF({expired}, VALUES({column}), {column})");
         Self {
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
@@ -425,13 +424,9 @@ impl IdempotencyStore for MySqlStore {
 
     async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
         let limit = u64::try_from(batch_size).unwrap_or(u64::MAX);
-        let done = retry_deadlocks(|| {
-            sqlx::query(&self.sql.purge)
-                .bind(limit)
-                .execute(&self.pool)
-        })
-        .await
-        .map_err(backend)?;
+        let done = retry_deadlocks(|| sqlx::query(&self.sql.purge).bind(limit).execute(&self.pool))
+            .await
+            .map_err(backend)?;
         Ok(done.rows_affected())
     }
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
-    Reservation, StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
+    StoreError, StoredResponse,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{FromRow, Row};

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
-    Reservation, StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
+    StoreError, StoredResponse,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 

@@ -80,6 +80,7 @@ impl TableName {
 
     /// A stable 64-bit number derived from the name, used as the PostgreSQL advisory
     /// lock key that serializes concurrent `migrate()` calls for this table.
+    #[cfg(feature = "postgres")]
     pub(crate) fn lock_key(&self) -> i64 {
         fnv1a(format!("idempotency-store-sql:migrate:{}", self.0).as_bytes()) as i64
     }

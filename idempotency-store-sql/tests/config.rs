@@ -11,7 +11,9 @@ fn parse(pairs: &[(&str, &str)]) -> Result<IdempotencyConfig, ConfigError> {
 }
 
 fn error(pairs: &[(&str, &str)]) -> String {
-    parse(pairs).expect_err("configuration should be refused").to_string()
+    parse(pairs)
+        .expect_err("configuration should be refused")
+        .to_string()
 }
 
 #[test]
@@ -32,7 +34,10 @@ fn every_key_is_read() {
         ("idempotency-enabled", " TRUE "),
         ("idempotency-key-lifetime", "PT1H"),
         ("idempotency-store-type", "sql"),
-        ("idempotency-database-url", "postgres://db.example:5432/catalog"),
+        (
+            "idempotency-database-url",
+            "postgres://db.example:5432/catalog",
+        ),
         ("idempotency-database-user", "catalog"),
         ("idempotency-database-password", "s3cret"),
         ("idempotency-database-pool-size", "20"),
@@ -47,56 +52,123 @@ fn every_key_is_read() {
     assert!(config.enabled);
     assert_eq!(config.key_lifetime, Duration::from_secs(3600));
     assert_eq!(config.store_type, StoreType::Sql);
-    assert_eq!(config.database_url.as_deref(), Some("postgres://db.example:5432/catalog"));
+    assert_eq!(
+        config.database_url.as_deref(),
+        Some("postgres://db.example:5432/catalog")
+    );
     assert_eq!(config.database_user.as_deref(), Some("catalog"));
     assert_eq!(config.database_password.as_deref(), Some("s3cret"));
     assert_eq!(config.database_pool_size, Some(20));
     assert_eq!(config.pool_settings().max_connections, 20);
     assert_eq!(config.purge_interval, Some(Duration::from_secs(300)));
     let debug = format!("{config:?}");
-    assert!(!debug.contains("s3cret"), "Debug leaks the password: {debug}");
+    assert!(
+        !debug.contains("s3cret"),
+        "Debug leaks the password: {debug}"
+    );
 
-    let memory = parse(&[("idempotency-store-type", "memory"), ("idempotency-max-entries", "50000")])
-        .unwrap();
+    let memory = parse(&[
+        ("idempotency-store-type", "memory"),
+        ("idempotency-max-entries", "50000"),
+    ])
+    .unwrap();
     assert_eq!(memory.max_entries, Some(50_000));
 }
 
 #[test]
 fn each_bad_value_names_its_key_value_and_what_is_expected() {
-    let cases: &[(&[(&str, &str)], &[&str])] = &[
-        (&[("idempotency-enabled", "yes")], &["idempotency-enabled", "\"yes\"", "`true` or `false`"]),
-        (&[("idempotency-key-lifetime", "30m")], &["idempotency-key-lifetime", "\"30m\"", "ISO-8601", "PT30M"]),
-        (&[("idempotency-key-lifetime", "P1W")], &["idempotency-key-lifetime", "\"P1W\"", "weeks"]),
-        (&[("idempotency-key-lifetime", "PT0S")], &["idempotency-key-lifetime", "\"PT0S\"", "positive"]),
-        (&[("idempotency-key-lifetime", "-PT5M")], &["idempotency-key-lifetime", "negative"]),
-        (&[("idempotency-key-lifetime", "")], &["idempotency-key-lifetime", "\"\""]),
-        (&[("idempotency-store-type", "jdbc")], &["idempotency-store-type", "\"jdbc\"", "`memory` or `sql`"]),
-        (&[("idempotency-max-entries", "0")], &["idempotency-max-entries", "\"0\"", "positive integer"]),
-        (&[("idempotency-max-entries", "lots")], &["idempotency-max-entries", "\"lots\"", "positive integer"]),
-        (&[("idempotency-max-entries", "-5")], &["idempotency-max-entries", "positive integer"]),
+    type Properties<'a> = &'a [(&'a str, &'a str)];
+    let cases: &[(Properties, &[&str])] = &[
         (
-            &[("idempotency-store-type", "sql"), ("idempotency-database-url", "oracle://db/x")],
+            &[("idempotency-enabled", "yes")],
+            &["idempotency-enabled", "\"yes\"", "`true` or `false`"],
+        ),
+        (
+            &[("idempotency-key-lifetime", "30m")],
+            &["idempotency-key-lifetime", "\"30m\"", "ISO-8601", "PT30M"],
+        ),
+        (
+            &[("idempotency-key-lifetime", "P1W")],
+            &["idempotency-key-lifetime", "\"P1W\"", "weeks"],
+        ),
+        (
+            &[("idempotency-key-lifetime", "PT0S")],
+            &["idempotency-key-lifetime", "\"PT0S\"", "positive"],
+        ),
+        (
+            &[("idempotency-key-lifetime", "-PT5M")],
+            &["idempotency-key-lifetime", "negative"],
+        ),
+        (
+            &[("idempotency-key-lifetime", "")],
+            &["idempotency-key-lifetime", "\"\""],
+        ),
+        (
+            &[("idempotency-store-type", "jdbc")],
+            &["idempotency-store-type", "\"jdbc\"", "`memory` or `sql`"],
+        ),
+        (
+            &[("idempotency-max-entries", "0")],
+            &["idempotency-max-entries", "\"0\"", "positive integer"],
+        ),
+        (
+            &[("idempotency-max-entries", "lots")],
+            &["idempotency-max-entries", "\"lots\"", "positive integer"],
+        ),
+        (
+            &[("idempotency-max-entries", "-5")],
+            &["idempotency-max-entries", "positive integer"],
+        ),
+        (
+            &[
+                ("idempotency-store-type", "sql"),
+                ("idempotency-database-url", "oracle://db/x"),
+            ],
             &["idempotency-database-url", "oracle://db/x", "postgres://"],
         ),
         (
-            &[("idempotency-store-type", "sql"), ("idempotency-database-url", "jdbc:postgresql://u:pw@db/x")],
+            &[
+                ("idempotency-store-type", "sql"),
+                ("idempotency-database-url", "jdbc:postgresql://u:pw@db/x"),
+            ],
             &["idempotency-database-url", "postgres://"],
         ),
         (
-            &[("idempotency-store-type", "sql"), ("idempotency-database-url", "sqlite:/tmp/x.db"), ("idempotency-database-pool-size", "0")],
-            &["idempotency-database-pool-size", "\"0\"", "positive integer"],
+            &[
+                ("idempotency-store-type", "sql"),
+                ("idempotency-database-url", "sqlite:/tmp/x.db"),
+                ("idempotency-database-pool-size", "0"),
+            ],
+            &[
+                "idempotency-database-pool-size",
+                "\"0\"",
+                "positive integer",
+            ],
         ),
         (
-            &[("idempotency-store-type", "sql"), ("idempotency-database-url", "postgres://db/x"), ("idempotency-database-user", "")],
+            &[
+                ("idempotency-store-type", "sql"),
+                ("idempotency-database-url", "postgres://db/x"),
+                ("idempotency-database-user", ""),
+            ],
             &["idempotency-database-user", "non-empty"],
         ),
-        (&[("idempotency-purge-interval", "5 minutes")], &["idempotency-purge-interval", "\"5 minutes\"", "ISO-8601"]),
-        (&[("idempotency-purge-interval", "PT0S")], &["idempotency-purge-interval", "positive"]),
+        (
+            &[("idempotency-purge-interval", "5 minutes")],
+            &["idempotency-purge-interval", "\"5 minutes\"", "ISO-8601"],
+        ),
+        (
+            &[("idempotency-purge-interval", "PT0S")],
+            &["idempotency-purge-interval", "positive"],
+        ),
     ];
     for (pairs, needles) in cases {
         let message = error(pairs);
         for needle in *needles {
-            assert!(message.contains(needle), "{pairs:?}: {message:?} lacks {needle:?}");
+            assert!(
+                message.contains(needle),
+                "{pairs:?}: {message:?} lacks {needle:?}"
+            );
         }
     }
 }
@@ -104,35 +176,60 @@ fn each_bad_value_names_its_key_value_and_what_is_expected() {
 #[test]
 fn unknown_and_duplicate_keys_are_refused() {
     let message = error(&[("idempotency-key-lifetime-minutes", "30")]);
-    assert!(message.contains("unknown property `idempotency-key-lifetime-minutes`"), "{message}");
-    assert!(message.contains("idempotency-key-lifetime,"), "the message lists the known keys: {message}");
-    let message = error(&[("idempotency-enabled", "true"), ("idempotency-enabled", "false")]);
-    assert!(message.contains("`idempotency-enabled` is given more than once"), "{message}");
+    assert!(
+        message.contains("unknown property `idempotency-key-lifetime-minutes`"),
+        "{message}"
+    );
+    assert!(
+        message.contains("idempotency-key-lifetime,"),
+        "the message lists the known keys: {message}"
+    );
+    let message = error(&[
+        ("idempotency-enabled", "true"),
+        ("idempotency-enabled", "false"),
+    ]);
+    assert!(
+        message.contains("`idempotency-enabled` is given more than once"),
+        "{message}"
+    );
 }
 
 #[test]
 fn keys_that_do_not_apply_to_the_store_are_refused() {
     let message = error(&[("idempotency-store-type", "sql")]);
-    assert!(message.contains("`idempotency-database-url` is required"), "{message}");
+    assert!(
+        message.contains("`idempotency-database-url` is required"),
+        "{message}"
+    );
     let message = error(&[("idempotency-database-url", "postgres://db/x")]);
     assert!(
-        message.contains("`idempotency-database-url` does not apply to idempotency-store-type=memory"),
+        message
+            .contains("`idempotency-database-url` does not apply to idempotency-store-type=memory"),
         "{message}"
     );
     let message = error(&[("idempotency-database-pool-size", "5")]);
-    assert!(message.contains("`idempotency-database-pool-size` does not apply"), "{message}");
+    assert!(
+        message.contains("`idempotency-database-pool-size` does not apply"),
+        "{message}"
+    );
     let message = error(&[
         ("idempotency-store-type", "sql"),
         ("idempotency-database-url", "mysql://db/x"),
         ("idempotency-max-entries", "10"),
     ]);
-    assert!(message.contains("`idempotency-max-entries` does not apply to idempotency-store-type=sql"), "{message}");
+    assert!(
+        message.contains("`idempotency-max-entries` does not apply to idempotency-store-type=sql"),
+        "{message}"
+    );
     let message = error(&[
         ("idempotency-store-type", "sql"),
         ("idempotency-database-url", "sqlite:/tmp/x.db"),
         ("idempotency-database-password", "pw"),
     ]);
-    assert!(message.contains("`idempotency-database-password` does not apply to a sqlite: database"), "{message}");
+    assert!(
+        message.contains("`idempotency-database-password` does not apply to a sqlite: database"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -153,8 +250,14 @@ async fn reserve_works(store: &dyn IdempotencyStore) {
         body_sha256: [0; 32],
     };
     let long = Duration::from_secs(60);
-    assert!(matches!(store.reserve(&id, &binding, long, long).await.unwrap(), Reservation::Reserved(_)));
-    assert!(matches!(store.reserve(&id, &binding, long, long).await.unwrap(), Reservation::Exists(_)));
+    assert!(matches!(
+        store.reserve(&id, &binding, long, long).await.unwrap(),
+        Reservation::Reserved(_)
+    ));
+    assert!(matches!(
+        store.reserve(&id, &binding, long, long).await.unwrap(),
+        Reservation::Exists(_)
+    ));
 }
 
 #[tokio::test]
@@ -201,7 +304,8 @@ async fn builds_a_postgres_store_with_the_user_from_its_own_key() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     // Take the user out of the URL and give it as its own key.
     let (without_user, user) = match url.split_once("://").and_then(|(s, rest)| {
-        rest.split_once('@').map(|(userinfo, host)| (format!("{s}://{host}"), userinfo.to_owned()))
+        rest.split_once('@')
+            .map(|(userinfo, host)| (format!("{s}://{host}"), userinfo.to_owned()))
     }) {
         Some((without, userinfo)) => (without, userinfo.split(':').next().unwrap_or("").to_owned()),
         None => (url.clone(), String::new()),
@@ -254,5 +358,8 @@ fn a_backend_that_is_not_compiled_in_is_named() {
         ("idempotency-store-type", "sql"),
         ("idempotency-database-url", "postgres://db/x"),
     ]);
-    assert!(message.contains("enable the `postgres` feature"), "{message}");
+    assert!(
+        message.contains("enable the `postgres` feature"),
+        "{message}"
+    );
 }

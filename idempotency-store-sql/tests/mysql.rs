@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::IdempotencyStore;
-use idempotency_store_sql::{PoolSettings, MySqlStore};
+use idempotency_store_sql::{MySqlStore, PoolSettings};
 
 const ENV: &str = "IDEMPOTENCY_TEST_MYSQL_URL";
 
@@ -36,7 +36,9 @@ async fn drop_table(store: &MySqlStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_the_conformance_suite() {
-    let Some(store) = node(&common::unique_table()).await else { return };
+    let Some(store) = node(&common::unique_table()).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     idempotency_core::conformance::run_all(Arc::new(store.clone())).await;
     drop_table(&store).await;
@@ -47,7 +49,9 @@ async fn eight_nodes_migrate_at_once_and_again() {
     let table = common::unique_table();
     let mut nodes = Vec::new();
     for _ in 0..8 {
-        let Some(store) = node(&table).await else { return };
+        let Some(store) = node(&table).await else {
+            return;
+        };
         nodes.push(store);
     }
     let results =
@@ -64,7 +68,10 @@ async fn eight_nodes_migrate_at_once_and_again() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!((engine.as_str(), collation.as_str()), ("InnoDB", "utf8mb4_bin"));
+    assert_eq!(
+        (engine.as_str(), collation.as_str()),
+        ("InnoDB", "utf8mb4_bin")
+    );
     let indexed: Vec<String> = sqlx::query_scalar(
         "SELECT CAST(column_name AS CHAR) FROM information_schema.statistics
          WHERE table_schema = DATABASE() AND table_name = ? ORDER BY index_name, seq_in_index",
@@ -105,11 +112,15 @@ async fn two_nodes_share_keys_leases_and_takeovers() {
 async fn three_nodes_purge_at_once() {
     let table = common::unique_table();
     let mut nodes: Vec<Arc<dyn IdempotencyStore>> = Vec::new();
-    let Some(first) = node(&table).await else { return };
+    let Some(first) = node(&table).await else {
+        return;
+    };
     let first = first.migrate().await.expect("migrate");
     nodes.push(Arc::new(first.clone()));
     for _ in 0..2 {
-        let Some(store) = node(&table).await else { return };
+        let Some(store) = node(&table).await else {
+            return;
+        };
         nodes.push(Arc::new(store));
     }
     common::concurrent_purges(nodes).await;
@@ -119,7 +130,9 @@ async fn three_nodes_purge_at_once() {
 #[tokio::test]
 async fn quoted_mixed_case_table_name_works() {
     let table = format!("Idem{}", &common::unique_table()[4..]);
-    let Some(store) = node(&table).await else { return };
+    let Some(store) = node(&table).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     common::tokens_are_not_reused(&store).await;
     drop_table(&store).await;
@@ -133,7 +146,10 @@ async fn bad_table_names_are_rejected() {
         let error = MySqlStore::from_pool(pool.clone())
             .with_table_name(name)
             .unwrap_err();
-        assert!(error.to_string().contains("invalid idempotency table name"), "{error}");
+        assert!(
+            error.to_string().contains("invalid idempotency table name"),
+            "{error}"
+        );
     }
     assert_eq!(
         MySqlStore::from_pool(pool).table_name().as_str(),
@@ -147,7 +163,9 @@ async fn bad_table_names_are_rejected() {
 async fn reserve_waits_for_an_uncommitted_insert_of_the_key() {
     use idempotency_core::{RecordState, Reservation};
 
-    let Some(store) = node(&common::unique_table()).await else { return };
+    let Some(store) = node(&common::unique_table()).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     let id = common::id();
     let mut tx = store.pool().begin().await.unwrap();
@@ -174,7 +192,10 @@ async fn reserve_waits_for_an_uncommitted_insert_of_the_key() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!racing.is_finished(), "reserve should wait for the uncommitted insert");
+    assert!(
+        !racing.is_finished(),
+        "reserve should wait for the uncommitted insert"
+    );
     tx.commit().await.unwrap();
     match racing.await.unwrap().expect("reserve failed") {
         Reservation::Exists(record) => assert_eq!(
@@ -193,7 +214,9 @@ async fn reserve_waits_for_an_uncommitted_insert_of_the_key() {
 /// scopes must never collide on a common prefix).
 #[tokio::test]
 async fn overlong_scopes_and_keys_are_refused() {
-    let Some(store) = node(&common::unique_table()).await else { return };
+    let Some(store) = node(&common::unique_table()).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     let long = "s".repeat(256);
     for id in [
@@ -204,7 +227,10 @@ async fn overlong_scopes_and_keys_are_refused() {
             .reserve(&id, &common::binding(), common::LONG, common::LONG)
             .await
             .unwrap_err();
-        assert!(error.to_string().contains("at most 255 characters"), "{error}");
+        assert!(
+            error.to_string().contains("at most 255 characters"),
+            "{error}"
+        );
     }
     // 255 four-byte characters fit (the key columns are utf8mb4).
     let widest = idempotency_core::RecordId::new("😀".repeat(255), "k".repeat(255));

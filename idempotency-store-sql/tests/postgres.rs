@@ -36,7 +36,9 @@ async fn drop_table(store: &PostgresStore) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_the_conformance_suite() {
-    let Some(store) = node(&common::unique_table()).await else { return };
+    let Some(store) = node(&common::unique_table()).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     idempotency_core::conformance::run_all(Arc::new(store.clone())).await;
     drop_table(&store).await;
@@ -47,7 +49,9 @@ async fn eight_nodes_migrate_at_once_and_again() {
     let table = common::unique_table();
     let mut nodes = Vec::new();
     for _ in 0..8 {
-        let Some(store) = node(&table).await else { return };
+        let Some(store) = node(&table).await else {
+            return;
+        };
         nodes.push(store);
     }
     let results =
@@ -56,14 +60,20 @@ async fn eight_nodes_migrate_at_once_and_again() {
         result.expect("a concurrent migrate failed");
     }
     let store = nodes[0].clone().migrate().await.expect("second migrate");
-    let indexes: Vec<String> = sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE tablename = $1")
-        .bind(&table)
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
-    assert!(indexes.iter().any(|def| def.contains("(expires_at_ms)")), "{indexes:?}");
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE tablename = $1")
+            .bind(&table)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
     assert!(
-        indexes.iter().any(|def| def.contains("UNIQUE") && def.contains("(scope, idempotency_key)")),
+        indexes.iter().any(|def| def.contains("(expires_at_ms)")),
+        "{indexes:?}"
+    );
+    assert!(
+        indexes
+            .iter()
+            .any(|def| def.contains("UNIQUE") && def.contains("(scope, idempotency_key)")),
         "{indexes:?}"
     );
     let body_type: String = sqlx::query_scalar(
@@ -96,11 +106,15 @@ async fn two_nodes_share_keys_leases_and_takeovers() {
 async fn three_nodes_purge_at_once() {
     let table = common::unique_table();
     let mut nodes: Vec<Arc<dyn IdempotencyStore>> = Vec::new();
-    let Some(first) = node(&table).await else { return };
+    let Some(first) = node(&table).await else {
+        return;
+    };
     let first = first.migrate().await.expect("migrate");
     nodes.push(Arc::new(first.clone()));
     for _ in 0..2 {
-        let Some(store) = node(&table).await else { return };
+        let Some(store) = node(&table).await else {
+            return;
+        };
         nodes.push(Arc::new(store));
     }
     common::concurrent_purges(nodes).await;
@@ -110,7 +124,9 @@ async fn three_nodes_purge_at_once() {
 #[tokio::test]
 async fn quoted_mixed_case_table_name_works() {
     let table = format!("Idem{}", &common::unique_table()[4..]);
-    let Some(store) = node(&table).await else { return };
+    let Some(store) = node(&table).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     common::tokens_are_not_reused(&store).await;
     drop_table(&store).await;
@@ -124,7 +140,10 @@ async fn bad_table_names_are_rejected() {
         let error = PostgresStore::from_pool(pool.clone())
             .with_table_name(name)
             .unwrap_err();
-        assert!(error.to_string().contains("invalid idempotency table name"), "{error}");
+        assert!(
+            error.to_string().contains("invalid idempotency table name"),
+            "{error}"
+        );
     }
     assert_eq!(
         PostgresStore::from_pool(pool).table_name().as_str(),
@@ -139,7 +158,9 @@ async fn bad_table_names_are_rejected() {
 async fn reserve_sees_a_row_committed_after_its_snapshot() {
     use idempotency_core::{RecordState, Reservation};
 
-    let Some(store) = node(&common::unique_table()).await else { return };
+    let Some(store) = node(&common::unique_table()).await else {
+        return;
+    };
     let store = store.migrate().await.expect("migrate");
     let id = common::id();
     let mut tx = store.pool().begin().await.unwrap();
@@ -166,7 +187,10 @@ async fn reserve_sees_a_row_committed_after_its_snapshot() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!racing.is_finished(), "reserve should wait for the uncommitted insert");
+    assert!(
+        !racing.is_finished(),
+        "reserve should wait for the uncommitted insert"
+    );
     tx.commit().await.unwrap();
     match racing.await.unwrap().expect("reserve failed") {
         Reservation::Exists(record) => assert_eq!(

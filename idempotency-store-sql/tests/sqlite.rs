@@ -29,7 +29,11 @@ fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_the_conformance_suite() {
     let (_dir, path) = temp_db();
-    let store = node(&path, "idempotency_records").await.migrate().await.expect("migrate");
+    let store = node(&path, "idempotency_records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
     idempotency_core::conformance::run_all(Arc::new(store)).await;
 }
 
@@ -60,7 +64,11 @@ async fn eight_pools_migrate_at_once_and_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_pools_share_keys_leases_and_takeovers() {
     let (_dir, path) = temp_db();
-    let a = node(&path, "records").await.migrate().await.expect("migrate");
+    let a = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
     let b = node(&path, "records").await;
     let (a, b): (Arc<dyn IdempotencyStore>, Arc<dyn IdempotencyStore>) = (Arc::new(a), Arc::new(b));
     common::two_nodes_race_one_winner(a.clone(), b.clone()).await;
@@ -72,7 +80,11 @@ async fn two_pools_share_keys_leases_and_takeovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_pools_purge_at_once() {
     let (_dir, path) = temp_db();
-    let first = node(&path, "records").await.migrate().await.expect("migrate");
+    let first = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
     let mut nodes: Vec<Arc<dyn IdempotencyStore>> = vec![Arc::new(first)];
     for _ in 0..2 {
         nodes.push(Arc::new(node(&path, "records").await));
@@ -85,7 +97,11 @@ async fn records_survive_reopening_the_file() {
     let (_dir, path) = temp_db();
     let id = common::id();
     {
-        let store = node(&path, "records").await.migrate().await.expect("migrate");
+        let store = node(&path, "records")
+            .await
+            .migrate()
+            .await
+            .expect("migrate");
         let idempotency_core::Reservation::Reserved(token) = store
             .reserve(&id, &common::binding(), common::LONG, common::LONG)
             .await
@@ -93,10 +109,17 @@ async fn records_survive_reopening_the_file() {
         else {
             panic!("fresh key not reserved")
         };
-        store.finalize(&id, token, &common::response(b"kept")).await.unwrap();
+        store
+            .finalize(&id, token, &common::response(b"kept"))
+            .await
+            .unwrap();
         store.pool().close().await;
     }
-    let reopened = node(&path, "records").await.migrate().await.expect("migrate");
+    let reopened = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
     assert_eq!(
         reopened.load(&id).await.unwrap().unwrap().state,
         idempotency_core::RecordState::Completed(common::response(b"kept"))
@@ -128,12 +151,24 @@ async fn quoted_mixed_case_table_name_works() {
 async fn bad_table_names_are_rejected() {
     let (_dir, path) = temp_db();
     let store = node(&path, "records").await;
-    for name in ["", "1x", "a-b", "x\"; DROP TABLE y; --", "naïve", &"t".repeat(64)] {
+    for name in [
+        "",
+        "1x",
+        "a-b",
+        "x\"; DROP TABLE y; --",
+        "naïve",
+        &"t".repeat(64),
+    ] {
         let error = store.clone().with_table_name(name).unwrap_err();
-        assert!(error.to_string().contains("invalid idempotency table name"), "{error}");
+        assert!(
+            error.to_string().contains("invalid idempotency table name"),
+            "{error}"
+        );
     }
     assert_eq!(
-        SqliteStore::from_pool(store.pool().clone()).table_name().as_str(),
+        SqliteStore::from_pool(store.pool().clone())
+            .table_name()
+            .as_str(),
         "idempotency_records"
     );
 }
