@@ -97,6 +97,8 @@
 //!
 //! `utf8mb4_bin` compares scopes and keys byte for byte, except that, being a PAD SPACE
 //! collation, it ignores trailing spaces (keys never have them: the layer trims them).
+//! `DELETE … LIMIT` is flagged unsafe for statement-based binary logging; use
+//! `binlog_format=ROW` (MySQL 8's default) on a replicated server.
 //! A response body must fit in the server's `max_allowed_packet` (MariaDB's default is
 //! 16 MiB, MySQL 8's 64 MiB); a larger one fails to finalize and is released by lease.
 //!

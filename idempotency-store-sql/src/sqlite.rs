@@ -159,21 +159,22 @@ impl SqliteStore {
     /// keeps a single connection open for good whatever `settings` say.
     pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url).map_err(backend)?;
-        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-        let (options, settings) = if in_memory {
-            let settings = settings
-                .clone()
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            let pool = settings
+                .pool_options()
                 .max_connections(1)
                 .min_connections(1)
-                .idle_timeout(None);
-            (options, settings)
-        } else {
-            let options = options
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal);
-            (options, settings.clone())
-        };
-        Self::connect_with(options, &settings).await
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await
+                .map_err(backend)?;
+            return Ok(Self::from_pool(pool));
+        }
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        Self::connect_with(options, settings).await
     }
 
     /// Opens a pool of its own with explicit connect options.
@@ -181,11 +182,11 @@ impl SqliteStore {
         options: SqliteConnectOptions,
         settings: &PoolSettings,
     ) -> Result<Self, StoreError> {
-        let mut pool_options = settings.pool_options();
-        if settings.idle_timeout.is_none() {
-            pool_options = pool_options.max_lifetime(None);
-        }
-        let pool = pool_options.connect_with(options).await.map_err(backend)?;
+        let pool = settings
+            .pool_options()
+            .connect_with(options)
+            .await
+            .map_err(backend)?;
         Ok(Self::from_pool(pool))
     }
 
