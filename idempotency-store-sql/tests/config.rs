@@ -18,6 +18,7 @@ fn server_url() -> Option<&'static str> {
 }
 
 /// A URL of any backend compiled into this build.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn any_url() -> &'static str {
     server_url().unwrap_or("sqlite:/tmp/idempotency-config-test.db")
 }
