@@ -125,7 +125,7 @@ impl RawRecord {
     }
 }
 
-/// Pool settings for the `connect` constructors. Stores built with `from_pool` use the
+/// Pool settings for the `connect` constructors. Stores built with `new` use the
 /// caller's pool as it is.
 ///
 /// ```

@@ -28,7 +28,7 @@ use idempotency_core::{IdempotencyLayer, IdempotencyStore, StoreError};
 use idempotency_store_memory::MemoryStore;
 
 use crate::common::PoolSettings;
-use crate::duration::{format_iso8601_duration, parse_iso8601_duration};
+use idempotency_core::iceberg::{format_lifetime, parse_lifetime};
 
 /// `idempotency-enabled`
 pub const ENABLED: &str = "idempotency-enabled";
@@ -392,7 +392,7 @@ impl IdempotencyConfig {
     /// The lifetime as the ISO-8601 duration to advertise in the Iceberg `/v1/config`
     /// response (`PT30M` by default): the only setting ever shown to clients.
     pub fn key_lifetime_iso8601(&self) -> String {
-        format_iso8601_duration(self.key_lifetime)
+        format_lifetime(self.key_lifetime)
     }
 
     /// The SQL backend the database URL names, if the store type is `sql`.
@@ -585,13 +585,13 @@ fn not_compiled(url: &str, backend: SqlBackend) -> ConfigError {
 
 fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigError> {
     let expected = "a positive ISO-8601 duration such as PT30M, PT1H, PT90S or P1D";
-    match parse_iso8601_duration(value) {
+    match parse_lifetime(value) {
         Ok(duration) if duration > Duration::ZERO => Ok(duration),
         Ok(_) => Err(invalid(key, value, expected)),
         Err(error) => Err(invalid(
             key,
             value,
-            format!("{expected} ({})", error.reason),
+            format!("{expected} ({})", error.reason()),
         )),
     }
 }

@@ -16,7 +16,7 @@
 //! a lapsed reservation is taken over with a new fencing token so the crashed owner's
 //! late finalize is refused.
 //!
-//! Every store accepts an existing sqlx pool (`from_pool`, so a catalog shares its own)
+//! Every store accepts an existing sqlx pool (`new`, so a catalog shares its own)
 //! or a URL plus [`PoolSettings`] (`connect`). `migrate()`
 //! creates the schema idempotently and is safe to call from several nodes at once.
 //! The table name is configurable (`with_table_name`)
@@ -30,7 +30,7 @@
 //! use idempotency_store_sql::{PostgresStore, spawn_purge_task};
 //!
 //! let pool = sqlx::PgPool::connect("postgres://catalog@db/catalog").await?;
-//! let store = Arc::new(PostgresStore::from_pool(pool).migrate().await?);
+//! let store = Arc::new(PostgresStore::new(pool).migrate().await?);
 //! let purge = spawn_purge_task(store.clone(), Duration::from_secs(300), 1_000);
 //! # drop(purge); Ok(()) }
 //! ```
@@ -251,7 +251,6 @@
 
 mod common;
 pub mod config;
-mod duration;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -261,7 +260,6 @@ mod sqlite;
 mod table;
 
 pub use common::PoolSettings;
-pub use duration::{DurationParseError, format_iso8601_duration, parse_iso8601_duration};
 pub use idempotency_core::store::{purge_all_expired, spawn_purge_task};
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
@@ -272,7 +270,7 @@ pub use sqlite::SqliteStore;
 pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
 
 /// The sqlx version this crate is built on, re-exported so that a caller can build a
-/// pool of the exact same version for `from_pool`.
+/// pool of the exact same version for `new`.
 pub use sqlx;
 
 #[cfg(doc)]

@@ -171,18 +171,13 @@ impl MySqlStore {
     /// The store relies on sqlx's MySQL connections reporting *found* rather than
     /// *changed* rows (`CLIENT_FOUND_ROWS`, which sqlx always sets), so that renewing a
     /// lease to the value it already has still counts as held.
-    pub fn from_pool(pool: MySqlPool) -> Self {
+    pub fn new(pool: MySqlPool) -> Self {
         let table = TableName::default();
         Self {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
         }
-    }
-
-    /// The same as [`from_pool`](Self::from_pool).
-    pub fn new(pool: MySqlPool) -> Self {
-        Self::from_pool(pool)
     }
 
     /// Opens a pool of its own to `url` (`mysql://user:password@host:port/db`;
@@ -202,7 +197,7 @@ impl MySqlStore {
             .connect_with(options)
             .await
             .map_err(backend)?;
-        Ok(Self::from_pool(pool))
+        Ok(Self::new(pool))
     }
 
     /// Uses the table `name` instead of the default.

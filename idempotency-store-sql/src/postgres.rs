@@ -157,18 +157,13 @@ impl Statements {
 impl PostgresStore {
     /// A store on the caller's pool (shared, e.g. with a catalog), using the table
     /// [`idempotency_records`](crate::DEFAULT_TABLE_NAME).
-    pub fn from_pool(pool: PgPool) -> Self {
+    pub fn new(pool: PgPool) -> Self {
         let table = TableName::default();
         Self {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
         }
-    }
-
-    /// The same as [`from_pool`](Self::from_pool).
-    pub fn new(pool: PgPool) -> Self {
-        Self::from_pool(pool)
     }
 
     /// Opens a pool of its own to `url` (`postgres://user:password@host:port/db`).
@@ -187,7 +182,7 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(backend)?;
-        Ok(Self::from_pool(pool))
+        Ok(Self::new(pool))
     }
 
     /// Uses the table `name` instead of the default.

@@ -138,18 +138,13 @@ impl SqliteStore {
     /// [`idempotency_records`](crate::DEFAULT_TABLE_NAME). The pool should have a busy
     /// timeout (sqlx's default is 5 s) and preferably WAL journaling, as
     /// [`connect`](Self::connect) sets up.
-    pub fn from_pool(pool: SqlitePool) -> Self {
+    pub fn new(pool: SqlitePool) -> Self {
         let table = TableName::default();
         Self {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
         }
-    }
-
-    /// The same as [`from_pool`](Self::from_pool).
-    pub fn new(pool: SqlitePool) -> Self {
-        Self::from_pool(pool)
     }
 
     /// Opens a pool of its own to `url` (`sqlite:path/to/file.db`, `sqlite::memory:`),
@@ -169,7 +164,7 @@ impl SqliteStore {
                 .connect_with(options)
                 .await
                 .map_err(backend)?;
-            return Ok(Self::from_pool(pool));
+            return Ok(Self::new(pool));
         }
         let options = options
             .create_if_missing(true)
@@ -187,7 +182,7 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(backend)?;
-        Ok(Self::from_pool(pool))
+        Ok(Self::new(pool))
     }
 
     /// Uses the table `name` instead of the default.

@@ -143,7 +143,7 @@ async fn bad_table_names_are_rejected() {
     // connect_lazy opens nothing, so this needs no server.
     let pool = sqlx::MySqlPool::connect_lazy(&url()).expect("url parses");
     for name in ["", "1x", "a-b", "x\"; DROP TABLE y; --", &"t".repeat(64)] {
-        let error = MySqlStore::from_pool(pool.clone())
+        let error = MySqlStore::new(pool.clone())
             .with_table_name(name)
             .unwrap_err();
         assert!(
@@ -152,7 +152,7 @@ async fn bad_table_names_are_rejected() {
         );
     }
     assert_eq!(
-        MySqlStore::from_pool(pool).table_name().as_str(),
+        MySqlStore::new(pool).table_name().as_str(),
         "idempotency_records"
     );
 }

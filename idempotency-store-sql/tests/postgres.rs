@@ -137,7 +137,7 @@ async fn bad_table_names_are_rejected() {
     // connect_lazy opens nothing, so this needs no server.
     let pool = sqlx::PgPool::connect_lazy(&url()).expect("url parses");
     for name in ["", "1x", "a-b", "x\"; DROP TABLE y; --", &"t".repeat(64)] {
-        let error = PostgresStore::from_pool(pool.clone())
+        let error = PostgresStore::new(pool.clone())
             .with_table_name(name)
             .unwrap_err();
         assert!(
@@ -146,7 +146,7 @@ async fn bad_table_names_are_rejected() {
         );
     }
     assert_eq!(
-        PostgresStore::from_pool(pool).table_name().as_str(),
+        PostgresStore::new(pool).table_name().as_str(),
         "idempotency_records"
     );
 }

@@ -166,9 +166,7 @@ async fn bad_table_names_are_rejected() {
         );
     }
     assert_eq!(
-        SqliteStore::from_pool(store.pool().clone())
-            .table_name()
-            .as_str(),
+        SqliteStore::new(store.pool().clone()).table_name().as_str(),
         "idempotency_records"
     );
 }
