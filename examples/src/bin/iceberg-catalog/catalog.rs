@@ -208,7 +208,10 @@ impl Catalog {
         match self.sql.create_namespace(namespace, properties).await {
             Ok(created) => Ok(visible(created.properties().clone())),
             // Two replicas both saw it missing; the primary key let one in.
-            Err(e) if e.kind() == ErrorKind::Unexpected && self.namespace_exists(namespace).await? => {
+            Err(e)
+                if e.kind() == ErrorKind::Unexpected
+                    && self.namespace_exists(namespace).await? =>
+            {
                 Err(namespace_exists_error(namespace))
             }
             Err(e) if e.kind() == ErrorKind::NamespaceAlreadyExists => {
@@ -404,7 +407,10 @@ impl Catalog {
     // ----------------------------------------------------------------------------------
 
     /// The tables in a namespace, sorted.
-    pub(crate) async fn list_tables(&self, namespace: &NamespaceIdent) -> ApiResult<Vec<TableIdent>> {
+    pub(crate) async fn list_tables(
+        &self,
+        namespace: &NamespaceIdent,
+    ) -> ApiResult<Vec<TableIdent>> {
         match self.sql.list_tables(namespace).await {
             Ok(mut tables) => {
                 tables.sort_by(|a, b| a.name().cmp(b.name()));
@@ -434,7 +440,11 @@ impl Catalog {
         Ok(!rows.is_empty())
     }
 
-    async fn metadata_location(&self, ident: &TableIdent, filter: &str) -> ApiResult<Option<String>> {
+    async fn metadata_location(
+        &self,
+        ident: &TableIdent,
+        filter: &str,
+    ) -> ApiResult<Option<String>> {
         let rows = self
             .fetch_all(
                 &format!(
@@ -549,9 +559,9 @@ impl Catalog {
         match self.sql.rename_table(from, to).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == ErrorKind::TableNotFound => Err(ApiError::no_such_table(from)),
-            Err(e) if e.kind() == ErrorKind::NamespaceNotFound => {
-                Err(ApiError::no_such_namespace(display_namespace(to.namespace())))
-            }
+            Err(e) if e.kind() == ErrorKind::NamespaceNotFound => Err(ApiError::no_such_namespace(
+                display_namespace(to.namespace()),
+            )),
             Err(e) if e.kind() == ErrorKind::TableAlreadyExists => Err(table_exists_error(to)),
             Err(e) if e.kind() == ErrorKind::Unexpected && self.name_taken(to).await? => {
                 Err(table_exists_error(to))
@@ -615,7 +625,11 @@ impl Catalog {
         };
         match written {
             Ok(1) => tx.commit().await?,
-            Ok(_) => return Err(ApiError::commit_failed(format!("Table {ident} changed concurrently"))),
+            Ok(_) => {
+                return Err(ApiError::commit_failed(format!(
+                    "Table {ident} changed concurrently"
+                )));
+            }
             Err(e) if self.name_taken(ident).await? => {
                 tracing::debug!(error = %e, "register lost a race");
                 return Err(table_exists_error(ident));
@@ -710,7 +724,9 @@ impl Catalog {
                         "Requirement failed: {ident} already exists as a view"
                     )));
                 }
-                let default_location = self.default_location(ident.namespace(), ident.name()).await?;
+                let default_location = self
+                    .default_location(ident.namespace(), ident.name())
+                    .await?;
                 let metadata = metadata_from_create_transaction(updates, default_location)?;
                 let location = MetadataLocation::new_with_metadata(metadata.location(), &metadata);
                 (metadata, location)
@@ -802,7 +818,10 @@ impl Catalog {
     // ----------------------------------------------------------------------------------
 
     /// The views in a namespace, sorted.
-    pub(crate) async fn list_views(&self, namespace: &NamespaceIdent) -> ApiResult<Vec<TableIdent>> {
+    pub(crate) async fn list_views(
+        &self,
+        namespace: &NamespaceIdent,
+    ) -> ApiResult<Vec<TableIdent>> {
         self.require_namespace(namespace).await?;
         let rows = self
             .fetch_all(
@@ -815,7 +834,12 @@ impl Catalog {
             .await?;
         let mut views = rows
             .iter()
-            .map(|row| Ok(TableIdent::new(namespace.clone(), row.try_get::<String, _>(0)?)))
+            .map(|row| {
+                Ok(TableIdent::new(
+                    namespace.clone(),
+                    row.try_get::<String, _>(0)?,
+                ))
+            })
             .collect::<ApiResult<Vec<_>>>()?;
         views.sort_by(|a, b| a.name().cmp(b.name()));
         Ok(views)
@@ -823,7 +847,10 @@ impl Catalog {
 
     /// Whether a view exists.
     pub(crate) async fn view_exists(&self, ident: &TableIdent) -> ApiResult<bool> {
-        Ok(self.metadata_location(ident, VIEW_TYPE_FILTER).await?.is_some())
+        Ok(self
+            .metadata_location(ident, VIEW_TYPE_FILTER)
+            .await?
+            .is_some())
     }
 
     /// Creates a view.
@@ -853,14 +880,20 @@ impl Catalog {
         .map_err(|e| invalid_update(&e))?
         .metadata;
         let metadata_location = view_metadata_location(&metadata, 0);
-        self.write_view_metadata(&metadata_location, &metadata).await?;
+        self.write_view_metadata(&metadata_location, &metadata)
+            .await?;
         let mut tx = self.pool.begin().await?;
         let inserted = self
             .execute_in(
                 &mut tx,
                 "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, \
                  metadata_location, iceberg_type) VALUES (?, ?, ?, ?, 'VIEW')",
-                &[CATALOG_NAME, &namespace.join("."), ident.name(), &metadata_location],
+                &[
+                    CATALOG_NAME,
+                    &namespace.join("."),
+                    ident.name(),
+                    &metadata_location,
+                ],
             )
             .await;
         match inserted {
@@ -885,7 +918,10 @@ impl Catalog {
     async fn write_view_metadata(&self, location: &str, metadata: &ViewMetadata) -> ApiResult<()> {
         let json = serde_json::to_vec(metadata)
             .map_err(|e| ApiError::internal(format!("cannot serialize view metadata: {e}")))?;
-        self.file_io.new_output(location)?.write(json.into()).await?;
+        self.file_io
+            .new_output(location)?
+            .write(json.into())
+            .await?;
         Ok(())
     }
 

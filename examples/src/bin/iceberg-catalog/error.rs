@@ -91,11 +91,9 @@ impl ApiError {
     pub(crate) fn from_iceberg(error: &iceberg::Error) -> Self {
         let message = error.message().to_owned();
         match error.kind() {
-            ErrorKind::NamespaceNotFound => Self::new(
-                StatusCode::NOT_FOUND,
-                "NoSuchNamespaceException",
-                message,
-            ),
+            ErrorKind::NamespaceNotFound => {
+                Self::new(StatusCode::NOT_FOUND, "NoSuchNamespaceException", message)
+            }
             ErrorKind::TableNotFound => {
                 Self::new(StatusCode::NOT_FOUND, "NoSuchTableException", message)
             }

@@ -74,7 +74,11 @@ pub(crate) fn parse_lifetime(text: &str) -> Result<Duration, String> {
     };
     let mut seconds = 0u64;
     if !days.is_empty() {
-        let n: u64 = days.strip_suffix('D').ok_or_else(error)?.parse().map_err(|_| error())?;
+        let n: u64 = days
+            .strip_suffix('D')
+            .ok_or_else(error)?
+            .parse()
+            .map_err(|_| error())?;
         seconds += n * 86_400;
     }
     let mut number = String::new();

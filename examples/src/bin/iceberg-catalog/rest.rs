@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 
-use iceberg::spec::{Schema, SortOrder, TableMetadata, UnboundPartitionSpec, ViewMetadata, ViewVersion};
+use iceberg::spec::{
+    Schema, SortOrder, TableMetadata, UnboundPartitionSpec, ViewMetadata, ViewVersion,
+};
 use iceberg::{TableRequirement, TableUpdate, ViewUpdate};
 use serde::{Deserialize, Serialize};
 

@@ -22,7 +22,7 @@ use crate::catalog::Catalog;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{
     CatalogConfig, CommitTableRequest, CommitTableResponse, CommitTransactionRequest,
-    CreateNamespaceRequest, CreateTableRequest, CreateViewRequest, CommitViewRequest,
+    CommitViewRequest, CreateNamespaceRequest, CreateTableRequest, CreateViewRequest,
     ListIdentifiersResponse, ListNamespacesResponse, NamespaceResponse, RegisterTableRequest,
     RegisterViewRequest, RenameRequest, TableIdentifier, UpdateNamespacePropertiesRequest,
 };
@@ -89,7 +89,10 @@ fn catalog_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
                 .head(namespace_exists)
                 .delete(drop_namespace),
         ),
-        ("/namespaces/{namespace}/properties", post(update_properties)),
+        (
+            "/namespaces/{namespace}/properties",
+            post(update_properties),
+        ),
         (
             "/namespaces/{namespace}/tables",
             get(list_tables).post(create_table),
@@ -167,7 +170,10 @@ impl ViewPath {
 
 /// A namespace path segment (already percent-decoded): levels joined by `0x1F`.
 fn parse_namespace(segment: &str) -> ApiResult<NamespaceIdent> {
-    let levels: Vec<String> = segment.split(NAMESPACE_SEPARATOR).map(str::to_owned).collect();
+    let levels: Vec<String> = segment
+        .split(NAMESPACE_SEPARATOR)
+        .map(str::to_owned)
+        .collect();
     if levels.iter().any(String::is_empty) {
         return Err(ApiError::bad_request(format!(
             "Invalid namespace {segment:?}: empty level"
@@ -269,10 +275,9 @@ async fn namespace_exists(
     if state.catalog.namespace_exists(&namespace).await? {
         Ok(no_content())
     } else {
-        Err(ApiError::no_such_namespace(path.namespace.replace(
-            NAMESPACE_SEPARATOR,
-            ".",
-        )))
+        Err(ApiError::no_such_namespace(
+            path.namespace.replace(NAMESPACE_SEPARATOR, "."),
+        ))
     }
 }
 
