@@ -46,6 +46,9 @@ pub(crate) struct Settings {
     pub(crate) require_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
+    /// The Iceberg profile: advertise the lifetime in `GET /v1/config` and keep vended
+    /// credentials out of the store.
+    pub(crate) iceberg: bool,
     pub(crate) in_flight: TaskTracker,
 }
 
@@ -120,6 +123,7 @@ impl IdempotencyLayer {
                 require_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
+                iceberg: false,
                 in_flight: TaskTracker::new(),
             }),
         }
@@ -374,6 +378,10 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_error_renderer(self, renderer: impl ErrorRenderer) -> Self {
         self.edit(|s| s.renderer = Arc::new(renderer))
+    }
+
+    pub(crate) fn with_iceberg_behaviour(self) -> Self {
+        self.edit(|s| s.iceberg = true)
     }
 
     /// The store this layer uses.

@@ -88,6 +88,7 @@
 mod body;
 pub mod error;
 mod future;
+pub mod iceberg;
 pub mod key;
 mod layer;
 pub mod policy;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
@@ -19,6 +19,7 @@ use tower_service::Service;
 use crate::body::ResponseBody;
 use crate::error::{Rejection, RejectionKind};
 use crate::future::ResponseFuture;
+use crate::iceberg;
 use crate::layer::Settings;
 use crate::policy::is_mutation;
 use http::HeaderName;
@@ -123,6 +124,13 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let settings = &self.settings;
+        if settings.iceberg
+            && request.method() == Method::GET
+            && iceberg::is_config_path(request.uri().path())
+        {
+            let answer = self.inner.call(request);
+            return ResponseFuture::keyed(Box::pin(advertise_lifetime(answer, settings.lifetime)));
+        }
         if !is_mutation(request.method())
             || !settings
                 .routes
@@ -387,6 +395,11 @@ where
         match settled {
             RecordState::Completed(stored) => {
                 tracing::debug!(outcome = "replayed", key = %id, status = stored.status, "idempotency: replayed the stored response");
+                if settings.iceberg {
+                    return Ok(
+                        replay_with_fresh_credentials(&settings, inner, &request, stored).await,
+                    );
+                }
                 return Ok(replay(stored));
             }
             RecordState::InFlight {
@@ -482,6 +495,10 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    // Remembered only by the Iceberg profile, which keeps vended credentials out of the store.
+    let operation = settings
+        .iceberg
+        .then(|| (request.method().clone(), request.uri().path().to_owned()));
     let mut request = request.map(ReqBody::from);
     request.extensions_mut().insert(ReservationHandle {
         id: id.clone(),
@@ -544,7 +561,9 @@ where
                         })
                     })
                     .collect(),
-                body: bytes.clone(),
+                body: operation
+                    .and_then(|(method, path)| iceberg::strip_credentials(&method, &path, &bytes))
+                    .unwrap_or_else(|| bytes.clone()),
             };
             finalize(&settings, &id, token, &stored).await;
             (ResponseBody::full(bytes), outcome)
@@ -588,6 +607,90 @@ where
     let mut response = Response::from_parts(parts, body);
     response.extensions_mut().insert(outcome);
     Ok(response)
+}
+
+/// Replays a stored Iceberg answer. A table-loading answer was stored without its vended
+/// credentials; they are loaded afresh through the inner service with the retry's own
+/// headers, so only a caller who may load the table gets them.
+async fn replay_with_fresh_credentials<S, ReqBody, ResBody>(
+    settings: &Settings,
+    mut inner: S,
+    request: &Request<Bytes>,
+    mut stored: StoredResponse,
+) -> Response<ResponseBody<ResBody>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: From<Bytes>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let reload_path = (stored.status == 200)
+        .then(|| {
+            iceberg::credentials_reload_path(request.method(), request.uri().path(), request.body())
+        })
+        .flatten();
+    let Some(path) = reload_path else {
+        return replay(stored);
+    };
+    let mut load = Request::new(ReqBody::from(Bytes::new()));
+    *load.uri_mut() = match path.parse() {
+        Ok(uri) => uri,
+        Err(_) => return replay(stored),
+    };
+    *load.extensions_mut() = request.extensions().clone();
+    for (name, value) in request.headers() {
+        if name != header::CONTENT_LENGTH && name != header::CONTENT_TYPE && name != IDEMPOTENCY_KEY
+        {
+            load.headers_mut().append(name, value.clone());
+        }
+    }
+    let fresh = match inner.call(load).await {
+        Ok(response) if response.status() == StatusCode::OK => {
+            match buffer(response.into_body(), settings.max_response_body).await {
+                Buffered::Whole(body) => Some(body),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    match fresh.and_then(|fresh| iceberg::merge_fresh_credentials(&stored.body, &fresh)) {
+        Some(body) => stored.body = body,
+        None => tracing::warn!(
+            outcome = "replayed",
+            path,
+            "idempotency: could not reload the table for fresh credentials; replaying without them"
+        ),
+    }
+    replay(stored)
+}
+
+/// Adds `idempotency-key-lifetime` to a successful `GET /v1/config` answer.
+async fn advertise_lifetime<F, ResBody, E>(
+    answer: F,
+    lifetime: Duration,
+) -> Result<Response<ResponseBody<ResBody>>, E>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    const MAX_CONFIG_BODY: usize = 1024 * 1024;
+    let (mut parts, body) = answer.await?.into_parts();
+    if parts.status != StatusCode::OK {
+        return Ok(Response::from_parts(parts, ResponseBody::inner(body)));
+    }
+    let body = match buffer(body, MAX_CONFIG_BODY).await {
+        Buffered::Whole(bytes) => match iceberg::add_lifetime_to_body(&bytes, lifetime) {
+            Some(advertised) => {
+                parts.headers.remove(header::CONTENT_LENGTH);
+                ResponseBody::full(advertised)
+            }
+            None => ResponseBody::full(bytes),
+        },
+        Buffered::TooLarge { prefix, rest } => ResponseBody::prefixed(prefix, rest),
+        Buffered::Failed { prefix, error } => ResponseBody::failed(prefix, error),
+    };
+    Ok(Response::from_parts(parts, body))
 }
 
 /// Drives `work` while renewing the lease every third of its length. Losing the lease

@@ -71,3 +71,9 @@ async fn full_store_makes_room_by_dropping_expired_records() {
     ));
     assert_eq!(store.len(), 1, "expired records should have been dropped");
 }
+
+#[tokio::test]
+async fn matches_the_reference_model_on_random_sequences() {
+    let store = MemoryStore::new();
+    idempotency_core::conformance::model::check_random_sequences(&store, 1_000, 300, 80).await;
+}

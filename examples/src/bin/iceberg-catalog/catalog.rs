@@ -145,11 +145,6 @@ impl Catalog {
         })
     }
 
-    /// The warehouse root, a `file://` URI.
-    pub(crate) fn warehouse(&self) -> &str {
-        &self.warehouse
-    }
-
     /// A statement in this backend's placeholder style: `?` becomes `$1`, `$2`, ... on
     /// PostgreSQL. (The statements here contain no other question marks.)
     fn sql(&self, statement: &str) -> String {

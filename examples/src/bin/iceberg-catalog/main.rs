@@ -61,7 +61,8 @@ use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use clap::Parser;
-use idempotency_core::Outcome;
+use idempotency_core::{IdempotencyLayer, Outcome};
+use tower_layer::Layer as _;
 
 use crate::catalog::Catalog;
 use crate::routes::AppState;
@@ -86,7 +87,7 @@ struct Args {
 
     /// How long a finished request's answer is kept for retries with its key, as an
     /// ISO-8601 duration (advertised to clients in `GET /v1/config`).
-    #[arg(long, default_value = "PT30M", value_parser = idempotency::parse_lifetime)]
+    #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iceberg::parse_lifetime)]
     idempotency_lifetime: Duration,
 
     /// Serve without the idempotency layer: keys are ignored and not advertised.
@@ -110,35 +111,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "file://{}",
         warehouse_dir.display().to_string().trim_end_matches('/')
     );
-    let catalog = Catalog::open(&args.database, warehouse).await?;
+    let catalog = Catalog::open(&args.database, warehouse.clone()).await?;
 
     let layer = if args.no_idempotency {
         None
     } else {
         Some(idempotency::layer(&args.database, args.idempotency_lifetime).await?)
     };
-    let state = Arc::new(AppState {
-        catalog,
-        advertised_lifetime: layer
-            .as_ref()
-            .map(|_| idempotency::format_lifetime(args.idempotency_lifetime)),
-    });
-    let mut app: Router = routes::router(state.clone());
-    let in_flight = layer.as_ref().map(|layer| layer.in_flight());
-    if let Some(layer) = layer {
-        app = app.layer(layer);
+    let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
+    let catalog_routes = routes::router(Arc::new(AppState { catalog }));
+    // The layer wraps the whole router (not each route, as `Router::layer` would), so a
+    // replay can reach the catalog's other routes.
+    let app = match layer {
+        Some(layer) => Router::new().fallback_service(layer.layer(catalog_routes)),
+        None => catalog_routes,
     }
-    let app = app.layer(middleware::from_fn(access_log));
+    .layer(middleware::from_fn(access_log));
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     tracing::info!(
         "Iceberg REST catalog on http://{} (database {}, warehouse {}, idempotency {})",
         listener.local_addr()?,
         redact(&args.database),
-        state.catalog.warehouse(),
-        match &state.advertised_lifetime {
-            Some(lifetime) => format!("on, keys kept {lifetime}"),
-            None => "off".to_owned(),
+        warehouse,
+        if in_flight.is_some() {
+            format!(
+                "on, keys kept {}",
+                idempotency_core::iceberg::format_lifetime(args.idempotency_lifetime)
+            )
+        } else {
+            "off".to_owned()
         },
     );
     axum::serve(listener, app)

@@ -30,9 +30,6 @@ use crate::rest::{
 /// What every handler shares.
 pub(crate) struct AppState {
     pub(crate) catalog: Catalog,
-    /// The `idempotency-key-lifetime` this handler puts into `GET /v1/config` itself, when
-    /// the idempotency layer in front does not add it. `None`: not advertised here.
-    pub(crate) advertised_lifetime: Option<String>,
 }
 
 /// The unit separator that joins namespace levels in a path segment (the spec's default
@@ -209,17 +206,14 @@ fn no_content() -> Response {
 // Config
 // --------------------------------------------------------------------------------------
 
-async fn config(State(state): State<Arc<AppState>>) -> Response {
-    let config = CatalogConfig {
+/// No `prefix` and no overrides. The idempotency layer, when enabled, adds the top-level
+/// `idempotency-key-lifetime` to this answer on its way out.
+async fn config() -> Json<CatalogConfig> {
+    Json(CatalogConfig {
         defaults: HashMap::new(),
         overrides: HashMap::new(),
         endpoints: ENDPOINTS.iter().map(|e| (*e).to_owned()).collect(),
-    };
-    let mut body = serde_json::to_value(config).expect("config serializes");
-    if let Some(lifetime) = &state.advertised_lifetime {
-        body["idempotency-key-lifetime"] = lifetime.clone().into();
-    }
-    Json(body).into_response()
+    })
 }
 
 // --------------------------------------------------------------------------------------

@@ -11,10 +11,13 @@
 //! ```
 //!
 //! Each check is also a public `async fn` taking the store, so a backend can run them one
-//! by one. Checks panic with a message that says what the store did wrong. They use random
+//! by one. [`model`] compares random sequences of operations from several owners with a
+//! reference model. Checks panic with a message that says what the store did wrong. They use random
 //! keys and scopes, so they can run against a shared database, in parallel, and repeatedly.
 //! Timing checks use leases and lifetimes of a few hundred milliseconds and tolerate a
 //! slow machine.
+
+pub mod model;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +55,7 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>) {
     wait_gives_up_after_the_timeout(store).await;
     multi_megabyte_body_round_trips(store).await;
     scopes_are_isolated(store).await;
+    model::check_random_sequences(store, 0, 20, 60).await;
 }
 
 fn fresh_id() -> RecordId {
