@@ -344,6 +344,36 @@ async fn create_table_retried_with_a_key_is_replayed_and_runs_once() {
     other.error_type();
     assert_eq!(table_names(&client, &server, "db").await, ["orders"]);
 
+    // A commit retried with its key: the retry is not applied a second time (which, for
+    // an append, would add the data twice, or fail a requirement and make the client
+    // think its commit failed).
+    let commit_key = self::key();
+    let commit = json!({
+        "requirements": [{"type": "assert-table-uuid", "uuid": created["metadata"]["table-uuid"]}],
+        "updates": [{"action": "set-properties", "updates": {"owner": "ops"}}]
+    });
+    let table_url = server.url("/v1/namespaces/db/tables/orders");
+    let committed = post(&client, table_url.clone(), Some(&commit_key), &commit).await;
+    assert_eq!(committed.status, 200, "commit: {}", committed.body);
+    let commit_retry = post(&client, table_url.clone(), Some(&commit_key), &commit).await;
+    assert_eq!(
+        commit_retry.status, 200,
+        "commit retry: {}",
+        commit_retry.body
+    );
+    assert!(commit_retry.replayed);
+    assert_eq!(commit_retry.body, committed.body);
+    assert_eq!(
+        metadata_files(&dir.path().join("warehouse"), "db", "orders"),
+        2,
+        "one file from the create, one from the single commit"
+    );
+    let loaded = get(&client, table_url).await.json();
+    assert_eq!(
+        loaded["metadata-location"],
+        committed.json()["metadata-location"]
+    );
+
     // A new key for the same body runs the create again, which now conflicts; that answer
     // (a deterministic 4xx) is itself stored and replayed.
     let second_key = self::key();
