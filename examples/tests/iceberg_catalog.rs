@@ -607,6 +607,17 @@ async fn catalog_speaks_the_rest_spec_with_and_without_prefix() {
     assert_eq!(created.status, 200, "{}", created.body);
     let created = created.json();
     let uuid = created["metadata"]["table-uuid"].clone();
+    let mut elsewhere = create_table_body("elsewhere");
+    elsewhere["location"] = json!("file:///tmp/not-the-warehouse/elsewhere");
+    let outside = post(
+        &client,
+        server.url("/v1/namespaces/sales/tables"),
+        None,
+        &elsewhere,
+    )
+    .await;
+    assert_eq!(outside.status, 400, "{}", outside.body);
+    assert_eq!(outside.error_type(), "BadRequestException");
     let no_table = get(&client, server.url("/v1/namespaces/sales/tables/nope")).await;
     assert_eq!(no_table.status, 404);
     assert_eq!(no_table.error_type(), "NoSuchTableException");

@@ -18,6 +18,14 @@
 //! | register a table (with `overwrite`) | here |
 //! | views | here, as `iceberg_type = 'VIEW'` rows like the Java JDBC catalog |
 //!
+//! # Files
+//!
+//! A table's location is `<warehouse>/<namespace levels>/<table>` unless the request or
+//! the namespace's `location` property says otherwise; its metadata files are
+//! `<location>/metadata/<version>-<uuid>.metadata.json`, written through iceberg-rust's
+//! local-filesystem `FileIO`. Every location must lie inside the warehouse: the server
+//! writes and reads files on its clients' behalf and refuses to be pointed elsewhere.
+//!
 //! # Replicas
 //!
 //! Two processes pointed at one PostgreSQL or MySQL database are two replicas of one
@@ -386,6 +394,25 @@ impl Catalog {
         Ok(())
     }
 
+    /// Table and view locations (and registered metadata files) must lie inside the
+    /// warehouse: the server writes and reads files there on clients' behalf, and must not
+    /// be steered anywhere else on the machine.
+    fn check_location(&self, location: &str) -> ApiResult<()> {
+        let inside = location
+            .strip_prefix(&self.warehouse)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        let climbs = location.split('/').any(|segment| segment == "..");
+        if inside && !climbs {
+            Ok(())
+        } else {
+            Err(ApiError::bad_request(format!(
+                "Location {location} is outside the warehouse {}: this catalog keeps every \
+                 table and view inside it",
+                self.warehouse
+            )))
+        }
+    }
+
     /// Where a new table or view in `namespace` goes when the request names no location:
     /// the namespace's `location` property, or `<warehouse>/<ns levels>`, then the name.
     async fn default_location(&self, namespace: &NamespaceIdent, name: &str) -> ApiResult<String> {
@@ -467,25 +494,23 @@ impl Catalog {
         if self.name_taken(&ident).await? {
             return Err(table_exists_error(&ident));
         }
+        let location = match request.location {
+            Some(location) => location.trim_end_matches('/').to_owned(),
+            None => self.default_location(namespace, &request.name).await?,
+        };
+        self.check_location(&location)?;
         let creation = TableCreation::builder()
             .name(request.name)
-            .location_opt(request.location.map(|l| l.trim_end_matches('/').to_owned()))
+            .location(location)
             .schema(request.schema)
             .partition_spec_opt(request.partition_spec)
             .sort_order_opt(request.write_order)
             .properties(request.properties)
             .build();
         if request.stage_create {
-            let location = match &creation.location {
-                Some(location) => location.clone(),
-                None => self.default_location(namespace, &creation.name).await?,
-            };
-            let metadata = TableMetadataBuilder::from_table_creation(TableCreation {
-                location: Some(location),
-                ..creation
-            })?
-            .build()?
-            .metadata;
+            let metadata = TableMetadataBuilder::from_table_creation(creation)?
+                .build()?
+                .metadata;
             return Ok(LoadTableResult {
                 metadata_location: None,
                 metadata,
@@ -575,6 +600,7 @@ impl Catalog {
     ) -> ApiResult<LoadTableResult> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
+        self.check_location(&metadata_location)?;
         let metadata = TableMetadata::read_from(&self.file_io, &metadata_location)
             .await
             .map_err(|e| {
@@ -727,6 +753,7 @@ impl Catalog {
                 (metadata, location)
             }
         };
+        self.check_location(metadata.location())?;
         metadata.write_to(&self.file_io, &location).await?;
         Ok(PreparedCommit {
             ident,
@@ -864,6 +891,7 @@ impl Catalog {
             Some(location) => location.trim_end_matches('/').to_owned(),
             None => self.default_location(namespace, &request.name).await?,
         };
+        self.check_location(&location)?;
         let metadata = ViewMetadataBuilder::new(
             location,
             request.schema,
@@ -960,6 +988,7 @@ impl Catalog {
             builder = apply_view_update(builder, update).map_err(|e| invalid_update(&e))?;
         }
         let metadata = builder.build().map_err(|e| invalid_update(&e))?.metadata;
+        self.check_location(metadata.location())?;
         let version = view_metadata_version(&current.metadata_location).map_or(0, |v| v + 1);
         let location = view_metadata_location(&metadata, version);
         self.write_view_metadata(&location, &metadata).await?;
@@ -1073,6 +1102,7 @@ impl Catalog {
     ) -> ApiResult<LoadViewResult> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
+        self.check_location(&metadata_location)?;
         let bytes = self
             .file_io
             .new_input(&metadata_location)?
@@ -1213,9 +1243,9 @@ fn view_metadata_version(location: &str) -> Option<u32> {
 /// must not contain one; nor may it be empty.
 fn check_namespace(namespace: &NamespaceIdent) -> ApiResult<()> {
     for level in namespace.iter() {
-        if level.is_empty() || level.contains('.') || level.contains('\u{1f}') {
+        if level.is_empty() || level.contains(['.', '/', '\u{1f}']) {
             return Err(ApiError::bad_request(format!(
-                "Invalid namespace level {level:?}: must be non-empty and contain no '.'"
+                "Invalid namespace level {level:?}: must be non-empty and contain no '.' or '/'"
             )));
         }
     }
@@ -1223,9 +1253,9 @@ fn check_namespace(namespace: &NamespaceIdent) -> ApiResult<()> {
 }
 
 fn check_name(name: &str) -> ApiResult<()> {
-    if name.is_empty() || name.contains('/') {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
         return Err(ApiError::bad_request(format!(
-            "Invalid name {name:?}: must be non-empty and contain no '/'"
+            "Invalid name {name:?}: must be non-empty, not . or .., and contain no '/'"
         )));
     }
     Ok(())

@@ -166,9 +166,15 @@ async fn access_log(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let response = next.run(request).await;
     let outcome = match response.extensions().get::<Outcome>() {
-        Some(Outcome::Rejected(kind)) => format!("rejected:{}", kind.as_str()),
-        Some(outcome) => format!("{outcome:?}").to_lowercase(),
         None => "passed-through".to_owned(),
+        Some(Outcome::Executed) => "executed".to_owned(),
+        Some(Outcome::TookOver) => "took-over".to_owned(),
+        Some(Outcome::Released) => "released".to_owned(),
+        Some(Outcome::ExecutedNotStored) => "executed-not-stored".to_owned(),
+        Some(Outcome::Replayed) => "replayed".to_owned(),
+        Some(Outcome::RanUnprotected) => "ran-unprotected".to_owned(),
+        Some(Outcome::Rejected(kind)) => format!("rejected:{}", kind.as_str()),
+        Some(other) => format!("{other:?}"),
     };
     tracing::info!(
         target: "iceberg_catalog::access",
