@@ -977,9 +977,10 @@ async fn database(variable: &str, default: &str) -> Option<String> {
     }
 }
 
-/// Two processes on one database and one warehouse act as one catalog: what one creates
-/// the other serves, and of many commits racing on one base across both, exactly one wins.
-async fn two_replicas_commit_atomically(database_url: &str) {
+/// Two processes on one database and one warehouse act as one catalog: a keyed retry on
+/// the other replica is replayed, what one creates the other serves, and of many commits
+/// racing on one base across both, exactly one wins.
+async fn two_replicas_act_as_one_catalog(database_url: &str) {
     let dir = tempfile::tempdir().expect("temp dir");
     let args = [
         "--database",
@@ -993,14 +994,41 @@ async fn two_replicas_commit_atomically(database_url: &str) {
     let namespace = unique("replicas");
     create_namespace(&client, &a, &namespace).await;
 
+    // Create on replica A with a key; the answer is lost and the client's retry lands on
+    // replica B, which replays A's answer from the shared store.
+    let create_key = key();
     let created = post(
         &client,
         a.url(&format!("/v1/namespaces/{namespace}/tables")),
-        Some(&key()),
+        Some(&create_key),
         &create_table_body("race"),
     )
     .await;
     assert_eq!(created.status, 200, "{}", created.body);
+    let retried_on_b = post(
+        &client,
+        b.url(&format!("/v1/namespaces/{namespace}/tables")),
+        Some(&create_key),
+        &create_table_body("race"),
+    )
+    .await;
+    assert_eq!(
+        retried_on_b.status, 200,
+        "retry on B: {}",
+        retried_on_b.body
+    );
+    assert!(retried_on_b.replayed, "B replays A's answer");
+    assert_eq!(retried_on_b.json(), created.json());
+    assert_eq!(table_names(&client, &b, &namespace).await, ["race"]);
+    assert_eq!(
+        metadata_files(&dir.path().join("shared-warehouse"), &namespace, "race"),
+        1,
+        "the table was created once"
+    );
+    assert!(a.log_text().contains("idempotency=executed"));
+    assert!(b.log_text().contains(&format!(
+        "POST /v1/namespaces/{namespace}/tables 200 idempotency=replayed"
+    )));
     let on_b = get(
         &client,
         b.url(&format!("/v1/namespaces/{namespace}/tables/race")),
@@ -1093,7 +1121,7 @@ async fn two_replicas_commit_atomically(database_url: &str) {
 }
 
 #[tokio::test]
-async fn two_replicas_over_postgres_commit_atomically() {
+async fn two_replicas_over_postgres_replay_each_other_and_commit_atomically() {
     let Some(url) = database(
         "IDEMPOTENCY_TEST_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
@@ -1102,11 +1130,11 @@ async fn two_replicas_over_postgres_commit_atomically() {
     else {
         return;
     };
-    two_replicas_commit_atomically(&url).await;
+    two_replicas_act_as_one_catalog(&url).await;
 }
 
 #[tokio::test]
-async fn two_replicas_over_mysql_commit_atomically() {
+async fn two_replicas_over_mysql_replay_each_other_and_commit_atomically() {
     let Some(url) = database(
         "IDEMPOTENCY_TEST_MYSQL_URL",
         "mysql://root@127.0.0.1:3306/test",
@@ -1115,5 +1143,5 @@ async fn two_replicas_over_mysql_commit_atomically() {
     else {
         return;
     };
-    two_replicas_commit_atomically(&url).await;
+    two_replicas_act_as_one_catalog(&url).await;
 }

@@ -287,7 +287,7 @@ impl Catalog {
     ) -> ApiResult<UpdateNamespacePropertiesResponse> {
         if let Some(both) = removals.iter().find(|k| updates.contains_key(*k)) {
             return Err(ApiError::new(
-                http::StatusCode::UNPROCESSABLE_ENTITY,
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
                 "UnprocessableEntityException",
                 format!("Property {both:?} is both removed and updated"),
             ));
