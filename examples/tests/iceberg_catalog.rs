@@ -6,8 +6,10 @@
 //! - Raw HTTP (reqwest) retries requests with `Idempotency-Key` and checks replays, key
 //!   reuse with another body, the `idempotency-key-lifetime` config field (parsed by
 //!   `java.time.Duration.parse` itself), Iceberg error bodies and `{prefix}` paths.
-//! - Two replicas over one PostgreSQL (and one MariaDB/MySQL) database share the catalog
-//!   state: commits on one base race and exactly one wins.
+//! - A server stopped with SIGTERM and started again on its SQLite file still replays.
+//! - Two replicas over one PostgreSQL (and one MariaDB/MySQL) database act as one catalog:
+//!   a keyed retry on replica B replays replica A's answer, and commits racing on one base
+//!   across both have exactly one winner.
 //!
 //! Under `CI=true` an unreachable database, a failed `pip install` or a missing `java` is
 //! a failure; elsewhere the test that needs it says why and returns early.
@@ -807,16 +809,28 @@ async fn catalog_speaks_the_rest_spec_with_and_without_prefix() {
     assert_eq!(head.status, 204);
 }
 
-#[test]
-fn sigterm_stops_the_server_cleanly() {
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_a_restart_still_replays_from_sqlite() {
     let dir = tempfile::tempdir().expect("temp dir");
+    let client = client();
+    let key = key();
+    let body = json!({"namespace": ["kept"]});
     let mut server = Server::start(dir.path(), &[]);
+    let first = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
     assert!(server.terminate(), "exit status after SIGTERM");
     let log = server.log_text();
     assert!(
         log.contains("shutting down") && log.contains("stopped"),
         "{log}"
     );
+
+    // The records are in the SQLite file, so the retry after the restart is replayed.
+    let restarted = Server::start(dir.path(), &[]);
+    let retry = post(&client, restarted.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert!(retry.replayed, "replayed after a restart");
+    assert_eq!(retry.body, first.body);
 }
 
 // ------------------------------------------------------------------------------------------
