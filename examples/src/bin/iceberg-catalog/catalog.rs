@@ -133,17 +133,31 @@ impl Catalog {
                 .execute(&pool)
                 .await?;
         }
-        let bind_style = match backend {
-            Backend::Postgres => SqlBindStyle::DollarNumeric,
-            Backend::Sqlite | Backend::MySql => SqlBindStyle::QMark,
+        // `SqlCatalog` creates its tables with `CREATE TABLE IF NOT EXISTS`, which
+        // PostgreSQL can still fail when two replicas start on a fresh database at once;
+        // the loser's retry finds the tables there.
+        let mut attempt = 0;
+        let sql = loop {
+            let loaded = SqlCatalogBuilder::default()
+                .uri(database_url)
+                .warehouse_location(warehouse.clone())
+                .sql_bind_style(match backend {
+                    Backend::Postgres => SqlBindStyle::DollarNumeric,
+                    Backend::Sqlite | Backend::MySql => SqlBindStyle::QMark,
+                })
+                .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                .load(CATALOG_NAME, HashMap::new())
+                .await;
+            match loaded {
+                Ok(sql) => break sql,
+                Err(e) if attempt < 3 => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, attempt, "opening the SQL catalog failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(250 * attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
         };
-        let sql = SqlCatalogBuilder::default()
-            .uri(database_url)
-            .warehouse_location(warehouse.clone())
-            .sql_bind_style(bind_style)
-            .with_storage_factory(Arc::new(LocalFsStorageFactory))
-            .load(CATALOG_NAME, HashMap::new())
-            .await?;
         Ok(Self {
             sql,
             pool,
