@@ -979,7 +979,11 @@ fn pyiceberg_creates_appends_and_reads_back_through_the_catalog() {
 async fn database(variable: &str, default: &str) -> Option<String> {
     let url = std::env::var(variable).unwrap_or_else(|_| default.to_owned());
     sqlx::any::install_default_drivers();
-    match sqlx::AnyPool::connect(&url).await {
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&url)
+        .await;
+    match pool {
         Ok(pool) => {
             pool.close().await;
             Some(url)
