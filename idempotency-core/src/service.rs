@@ -358,11 +358,12 @@ where
     };
     let request = Request::from_parts(parts, body);
 
+    let kept_for = settings.lifetime + settings.grace_period;
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
         let reservation = settings
             .store
-            .reserve(&id, &binding, settings.lease, settings.lifetime)
+            .reserve(&id, &binding, settings.lease, kept_for)
             .await;
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
