@@ -129,7 +129,7 @@ where
             && iceberg::is_config_path(request.uri().path())
         {
             let answer = self.inner.call(request);
-            return ResponseFuture::keyed(Box::pin(advertise_lifetime(answer, settings.lifetime)));
+            return ResponseFuture::boxed(Box::pin(advertise_lifetime(answer, settings.lifetime)));
         }
         if !is_mutation(request.method())
             || !settings
@@ -156,7 +156,7 @@ where
         // request (the usual tower pattern for services called from a spawned future).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::keyed(Box::pin(handle_keyed(
+        ResponseFuture::boxed(Box::pin(handle_keyed(
             settings.clone(),
             inner,
             request,
