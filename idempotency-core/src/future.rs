@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 
 use crate::body::ResponseBody;
 
-type Keyed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+type Boxed<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
 pin_project! {
     /// Response future of [`Idempotency`](crate::Idempotency).
@@ -25,8 +25,11 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, B, E> {
+        // No key, or not taking part: the inner future, untouched.
         Passthrough { #[pin] future: F },
-        Keyed { future: Keyed<B, E> },
+        // A keyed request, or a config answer being rewritten.
+        Boxed { future: Boxed<B, E> },
+        // Answered by the layer before anything ran.
         Ready { response: Option<Response<ResponseBody<B>>> },
     }
 }
@@ -38,9 +41,9 @@ impl<F, B, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn keyed(future: Keyed<B, E>) -> Self {
+    pub(crate) fn boxed(future: Boxed<B, E>) -> Self {
         Self {
-            kind: Kind::Keyed { future },
+            kind: Kind::Boxed { future },
         }
     }
 
@@ -64,7 +67,7 @@ where
             KindProj::Passthrough { future } => future
                 .poll(cx)
                 .map(|result| result.map(|response| response.map(ResponseBody::inner))),
-            KindProj::Keyed { future } => future.as_mut().poll(cx),
+            KindProj::Boxed { future } => future.as_mut().poll(cx),
             KindProj::Ready { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("ResponseFuture polled after completion"))),

@@ -212,6 +212,13 @@ pub struct LifetimeError {
     reason: &'static str,
 }
 
+impl LifetimeError {
+    /// What is wrong with the value, in a few words.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
 /// Parses an ISO-8601 duration in the form `java.time.Duration.parse` accepts:
 /// `PnDTnHnMn.nS`, each part optional but at least one present, case-insensitive.
 /// Weeks, months and years are refused (their length is not fixed), and so are
@@ -231,6 +238,9 @@ pub fn parse_lifetime(value: &str) -> Result<Duration, LifetimeError> {
         reason,
     };
     let upper = value.trim().to_ascii_uppercase();
+    if upper.starts_with('-') {
+        return Err(error("a negative duration cannot be a lifetime"));
+    }
     let body = upper
         .strip_prefix('P')
         .ok_or_else(|| error("it must start with P"))?;
@@ -253,7 +263,9 @@ pub fn parse_lifetime(value: &str) -> Result<Duration, LifetimeError> {
             let position = units
                 .iter()
                 .position(|(u, _)| *u == unit)
-                .ok_or_else(|| error("only D, H, M and S units are allowed"))?;
+                .ok_or_else(|| {
+                    error("only D, H, M and S units are allowed: weeks, months and years have no fixed length")
+                })?;
             if last_unit.is_some_and(|last| position <= last) {
                 return Err(error("units must come in the order D, H, M, S, once each"));
             }
@@ -358,7 +370,12 @@ pub(crate) fn strip_credentials(method: &Method, path: &str, body: &[u8]) -> Opt
     }
     let mut result: Value = serde_json::from_slice(body).ok()?;
     let fields = result.as_object_mut()?;
-    let mut removed = fields.remove("storage-credentials").is_some();
+    // Only a real secret is worth re-serializing for: otherwise the stored bytes stay
+    // exactly the ones the client got.
+    let has_credentials = fields
+        .get("storage-credentials")
+        .is_some_and(|c| c.as_array().is_none_or(|c| !c.is_empty()));
+    let mut removed = has_credentials && fields.remove("storage-credentials").is_some();
     if let Some(Value::Object(config)) = fields.get_mut("config") {
         let before = config.len();
         config.retain(|key, _| !is_secret_config_key(key));
@@ -505,7 +522,7 @@ mod tests {
             ("P", "no parts"),
             ("PT5", "no unit"),
             ("PT1M1H", "order"),
-            ("-PT1M", "start with P"),
+            ("-PT1M", "negative"),
             ("PT99999999999999999999H", "too large"),
         ] {
             let error = parse_lifetime(text).unwrap_err().to_string();

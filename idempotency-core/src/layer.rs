@@ -33,6 +33,7 @@ pub(crate) struct Settings {
     pub(crate) routes: Arc<dyn RouteFilter>,
     pub(crate) renderer: Arc<dyn ErrorRenderer>,
     pub(crate) lifetime: Duration,
+    pub(crate) grace_period: Duration,
     pub(crate) lease: Duration,
     pub(crate) in_flight_wait: Duration,
     pub(crate) in_flight_status: StatusCode,
@@ -99,6 +100,7 @@ impl IdempotencyLayer {
                 routes: Arc::new(AllMutations),
                 renderer: Arc::new(ProblemJson),
                 lifetime: DEFAULT_LIFETIME,
+                grace_period: Duration::ZERO,
                 lease: DEFAULT_LEASE,
                 in_flight_wait: DEFAULT_IN_FLIGHT_WAIT,
                 in_flight_status: StatusCode::CONFLICT,
@@ -151,6 +153,19 @@ impl IdempotencyLayer {
     /// The record lifetime.
     pub fn lifetime(&self) -> Duration {
         self.settings.lifetime
+    }
+
+    /// Keeps records this much longer than the lifetime (default none), for clients whose
+    /// clocks or queues run late. Only the lifetime is advertised to clients.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_grace_period(Duration::from_secs(300));
+    /// ```
+    pub fn with_grace_period(self, grace_period: Duration) -> Self {
+        self.edit(|s| s.grace_period = grace_period)
     }
 
     /// How long an owner's lease lasts (default 20 s). The owner renews it every third of

@@ -129,7 +129,7 @@ where
             && iceberg::is_config_path(request.uri().path())
         {
             let answer = self.inner.call(request);
-            return ResponseFuture::keyed(Box::pin(advertise_lifetime(answer, settings.lifetime)));
+            return ResponseFuture::boxed(Box::pin(advertise_lifetime(answer, settings.lifetime)));
         }
         if !is_mutation(request.method())
             || !settings
@@ -156,7 +156,7 @@ where
         // request (the usual tower pattern for services called from a spawned future).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::keyed(Box::pin(handle_keyed(
+        ResponseFuture::boxed(Box::pin(handle_keyed(
             settings.clone(),
             inner,
             request,
@@ -358,11 +358,12 @@ where
     };
     let request = Request::from_parts(parts, body);
 
+    let kept_for = settings.lifetime + settings.grace_period;
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
         let reservation = settings
             .store
-            .reserve(&id, &binding, settings.lease, settings.lifetime)
+            .reserve(&id, &binding, settings.lease, kept_for)
             .await;
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {

@@ -847,3 +847,31 @@ async fn get_routes_are_untouched_by_a_key() {
         (StatusCode::OK, &b"pong"[..], None)
     );
 }
+
+#[tokio::test]
+async fn records_live_for_the_lifetime_plus_the_grace_period() {
+    let calls = Calls::default();
+    let store = MemoryStore::new();
+    let app = layered(
+        IdempotencyLayer::new(store.clone())
+            .with_lifetime(Duration::from_millis(100))
+            .with_grace_period(Duration::from_millis(200)),
+        &calls,
+    );
+    send(&app, keyed("POST", "/things/201", "graced", "{}")).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let within_grace = send(&app, keyed("POST", "/things/201", "graced", "{}")).await;
+    assert_eq!(
+        within_grace.3,
+        Some(Outcome::Replayed),
+        "kept through the grace period"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = send(&app, keyed("POST", "/things/201", "graced", "{}")).await;
+    assert_eq!(
+        after.3,
+        Some(Outcome::Executed),
+        "expired after lifetime + grace"
+    );
+    assert_eq!(calls.count(), 2);
+}

@@ -1,1 +1,277 @@
-//! SQL stores for `idempotency-core` (PostgreSQL, MySQL/MariaDB, SQLite). Work in progress.
+//! SQL [`IdempotencyStore`]s for `idempotency-core`: PostgreSQL, MySQL 8 / MariaDB 10.6+,
+//! and SQLite, each written for its database (one struct per backend, each behind a
+//! cargo feature: `postgres`, `mysql`, `sqlite`; `sqlite` is on by default).
+//!
+//! # Which store
+//!
+//! | you run | store | why |
+//! | --- | --- | --- |
+//! | one process, tests, development | `MemoryStore` (`idempotency-store-memory`) | no I/O; waiters are notified; records die with the process |
+//! | one host, records must survive restarts | `SqliteStore` (feature `sqlite`) | a single file, no server; several processes on the host may share it |
+//! | several replicas | `PostgresStore` (feature `postgres`) or `MySqlStore` (feature `mysql`) | every replica sees every key; one clock (the database's) decides leases and expiry |
+//!
+//! A retry that lands on another replica, or a replica that crashed mid-request, is the
+//! reason the SQL stores exist: with them every replica sees the same record, leases
+//! lapse by the database clock (node clock skew cannot cause a double execution), and
+//! a lapsed reservation is taken over with a new fencing token so the crashed owner's
+//! late finalize is refused.
+//!
+//! Every store accepts an existing sqlx pool (`new`, so a catalog shares its own)
+//! or a URL plus [`PoolSettings`] (`connect`). `migrate()`
+//! creates the schema idempotently and is safe to call from several nodes at once.
+//! The table name is configurable (`with_table_name`)
+//! and validated as an identifier ([`TableName`]).
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use idempotency_store_sql::{PostgresStore, spawn_purge_task};
+//!
+//! let pool = sqlx::PgPool::connect("postgres://catalog@db/catalog").await?;
+//! let store = Arc::new(PostgresStore::new(pool).migrate().await?);
+//! let purge = spawn_purge_task(store.clone(), Duration::from_secs(300), 1_000);
+//! # drop(purge); Ok(()) }
+//! ```
+//!
+//! A service configured from a properties map builds its store with
+//! [`config::IdempotencyConfig`].
+//!
+//! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
+//! versions cannot both link SQLite (`links = "sqlite3"`) into one binary.
+//!
+//! # Schema
+//!
+//! One table (default `idempotency_records`), one row per (scope, key). Timestamps are
+//! BIGINT epoch milliseconds by the database clock; the response columns are NULL while
+//! the request is in flight. Headers are stored in one binary column, encoded by
+//! `StoredResponse::encode_headers`.
+//!
+//! PostgreSQL (12+):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_records" (
+//!     scope               TEXT    NOT NULL,
+//!     idempotency_key     TEXT    NOT NULL,
+//!     method              TEXT    NOT NULL,
+//!     path                TEXT    NOT NULL,
+//!     body_sha256         BYTEA   NOT NULL,
+//!     fencing_token       BIGINT  NOT NULL,
+//!     created_at_ms       BIGINT  NOT NULL,
+//!     expires_at_ms       BIGINT  NOT NULL,
+//!     lease_expires_at_ms BIGINT  NOT NULL,
+//!     response_status     INTEGER NULL,
+//!     response_headers    BYTEA   NULL,
+//!     response_body       BYTEA   NULL,
+//!     PRIMARY KEY (scope, idempotency_key)
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_records_expires_idx"
+//!     ON "idempotency_records" (expires_at_ms);
+//! -- run in one transaction after SELECT pg_advisory_xact_lock(<hash of the table name>),
+//! -- because concurrent CREATE TABLE IF NOT EXISTS can fail on pg_type's unique index.
+//! ```
+//!
+//! MySQL 8 / MariaDB 10.6+ (the index is declared inside `CREATE TABLE`, since MySQL has
+//! no `CREATE INDEX IF NOT EXISTS`; scope and key of at most 255 characters, 2,040 bytes
+//! of primary key in utf8mb4, well within InnoDB's 3,072):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS `idempotency_records` (
+//!     scope               VARCHAR(255) NOT NULL,
+//!     idempotency_key     VARCHAR(255) NOT NULL,
+//!     method              VARCHAR(255) NOT NULL,
+//!     path                TEXT         NOT NULL,
+//!     body_sha256         BINARY(32)   NOT NULL,
+//!     fencing_token       BIGINT       NOT NULL,
+//!     created_at_ms       BIGINT       NOT NULL,
+//!     expires_at_ms       BIGINT       NOT NULL,
+//!     lease_expires_at_ms BIGINT       NOT NULL,
+//!     response_status     INT          NULL,
+//!     response_headers    MEDIUMBLOB   NULL,
+//!     response_body       LONGBLOB     NULL,
+//!     PRIMARY KEY (scope, idempotency_key),
+//!     KEY `idempotency_records_expires_idx` (expires_at_ms)
+//! ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
+//! ```
+//!
+//! `utf8mb4_bin` compares scopes and keys byte for byte, except that, being a PAD SPACE
+//! collation, it ignores trailing spaces (keys never have them: the layer trims them).
+//! `DELETE … LIMIT` is flagged unsafe for statement-based binary logging; use
+//! `binlog_format=ROW` (MySQL 8's default) on a replicated server.
+//! A response body must fit in the server's `max_allowed_packet` (MariaDB's default is
+//! 16 MiB, MySQL 8's 64 MiB); a larger one fails to finalize and is released by lease.
+//!
+//! SQLite (3.35+, for `RETURNING`; the bundled one is newer):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS "idempotency_records" (
+//!     scope TEXT NOT NULL, idempotency_key TEXT NOT NULL,
+//!     method TEXT NOT NULL, path TEXT NOT NULL, body_sha256 BLOB NOT NULL,
+//!     fencing_token BIGINT NOT NULL, created_at_ms BIGINT NOT NULL,
+//!     expires_at_ms BIGINT NOT NULL, lease_expires_at_ms BIGINT NOT NULL,
+//!     response_status INTEGER NULL, response_headers BLOB NULL, response_body BLOB NULL,
+//!     PRIMARY KEY (scope, idempotency_key)
+//! );
+//! CREATE INDEX IF NOT EXISTS "idempotency_records_expires_idx"
+//!     ON "idempotency_records" (expires_at_ms);
+//! ```
+//!
+//! # The statements
+//!
+//! "Now" always comes from the database, in epoch milliseconds:
+//!
+//! | backend | now |
+//! | --- | --- |
+//! | PostgreSQL | `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint` |
+//! | MySQL / MariaDB | `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000` (no time-zone or DST dependence) |
+//! | SQLite | `CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)` |
+//!
+//! Durations (lease, lifetime) are bound as millisecond parameters and added to it.
+//! Fencing tokens are random 64-bit numbers made by the client, so a token is never
+//! reused across release and re-reserve cycles, on any node.
+//!
+//! **Reserve** inserts, or replaces an expired row in the same statement (an expired row
+//! counts as absent), or leaves a live row alone and reports it.
+//!
+//! PostgreSQL, one statement that also returns the existing row:
+//!
+//! ```sql
+//! WITH clock AS MATERIALIZED (SELECT <now> AS now_ms),
+//! ins AS (
+//!     INSERT INTO t AS r (scope, idempotency_key, method, path, body_sha256, fencing_token,
+//!                         created_at_ms, expires_at_ms, lease_expires_at_ms,
+//!                         response_status, response_headers, response_body)
+//!     SELECT $1, $2, $3, $4, $5, $6, now_ms, now_ms + $lifetime, now_ms + $lease,
+//!            NULL, NULL, NULL FROM clock
+//!     ON CONFLICT (scope, idempotency_key) DO UPDATE SET <every column from EXCLUDED,
+//!            response columns NULL>
+//!     WHERE r.expires_at_ms <= EXCLUDED.created_at_ms
+//!     RETURNING r.fencing_token)
+//! SELECT TRUE AS reserved, <NULLs>, fencing_token, ... FROM ins
+//! UNION ALL
+//! SELECT FALSE, e.method, e.path, e.body_sha256, e.fencing_token, e.lease_expires_at_ms,
+//!        clock.now_ms, e.response_status, e.response_headers, e.response_body
+//! FROM t AS e, clock
+//! WHERE e.scope = $1 AND e.idempotency_key = $2 AND e.expires_at_ms > clock.now_ms
+//!   AND NOT EXISTS (SELECT 1 FROM ins)
+//! ```
+//!
+//! The fallback SELECT reads the statement's snapshot, so it misses a row that another
+//! transaction inserted after the statement began (the INSERT waited for it and then
+//! saw the conflict). The statement then returns no row, and the store reads the row
+//! with a second query; if that row is gone again, it retries (bounded).
+//!
+//! MySQL / MariaDB (no `INSERT IGNORE`, which would turn unrelated errors into warnings):
+//!
+//! ```sql
+//! INSERT INTO t (scope, idempotency_key, method, path, body_sha256, fencing_token,
+//!                created_at_ms, expires_at_ms, lease_expires_at_ms,
+//!                response_status, response_headers, response_body)
+//! VALUES (?, ?, ?, ?, ?, ?, IF(LAST_INSERT_ID(1) = 1, <now>, NULL),
+//!         <now> + ?lifetime, <now> + ?lease, NULL, NULL, NULL)
+//! ON DUPLICATE KEY UPDATE
+//!     method = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(method), method),
+//!     ...  -- path, body_sha256, created_at_ms, lease_expires_at_ms likewise
+//!     fencing_token = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(fencing_token),
+//!                        IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)),
+//!     response_status = IF(expires_at_ms <= VALUES(created_at_ms), NULL, response_status),
+//!     ...  -- response_headers, response_body likewise
+//!     expires_at_ms = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(expires_at_ms),
+//!                        expires_at_ms)  -- last: assignments see earlier ones
+//! ```
+//!
+//! The outcome is read from the OK packet: 2 affected rows means an expired row was
+//! replaced; 1 affected row with `LAST_INSERT_ID` 1 means inserted; `LAST_INSERT_ID` 2
+//! means a live row was found and left unchanged (sqlx connects with
+//! `CLIENT_FOUND_ROWS`, so an unchanged row counts as 1, which alone could not be told
+//! apart from an insert). Only then does a `SELECT` read the existing row. InnoDB
+//! deadlocks (error 1213, the statement was rolled back whole) are retried, bounded.
+//!
+//! SQLite:
+//!
+//! ```sql
+//! INSERT INTO t (...) VALUES (?1, ?2, ?3, ?4, ?5, ?6, <now>, <now> + ?8, <now> + ?7,
+//!                             NULL, NULL, NULL)
+//! ON CONFLICT (scope, idempotency_key) DO UPDATE SET <every column from excluded>
+//! WHERE t.expires_at_ms <= excluded.created_at_ms
+//! RETURNING fencing_token
+//! ```
+//!
+//! and, when it returns nothing, a `SELECT` of the live row.
+//!
+//! **Finalize**, **renew**, **release** and **take over** are each one conditional
+//! statement that matches only the row the token owns, still in flight and not expired;
+//! no matched row means [`Ownership::Lost`](idempotency_core::Ownership::Lost) (or
+//! `None` for take over). Finalize, for example (PostgreSQL; MySQL and SQLite differ only
+//! in placeholders and the "now" expression):
+//!
+//! ```sql
+//! UPDATE t SET response_status = $4, response_headers = $5, response_body = $6
+//! WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
+//!   AND response_status IS NULL AND expires_at_ms > <now>
+//! ```
+//!
+//! Renew sets `lease_expires_at_ms = <now> + $lease`, release is a `DELETE` with the
+//! same condition, and take over sets a new token and lease and also requires
+//! `lease_expires_at_ms <= <now>`.
+//!
+//! **Purge** deletes at most `batch_size` expired rows per statement, so it never holds
+//! many locks for long and several nodes may purge at once: PostgreSQL deletes the
+//! primary keys picked by `SELECT … WHERE expires_at_ms <= <now> LIMIT n FOR UPDATE SKIP
+//! LOCKED`, MySQL runs `DELETE … WHERE expires_at_ms <= <now> LIMIT n`, SQLite deletes
+//! by `rowid IN (SELECT rowid … LIMIT n)`. [`spawn_purge_task`] runs it periodically.
+//!
+//! # Round trips
+//!
+//! No transaction is ever held open while the handler runs; every operation is
+//! autocommit.
+//!
+//! | operation | PostgreSQL | MySQL / MariaDB | SQLite (no network) |
+//! | --- | --- | --- | --- |
+//! | reserve, key free or expired | 1 | 1 | 1 |
+//! | reserve, key live (replay, in flight, conflict) | 1 | 2 (insert, then select) | 2 |
+//! | load / one poll of `wait` | 1 | 1 | 1 |
+//! | finalize, renew, release, take over | 1 | 1 | 1 |
+//! | purge, per batch | 1 | 1 | 1 |
+//! | migrate | 4 (begin + lock, DDL, commit) | 1 | 3 |
+//!
+//! Rare races add a bounded number of round trips: on PostgreSQL a reserve whose
+//! snapshot missed a concurrently inserted row reads it with one more query; on every
+//! backend a row released or purged between the two statements of a reserve sends it
+//! around again. `wait` polls `load` with a bounded backoff (5 ms doubling to 200 ms),
+//! since a SQL database cannot notify waiters on other nodes.
+#![deny(unsafe_code, unreachable_pub)]
+#![warn(missing_docs)]
+// Built without any backend, only the configuration and the memory store remain.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+
+mod common;
+pub mod config;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod table;
+
+pub use common::PoolSettings;
+pub use idempotency_core::store::{purge_all_expired, spawn_purge_task};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
+
+/// The sqlx version this crate is built on, re-exported so that a caller can build a
+/// pool of the exact same version for `new`.
+pub use sqlx;
+
+#[cfg(doc)]
+use idempotency_core::IdempotencyStore;

@@ -1,0 +1,147 @@
+//! Errors as the Iceberg REST spec shapes them: an `ErrorModel` inside an
+//! `IcebergErrorResponse`, `{"error": {"message", "type", "code"}}`.
+//!
+//! The `type` is the name of the exception a Java client raises for it
+//! (`NoSuchTableException`, `AlreadyExistsException`, `CommitFailedException`, ...): the
+//! Java client picks the exception by status *and* type, PyIceberg by status alone, so both
+//! have to be right.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use iceberg::ErrorKind;
+
+/// An error answer of the catalog.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequestException", message)
+    }
+
+    pub(crate) fn no_such_namespace(namespace: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NoSuchNamespaceException",
+            format!("Namespace does not exist: {namespace}"),
+        )
+    }
+
+    pub(crate) fn no_such_table(table: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NoSuchTableException",
+            format!("Table does not exist: {table}"),
+        )
+    }
+
+    pub(crate) fn no_such_view(view: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "NoSuchViewException",
+            format!("View does not exist: {view}"),
+        )
+    }
+
+    pub(crate) fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "AlreadyExistsException", message)
+    }
+
+    pub(crate) fn namespace_not_empty(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "NamespaceNotEmptyException", message)
+    }
+
+    pub(crate) fn commit_failed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "CommitFailedException", message)
+    }
+
+    /// The commit may or may not have happened (the database failed after the new metadata
+    /// was written). 5xx, so the idempotency layer releases the key and a retry runs again.
+    pub(crate) fn commit_state_unknown(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "CommitStateUnknownException",
+            message,
+        )
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "ServiceFailureException",
+            message,
+        )
+    }
+
+    /// Maps an `iceberg` error by its kind. Callers that know better (a not-found of a
+    /// view, a conflict that means "not empty") build the [`ApiError`] themselves.
+    pub(crate) fn from_iceberg(error: &iceberg::Error) -> Self {
+        let message = error.message().to_owned();
+        match error.kind() {
+            ErrorKind::NamespaceNotFound => {
+                Self::new(StatusCode::NOT_FOUND, "NoSuchNamespaceException", message)
+            }
+            ErrorKind::TableNotFound => {
+                Self::new(StatusCode::NOT_FOUND, "NoSuchTableException", message)
+            }
+            ErrorKind::NamespaceAlreadyExists | ErrorKind::TableAlreadyExists => {
+                Self::already_exists(message)
+            }
+            ErrorKind::CatalogCommitConflicts => Self::commit_failed(message),
+            ErrorKind::DataInvalid | ErrorKind::PreconditionFailed => {
+                Self::bad_request(error.to_string())
+            }
+            ErrorKind::FeatureUnsupported => Self::new(
+                StatusCode::NOT_ACCEPTABLE,
+                "UnsupportedOperationException",
+                message,
+            ),
+            _ => {
+                tracing::error!(error = %error, "catalog operation failed");
+                Self::internal(message)
+            }
+        }
+    }
+}
+
+impl From<iceberg::Error> for ApiError {
+    fn from(error: iceberg::Error) -> Self {
+        Self::from_iceberg(&error)
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        tracing::error!(error = %error, "database statement failed");
+        Self::internal(format!("database error: {error}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "code": self.status.as_u16(),
+            }
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The result of a catalog operation.
+pub(crate) type ApiResult<T> = Result<T, ApiError>;

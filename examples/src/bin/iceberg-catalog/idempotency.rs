@@ -1,0 +1,57 @@
+//! The Idempotency-Key layer in front of the catalog, and the store it keeps its records
+//! in.
+//!
+//! The layer is `idempotency_core`'s Iceberg profile: UUID keys, the spec's mutation
+//! routes (with and without `{prefix}`), `ErrorModel` errors, 503 with `Retry-After` while
+//! a duplicate is in flight, and the top-level `idempotency-key-lifetime` added to this
+//! catalog's `GET /v1/config` answers.
+//!
+//! The records live in the catalog's own database, in a table of their own
+//! (`idempotency_records`): SQLite for one process, PostgreSQL or MySQL for replicas,
+//! which then replay each other's answers. A background task purges expired records.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_core::{IdempotencyLayer, IdempotencyStore};
+use idempotency_store_sql::{
+    MySqlStore, PoolSettings, PostgresStore, SqliteStore, spawn_purge_task,
+};
+
+use crate::catalog::Backend;
+
+/// How often expired records are purged, and how many at a time.
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+const PURGE_BATCH: usize = 1000;
+
+/// The layer for the catalog on `database_url`, keeping answers for `lifetime`.
+pub(crate) async fn layer(
+    database_url: &str,
+    lifetime: Duration,
+) -> Result<IdempotencyLayer, Box<dyn std::error::Error + Send + Sync>> {
+    let settings = PoolSettings::default();
+    let store: Arc<dyn IdempotencyStore> = match Backend::from_url(database_url)? {
+        Backend::Sqlite => Arc::new(
+            SqliteStore::connect(database_url, &settings)
+                .await?
+                .migrate()
+                .await?,
+        ),
+        Backend::Postgres => Arc::new(
+            PostgresStore::connect(database_url, &settings)
+                .await?
+                .migrate()
+                .await?,
+        ),
+        Backend::MySql => Arc::new(
+            MySqlStore::connect(database_url, &settings)
+                .await?
+                .migrate()
+                .await?,
+        ),
+    };
+    spawn_purge_task(store.clone(), PURGE_INTERVAL, PURGE_BATCH);
+    Ok(IdempotencyLayer::from_shared_store(store)
+        .into_iceberg()
+        .with_lifetime(lifetime))
+}

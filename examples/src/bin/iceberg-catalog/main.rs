@@ -1,0 +1,223 @@
+//! `iceberg-catalog`: an Apache Iceberg REST catalog server, protected by the
+//! Idempotency-Key layer.
+//!
+//! ```text
+//! cargo run -p examples --bin iceberg-catalog
+//! ```
+//!
+//! starts a catalog on `http://127.0.0.1:8181` that keeps its state in a SQLite file in the
+//! current directory (`iceberg-catalog.db`) and its table metadata under `./warehouse`.
+//! Point PyIceberg, Spark or any other Iceberg REST client at it.
+//!
+//! # The story of a request
+//!
+//! A client creates a table: `POST /v1/namespaces/db/tables` with an `Idempotency-Key`
+//! header. The access log (outermost) notes the time; the idempotency layer reserves the
+//! key in its store, fingerprints the body, and lets the request through to the catalog.
+//! The catalog ([`catalog`]) builds the table's first metadata with iceberg-rust's
+//! `TableMetadataBuilder`, writes it to
+//! `<warehouse>/db/<table>/metadata/00000-<uuid>.metadata.json`, and inserts the table's
+//! row into the SQL database. The answer, a `LoadTableResult`, goes back through the
+//! layer, which stores it under the key, and out through the access log, which prints
+//! method, path, status and what the layer did (`executed`).
+//!
+//! The answer is lost on the way; the client sends the same request again with the same
+//! key. This time the layer finds the key finished and answers with the stored response,
+//! byte for byte, plus `idempotent-replayed: true`; the catalog is not called, the table
+//! is not created twice, and the log says `replayed`. The same key with a different body
+//! gets 422. A retry that arrives while the first is still running waits for it, and gets
+//! 503 with `Retry-After` if it is still running after the wait (never a 409, which a Java
+//! client would take as a failed commit).
+//!
+//! # Replicas
+//!
+//! Two processes started with one `--database postgres://...` (or `mysql://...`) and one
+//! `--warehouse` are two replicas of one catalog: the catalog state and the idempotency
+//! records both live in that database, commits are compare-and-swap on the metadata
+//! location, and a retry that lands on the other replica is replayed from the shared
+//! record.
+//!
+//! # Modules
+//!
+//! - [`routes`]: the REST routes, with and without `{prefix}`, and their handlers.
+//! - [`catalog`]: namespaces, tables and views over the SQL database and the warehouse.
+//! - [`rest`]: the request and response bodies.
+//! - [`error`]: Iceberg `ErrorModel` errors.
+//! - [`idempotency`]: the layer and its store.
+
+mod catalog;
+mod error;
+mod idempotency;
+mod rest;
+mod routes;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use clap::Parser;
+use idempotency_core::{IdempotencyLayer, Outcome};
+use tower_layer::Layer as _;
+
+use crate::catalog::Catalog;
+use crate::routes::AppState;
+
+/// An Apache Iceberg REST catalog server with Idempotency-Key support.
+#[derive(Debug, Parser)]
+#[command(name = "iceberg-catalog", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8181")]
+    listen: SocketAddr,
+
+    /// Database for the catalog state and the idempotency records: `sqlite://FILE?mode=rwc`,
+    /// `postgres://...` or `mysql://...`. Processes sharing one PostgreSQL or MySQL
+    /// database (and one warehouse) are replicas of one catalog.
+    #[arg(long, default_value = "sqlite://iceberg-catalog.db?mode=rwc")]
+    database: String,
+
+    /// Directory for table and view metadata (and, written by clients, data files).
+    #[arg(long, default_value = "./warehouse")]
+    warehouse: PathBuf,
+
+    /// How long a finished request's answer is kept for retries with its key, as an
+    /// ISO-8601 duration (advertised to clients in `GET /v1/config`).
+    #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iceberg::parse_lifetime)]
+    idempotency_lifetime: Duration,
+
+    /// Serve without the idempotency layer: keys are ignored and not advertised.
+    #[arg(long)]
+    no_idempotency: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .init();
+    let args = Args::parse();
+
+    std::fs::create_dir_all(&args.warehouse)?;
+    let warehouse_dir = std::fs::canonicalize(&args.warehouse)?;
+    let warehouse = format!(
+        "file://{}",
+        warehouse_dir.display().to_string().trim_end_matches('/')
+    );
+    let catalog = Catalog::open(&args.database, warehouse.clone()).await?;
+
+    let layer = if args.no_idempotency {
+        None
+    } else {
+        Some(idempotency::layer(&args.database, args.idempotency_lifetime).await?)
+    };
+    let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
+    let catalog_routes = routes::router(Arc::new(AppState { catalog }));
+    // The layer wraps the whole router (not each route, as `Router::layer` would), so a
+    // replay can reach the catalog's other routes.
+    let app = match layer {
+        Some(layer) => Router::new().fallback_service(layer.layer(catalog_routes)),
+        None => catalog_routes,
+    }
+    .layer(middleware::from_fn(access_log));
+
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(
+        "Iceberg REST catalog on http://{} (database {}, warehouse {}, idempotency {})",
+        listener.local_addr()?,
+        redact(&args.database),
+        warehouse,
+        if in_flight.is_some() {
+            format!(
+                "on, keys kept {}",
+                idempotency_core::iceberg::format_lifetime(args.idempotency_lifetime)
+            )
+        } else {
+            "off".to_owned()
+        },
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    if let Some(in_flight) = in_flight {
+        // Keyed mutations whose clients went away still finish and are recorded, so
+        // their retries (on another replica, or after a restart) get the answer.
+        tracing::info!(
+            running = in_flight.count(),
+            "waiting for in-flight keyed requests"
+        );
+        in_flight.wait().await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// One line per request: method, path, status, what the idempotency layer did, time.
+async fn access_log(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let outcome = match response.extensions().get::<Outcome>() {
+        None => "passed-through".to_owned(),
+        Some(Outcome::Executed) => "executed".to_owned(),
+        Some(Outcome::TookOver) => "took-over".to_owned(),
+        Some(Outcome::Released) => "released".to_owned(),
+        Some(Outcome::ExecutedNotStored) => "executed-not-stored".to_owned(),
+        Some(Outcome::Replayed) => "replayed".to_owned(),
+        Some(Outcome::RanUnprotected) => "ran-unprotected".to_owned(),
+        Some(Outcome::Rejected(kind)) => format!("rejected:{}", kind.as_str()),
+        Some(other) => format!("{other:?}"),
+    };
+    tracing::info!(
+        target: "iceberg_catalog::access",
+        "{method} {path} {} idempotency={outcome} {}ms",
+        response.status().as_u16(),
+        started.elapsed().as_millis()
+    );
+    response
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: no new connections");
+}
+
+/// A database URL without its password, for the log.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

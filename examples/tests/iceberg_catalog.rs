@@ -1,0 +1,1165 @@
+//! End-to-end tests of the `iceberg-catalog` binary: each test starts the real server on a
+//! free port in a temporary directory and drives it with real clients.
+//!
+//! - PyIceberg (installed from PyPI into `target/tmp/pyiceberg-venv` on first use) creates
+//!   a namespace and tables, appends rows and reads them back through the catalog.
+//! - Raw HTTP (reqwest) retries requests with `Idempotency-Key` and checks replays, key
+//!   reuse with another body, the `idempotency-key-lifetime` config field (parsed by
+//!   `java.time.Duration.parse` itself), Iceberg error bodies and `{prefix}` paths.
+//! - A server stopped with SIGTERM and started again on its SQLite file still replays.
+//! - Two replicas over one PostgreSQL (and one MariaDB/MySQL) database act as one catalog:
+//!   a keyed retry on replica B replays replica A's answer, and commits racing on one base
+//!   across both have exactly one winner.
+//!
+//! Under `CI=true` an unreachable database, a failed `pip install` or a missing `java` is
+//! a failure; elsewhere the test that needs it says why and returns early.
+
+use std::fs;
+use std::io::Read as _;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_iceberg-catalog");
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Gives up on an optional prerequisite: a failure under CI, a note and an early return
+/// elsewhere.
+fn unavailable(what: &str) {
+    if in_ci() {
+        panic!("{what} (CI=true: this is a failure, not a skip)");
+    }
+    eprintln!("SKIPPED: {what}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Running the server
+// ------------------------------------------------------------------------------------------
+
+/// A running `iceberg-catalog` process; killed on drop, with its log printed if the test
+/// failed.
+struct Server {
+    child: Child,
+    base: String,
+    log: PathBuf,
+    /// Started without `--no-idempotency`.
+    idempotent: bool,
+}
+
+impl Server {
+    /// Starts the binary in `dir` with `args` (plus `--listen`) and waits until it accepts
+    /// connections.
+    fn start(dir: &Path, args: &[&str]) -> Self {
+        for attempt in 0..3 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let log = dir.join(format!("catalog-{port}.log"));
+            let out = fs::File::create(&log).expect("log file");
+            let child = Command::new(BINARY)
+                .current_dir(dir)
+                .arg("--listen")
+                .arg(format!("127.0.0.1:{port}"))
+                .args(args)
+                .env("RUST_LOG", "info")
+                .stdout(out.try_clone().expect("log file"))
+                .stderr(out)
+                .spawn()
+                .expect("start iceberg-catalog");
+            let mut server = Server {
+                child,
+                base: format!("http://127.0.0.1:{port}"),
+                log,
+                idempotent: !args.contains(&"--no-idempotency"),
+            };
+            if server.wait_ready(port) {
+                return server;
+            }
+            eprintln!(
+                "iceberg-catalog did not start (attempt {attempt}):\n{}",
+                server.log_text()
+            );
+        }
+        panic!("iceberg-catalog did not start");
+    }
+
+    fn wait_ready(&mut self, port: u16) -> bool {
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        false
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn log_text(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = fs::File::open(&self.log) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited cleanly.
+    fn terminate(&mut self) -> bool {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- log of {} ----\n{}", self.base, self.log_text());
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// HTTP helpers
+// ------------------------------------------------------------------------------------------
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client")
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+
+    /// The `type` of an Iceberg `ErrorModel` body, checking its shape.
+    fn error_type(&self) -> String {
+        let body = self.json();
+        let error = &body["error"];
+        assert_eq!(error["code"], json!(self.status), "ErrorModel code: {body}");
+        assert!(error["message"].is_string(), "ErrorModel message: {body}");
+        error["type"].as_str().expect("ErrorModel type").to_owned()
+    }
+}
+
+async fn send(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> Answer {
+    let mut request = client.request(method, url);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.expect("request sent");
+    let status = response.status().as_u16();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let body = response.text().await.expect("response body");
+    Answer {
+        status,
+        replayed,
+        body,
+    }
+}
+
+async fn get(client: &reqwest::Client, url: String) -> Answer {
+    send(client, reqwest::Method::GET, url, None, None).await
+}
+
+async fn post(client: &reqwest::Client, url: String, key: Option<&str>, body: &Value) -> Answer {
+    send(client, reqwest::Method::POST, url, key, Some(body)).await
+}
+
+fn key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+fn create_table_body(name: &str) -> Value {
+    json!({
+        "name": name,
+        "schema": {
+            "type": "struct",
+            "schema-id": 0,
+            "fields": [
+                {"id": 1, "name": "id", "required": true, "type": "long"},
+                {"id": 2, "name": "data", "required": false, "type": "string"}
+            ]
+        },
+        "properties": {"created-by": "iceberg_catalog test"}
+    })
+}
+
+/// Creates a namespace with a key, and checks that a retry is replayed byte for byte
+/// (or, without the layer, runs again and conflicts).
+async fn create_namespace(client: &reqwest::Client, server: &Server, namespace: &str) {
+    let key = key();
+    let body = json!({"namespace": [namespace]});
+    let answer = post(client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(answer.status, 200, "create namespace: {}", answer.body);
+    let retry = post(client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    if server.idempotent {
+        assert!(retry.replayed, "retried createNamespace: {}", retry.body);
+        assert_eq!((retry.status, &retry.body), (200, &answer.body));
+    } else {
+        assert_eq!(retry.status, 409, "{}", retry.body);
+        assert!(!retry.replayed);
+    }
+}
+
+async fn table_names(client: &reqwest::Client, server: &Server, namespace: &str) -> Vec<String> {
+    let answer = get(
+        client,
+        server.url(&format!("/v1/namespaces/{namespace}/tables")),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "list tables: {}", answer.body);
+    answer.json()["identifiers"]
+        .as_array()
+        .expect("identifiers")
+        .iter()
+        .map(|id| id["name"].as_str().expect("name").to_owned())
+        .collect()
+}
+
+/// The metadata files written for one table, i.e. how many times it was created or
+/// committed.
+fn metadata_files(warehouse: &Path, namespace: &str, table: &str) -> usize {
+    fs::read_dir(warehouse.join(namespace).join(table).join("metadata"))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+// ------------------------------------------------------------------------------------------
+// Raw HTTP: replay, key reuse, config field, errors
+// ------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn create_table_retried_with_a_key_is_replayed_and_runs_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The defaults: a SQLite file and ./warehouse in the working directory.
+    let server = Server::start(dir.path(), &[]);
+    let client = client();
+    create_namespace(&client, &server, "db").await;
+
+    let key = key();
+    let body = create_table_body("orders");
+    let url = server.url("/v1/namespaces/db/tables");
+    let first = post(&client, url.clone(), Some(&key), &body).await;
+    assert_eq!(first.status, 200, "first create: {}", first.body);
+    assert!(!first.replayed, "the first answer is not a replay");
+    let created = first.json();
+    let location = created["metadata-location"]
+        .as_str()
+        .expect("metadata-location");
+    assert!(
+        location.starts_with("file://")
+            && location.contains("/warehouse/db/orders/metadata/00000-")
+            && location.ends_with(".metadata.json"),
+        "metadata location {location}"
+    );
+    assert_eq!(created["metadata"]["format-version"], json!(2));
+
+    // The client lost the answer and retries with the same key: the stored answer comes
+    // back, and the table is not created again. (A table-loading answer is stored with any
+    // vended credentials taken out, which are reloaded on replay, so it is the same JSON
+    // rather than the same bytes; createNamespace above is replayed byte for byte.)
+    let retry = post(&client, url.clone(), Some(&key), &body).await;
+    assert_eq!(retry.status, 200, "retry: {}", retry.body);
+    assert!(
+        retry.replayed,
+        "the retry carries idempotent-replayed: true"
+    );
+    assert_eq!(retry.json(), first.json(), "the replay is the first answer");
+    assert!(dir.path().join("iceberg-catalog.db").exists());
+    assert_eq!(table_names(&client, &server, "db").await, ["orders"]);
+    assert_eq!(
+        metadata_files(&dir.path().join("warehouse"), "db", "orders"),
+        1
+    );
+
+    // The same key with another body is refused before it reaches the catalog.
+    let other = post(
+        &client,
+        url.clone(),
+        Some(&key),
+        &create_table_body("other"),
+    )
+    .await;
+    assert_eq!(other.status, 422, "key reuse: {}", other.body);
+    assert!(!other.replayed);
+    other.error_type();
+    assert_eq!(table_names(&client, &server, "db").await, ["orders"]);
+
+    // A commit retried with its key: the retry is not applied a second time (which, for
+    // an append, would add the data twice, or fail a requirement and make the client
+    // think its commit failed).
+    let commit_key = self::key();
+    let commit = json!({
+        "requirements": [{"type": "assert-table-uuid", "uuid": created["metadata"]["table-uuid"]}],
+        "updates": [{"action": "set-properties", "updates": {"owner": "ops"}}]
+    });
+    let table_url = server.url("/v1/namespaces/db/tables/orders");
+    let committed = post(&client, table_url.clone(), Some(&commit_key), &commit).await;
+    assert_eq!(committed.status, 200, "commit: {}", committed.body);
+    let commit_retry = post(&client, table_url.clone(), Some(&commit_key), &commit).await;
+    assert_eq!(
+        commit_retry.status, 200,
+        "commit retry: {}",
+        commit_retry.body
+    );
+    assert!(commit_retry.replayed);
+    assert_eq!(commit_retry.body, committed.body);
+    assert_eq!(
+        metadata_files(&dir.path().join("warehouse"), "db", "orders"),
+        2,
+        "one file from the create, one from the single commit"
+    );
+    let loaded = get(&client, table_url).await.json();
+    assert_eq!(
+        loaded["metadata-location"],
+        committed.json()["metadata-location"]
+    );
+
+    // A new key for the same body runs the create again, which now conflicts; that answer
+    // (a deterministic 4xx) is itself stored and replayed.
+    let second_key = self::key();
+    let conflict = post(&client, url.clone(), Some(&second_key), &body).await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.error_type(), "AlreadyExistsException");
+    let conflict_retry = post(&client, url.clone(), Some(&second_key), &body).await;
+    assert_eq!(conflict_retry.status, 409);
+    assert!(conflict_retry.replayed);
+
+    // Without a key the request passes straight through.
+    let unkeyed = post(&client, url, None, &body).await;
+    assert_eq!(unkeyed.status, 409);
+    assert!(!unkeyed.replayed);
+
+    // A malformed key is refused in the Iceberg error shape.
+    let bad = post(
+        &client,
+        server.url("/v1/namespaces"),
+        Some("not-a-uuid"),
+        &json!({"namespace": ["x"]}),
+    )
+    .await;
+    assert_eq!(bad.status, 400, "malformed key: {}", bad.body);
+    bad.error_type();
+
+    let log = server.log_text();
+    assert!(
+        log.contains("POST /v1/namespaces/db/tables 200 idempotency=executed"),
+        "{log}"
+    );
+    assert!(
+        log.contains("POST /v1/namespaces/db/tables 200 idempotency=replayed"),
+        "{log}"
+    );
+}
+
+/// Parses each duration with `java.time.Duration.parse` (the Iceberg Java client's
+/// parser) and returns the seconds; `None` when no `java` is installed outside CI.
+fn java_duration_seconds(durations: &[&str]) -> Option<Vec<u64>> {
+    let checker = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/DurationCheck.java");
+    let output = match Command::new("java").arg(&checker).args(durations).output() {
+        Ok(output) => output,
+        Err(e) => {
+            unavailable(&format!("java is needed to check durations: {e}"));
+            return None;
+        }
+    };
+    assert!(
+        output.status.success(),
+        "java.time.Duration.parse rejected {durations:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(
+        String::from_utf8(output.stdout)
+            .expect("utf-8")
+            .lines()
+            .map(|line| line.trim().parse().expect("seconds"))
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn config_advertises_the_key_lifetime_only_when_enabled() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let client = client();
+
+    let default = Server::start(dir.path(), &["--database", "sqlite://a.db?mode=rwc"]);
+    let config = get(&client, default.url("/v1/config")).await;
+    assert_eq!(config.status, 200);
+    let config = config.json();
+    assert_eq!(
+        config["idempotency-key-lifetime"],
+        json!("PT30M"),
+        "{config}"
+    );
+    assert!(config["defaults"].is_object() && config["overrides"].is_object());
+    assert!(config["defaults"].get("idempotency-key-lifetime").is_none());
+    assert!(
+        config["overrides"]
+            .get("idempotency-key-lifetime")
+            .is_none()
+    );
+
+    let hour = Server::start(
+        dir.path(),
+        &[
+            "--database",
+            "sqlite://b.db?mode=rwc",
+            "--warehouse",
+            "wh-b",
+            "--idempotency-lifetime",
+            "PT1H30M",
+        ],
+    );
+    let config = get(&client, hour.url("/v1/config")).await.json();
+    let advertised = config["idempotency-key-lifetime"]
+        .as_str()
+        .expect("lifetime advertised")
+        .to_owned();
+    assert_eq!(advertised, "PT1H30M");
+    if let Some(seconds) = java_duration_seconds(&["PT30M", &advertised]) {
+        assert_eq!(seconds, [1800, 5400]);
+    }
+
+    let off = Server::start(
+        dir.path(),
+        &[
+            "--database",
+            "sqlite://c.db?mode=rwc",
+            "--warehouse",
+            "wh-c",
+            "--no-idempotency",
+        ],
+    );
+    let config = get(&client, off.url("/v1/config")).await.json();
+    assert!(
+        config.get("idempotency-key-lifetime").is_none(),
+        "disabled: no lifetime, so clients send no keys: {config}"
+    );
+    // With the layer off the header means nothing: a retry runs again and conflicts.
+    create_namespace(&client, &off, "db").await;
+    let key = key();
+    let url = off.url("/v1/namespaces/db/tables");
+    let first = post(&client, url.clone(), Some(&key), &create_table_body("t")).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let retry = post(&client, url, Some(&key), &create_table_body("t")).await;
+    assert_eq!(retry.status, 409, "{}", retry.body);
+    assert!(!retry.replayed);
+    assert!(off.log_text().contains("idempotency=passed-through"));
+}
+
+#[tokio::test]
+async fn catalog_speaks_the_rest_spec_with_and_without_prefix() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Server::start(dir.path(), &[]);
+    let client = client();
+
+    // Namespaces, also through a {prefix} path, and nested ones (levels joined by 0x1F).
+    let created = post(
+        &client,
+        server.url("/v1/warehouse1/namespaces"),
+        Some(&key()),
+        &json!({"namespace": ["sales"], "properties": {"owner": "ann"}}),
+    )
+    .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    assert_eq!(created.json()["properties"], json!({"owner": "ann"}));
+    create_namespace(&client, &server, "other").await;
+    let nested = post(
+        &client,
+        server.url("/v1/namespaces"),
+        None,
+        &json!({"namespace": ["sales", "eu"]}),
+    )
+    .await;
+    assert_eq!(nested.status, 200, "{}", nested.body);
+    let top = get(&client, server.url("/v1/namespaces")).await.json();
+    assert_eq!(top["namespaces"], json!([["other"], ["sales"]]));
+    let children = get(&client, server.url("/v1/namespaces?parent=sales"))
+        .await
+        .json();
+    assert_eq!(children["namespaces"], json!([["sales", "eu"]]));
+    let eu = get(&client, server.url("/v1/namespaces/sales%1Feu")).await;
+    assert_eq!(eu.status, 200, "{}", eu.body);
+
+    let head = send(
+        &client,
+        reqwest::Method::HEAD,
+        server.url("/v1/namespaces/sales"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(head.status, 204);
+    let head = send(
+        &client,
+        reqwest::Method::HEAD,
+        server.url("/v1/namespaces/nope"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(head.status, 404);
+    let missing = get(&client, server.url("/v1/namespaces/nope")).await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.error_type(), "NoSuchNamespaceException");
+
+    let updated = post(
+        &client,
+        server.url("/v1/namespaces/sales/properties"),
+        Some(&key()),
+        &json!({"removals": ["owner", "absent"], "updates": {"team": "bi"}}),
+    )
+    .await;
+    assert_eq!(updated.status, 200, "{}", updated.body);
+    assert_eq!(
+        updated.json(),
+        json!({"updated": ["team"], "removed": ["owner"], "missing": ["absent"]})
+    );
+    let both = post(
+        &client,
+        server.url("/v1/namespaces/sales/properties"),
+        None,
+        &json!({"removals": ["team"], "updates": {"team": "x"}}),
+    )
+    .await;
+    assert_eq!(both.status, 422);
+    let loaded = get(&client, server.url("/v1/namespaces/sales"))
+        .await
+        .json();
+    assert_eq!(loaded["properties"], json!({"team": "bi"}));
+
+    // Tables: create, errors, commit with requirements, rename, register, drop.
+    let in_missing = post(
+        &client,
+        server.url("/v1/namespaces/nope/tables"),
+        None,
+        &create_table_body("t"),
+    )
+    .await;
+    assert_eq!(in_missing.status, 404);
+    assert_eq!(in_missing.error_type(), "NoSuchNamespaceException");
+    let created = post(
+        &client,
+        server.url("/v1/p/namespaces/sales/tables"),
+        Some(&key()),
+        &create_table_body("events"),
+    )
+    .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let created = created.json();
+    let uuid = created["metadata"]["table-uuid"].clone();
+    let mut elsewhere = create_table_body("elsewhere");
+    elsewhere["location"] = json!("file:///tmp/not-the-warehouse/elsewhere");
+    let outside = post(
+        &client,
+        server.url("/v1/namespaces/sales/tables"),
+        None,
+        &elsewhere,
+    )
+    .await;
+    assert_eq!(outside.status, 400, "{}", outside.body);
+    assert_eq!(outside.error_type(), "BadRequestException");
+    let no_table = get(&client, server.url("/v1/namespaces/sales/tables/nope")).await;
+    assert_eq!(no_table.status, 404);
+    assert_eq!(no_table.error_type(), "NoSuchTableException");
+
+    let commit_url = server.url("/v1/namespaces/sales/tables/events");
+    let commit = post(
+        &client,
+        commit_url.clone(),
+        Some(&key()),
+        &json!({
+            "requirements": [
+                {"type": "assert-table-uuid", "uuid": uuid},
+                {"type": "assert-last-assigned-field-id", "last-assigned-field-id": 2}
+            ],
+            "updates": [
+                {"action": "set-properties", "updates": {"k": "v"}},
+                {"action": "add-schema", "schema": {
+                    "type": "struct", "schema-id": 1,
+                    "fields": [
+                        {"id": 1, "name": "id", "required": true, "type": "long"},
+                        {"id": 2, "name": "data", "required": false, "type": "string"},
+                        {"id": 3, "name": "extra", "required": false, "type": "int"}
+                    ]
+                }},
+                {"action": "set-current-schema", "schema-id": -1}
+            ]
+        }),
+    )
+    .await;
+    assert_eq!(commit.status, 200, "{}", commit.body);
+    let committed = commit.json();
+    assert!(
+        committed["metadata-location"]
+            .as_str()
+            .is_some_and(|l| l.contains("/metadata/00001-")),
+        "{committed}"
+    );
+    assert_eq!(committed["metadata"]["properties"]["k"], json!("v"));
+    assert_eq!(committed["metadata"]["current-schema-id"], json!(1));
+    // The same requirement again fails: the base moved on.
+    let stale = post(
+        &client,
+        commit_url.clone(),
+        None,
+        &json!({
+            "requirements": [{"type": "assert-last-assigned-field-id", "last-assigned-field-id": 2}],
+            "updates": [{"action": "set-properties", "updates": {"k": "w"}}]
+        }),
+    )
+    .await;
+    assert_eq!(stale.status, 409, "{}", stale.body);
+    assert_eq!(stale.error_type(), "CommitFailedException");
+    let unknown = post(
+        &client,
+        commit_url.clone(),
+        None,
+        &json!({"requirements": [], "updates": [{"action": "teleport"}]}),
+    )
+    .await;
+    assert_eq!(unknown.status, 400, "{}", unknown.body);
+    assert_eq!(unknown.error_type(), "BadRequestException");
+    let loaded = get(&client, commit_url.clone()).await.json();
+    assert_eq!(loaded["metadata-location"], committed["metadata-location"]);
+
+    // A transaction over two tables: one requirement fails, so neither changes.
+    let second = post(
+        &client,
+        server.url("/v1/namespaces/sales/tables"),
+        None,
+        &create_table_body("second"),
+    )
+    .await;
+    assert_eq!(second.status, 200);
+    let transaction = post(
+        &client,
+        server.url("/v1/transactions/commit"),
+        Some(&key()),
+        &json!({"table-changes": [
+            {"identifier": {"namespace": ["sales"], "name": "events"},
+             "requirements": [], "updates": [{"action": "set-properties", "updates": {"tx": "1"}}]},
+            {"identifier": {"namespace": ["sales"], "name": "second"},
+             "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 7}],
+             "updates": [{"action": "set-properties", "updates": {"tx": "1"}}]}
+        ]}),
+    )
+    .await;
+    assert_eq!(transaction.status, 409, "{}", transaction.body);
+    let events = get(&client, commit_url.clone()).await.json();
+    assert!(events["metadata"]["properties"].get("tx").is_none());
+    let transaction = post(
+        &client,
+        server.url("/v1/transactions/commit"),
+        None,
+        &json!({"table-changes": [
+            {"identifier": {"namespace": ["sales"], "name": "events"},
+             "requirements": [], "updates": [{"action": "set-properties", "updates": {"tx": "1"}}]},
+            {"identifier": {"namespace": ["sales"], "name": "second"},
+             "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 0}],
+             "updates": [{"action": "set-properties", "updates": {"tx": "1"}}]}
+        ]}),
+    )
+    .await;
+    assert_eq!(transaction.status, 204, "{}", transaction.body);
+    for table in ["events", "second"] {
+        let loaded = get(
+            &client,
+            server.url(&format!("/v1/namespaces/sales/tables/{table}")),
+        )
+        .await
+        .json();
+        assert_eq!(
+            loaded["metadata"]["properties"]["tx"],
+            json!("1"),
+            "{table}"
+        );
+    }
+
+    let rename = post(
+        &client,
+        server.url("/v1/tables/rename"),
+        Some(&key()),
+        &json!({"source": {"namespace": ["sales"], "name": "second"},
+                "destination": {"namespace": ["other"], "name": "moved"}}),
+    )
+    .await;
+    assert_eq!(rename.status, 204, "{}", rename.body);
+    assert_eq!(table_names(&client, &server, "other").await, ["moved"]);
+    let rename_missing = post(
+        &client,
+        server.url("/v1/tables/rename"),
+        None,
+        &json!({"source": {"namespace": ["sales"], "name": "second"},
+                "destination": {"namespace": ["other"], "name": "again"}}),
+    )
+    .await;
+    assert_eq!(rename_missing.status, 404);
+    assert_eq!(rename_missing.error_type(), "NoSuchTableException");
+
+    let registered = post(
+        &client,
+        server.url("/v1/namespaces/other/register"),
+        Some(&key()),
+        &json!({"name": "events_copy", "metadata-location": committed["metadata-location"]}),
+    )
+    .await;
+    assert_eq!(registered.status, 200, "{}", registered.body);
+    assert_eq!(registered.json()["metadata"]["table-uuid"], uuid);
+
+    let not_empty = send(
+        &client,
+        reqwest::Method::DELETE,
+        server.url("/v1/namespaces/other"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(not_empty.status, 409);
+    assert_eq!(not_empty.error_type(), "NamespaceNotEmptyException");
+    for table in ["moved", "events_copy"] {
+        let dropped = send(
+            &client,
+            reqwest::Method::DELETE,
+            server.url(&format!("/v1/namespaces/other/tables/{table}")),
+            Some(&key()),
+            None,
+        )
+        .await;
+        assert_eq!(dropped.status, 204, "{}", dropped.body);
+    }
+    let dropped = send(
+        &client,
+        reqwest::Method::DELETE,
+        server.url("/v1/namespaces/other"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(dropped.status, 204, "{}", dropped.body);
+    let head = send(
+        &client,
+        reqwest::Method::HEAD,
+        server.url("/v1/namespaces/sales/tables/events"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(head.status, 204);
+}
+
+#[tokio::test]
+async fn sigterm_stops_cleanly_and_a_restart_still_replays_from_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let client = client();
+    let key = key();
+    let body = json!({"namespace": ["kept"]});
+    let mut server = Server::start(dir.path(), &[]);
+    let first = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(server.terminate(), "exit status after SIGTERM");
+    let log = server.log_text();
+    assert!(
+        log.contains("shutting down") && log.contains("stopped"),
+        "{log}"
+    );
+
+    // The records are in the SQLite file, so the retry after the restart is replayed.
+    let restarted = Server::start(dir.path(), &[]);
+    let retry = post(&client, restarted.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(retry.status, 200, "{}", retry.body);
+    assert!(retry.replayed, "replayed after a restart");
+    assert_eq!(retry.body, first.body);
+}
+
+// ------------------------------------------------------------------------------------------
+// PyIceberg
+// ------------------------------------------------------------------------------------------
+
+/// A virtual environment with the pinned PyIceberg, created once and reused while the
+/// requirements file is unchanged. `None` (outside CI) when it cannot be set up.
+fn pyiceberg_python() -> Option<PathBuf> {
+    let requirements_file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg-requirements.txt");
+    let requirements = fs::read_to_string(&requirements_file).expect("requirements file");
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyiceberg-venv");
+    let python = venv.join("bin/python");
+    let marker = venv.join("installed-requirements.txt");
+    if python.exists() && fs::read_to_string(&marker).is_ok_and(|m| m == requirements) {
+        return Some(python);
+    }
+    let _ = fs::remove_dir_all(&venv);
+    let interpreter = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let steps: [(&str, Vec<&std::ffi::OsStr>); 2] = [
+        (
+            &interpreter,
+            vec!["-m".as_ref(), "venv".as_ref(), venv.as_os_str()],
+        ),
+        (
+            python.to_str().expect("utf-8 path"),
+            vec![
+                "-m".as_ref(),
+                "pip".as_ref(),
+                "install".as_ref(),
+                "--disable-pip-version-check".as_ref(),
+                "--quiet".as_ref(),
+                "-r".as_ref(),
+                requirements_file.as_os_str(),
+            ],
+        ),
+    ];
+    for (program, args) in steps {
+        let output = Command::new(program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output();
+        match output {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => {
+                unavailable(&format!(
+                    "setting up PyIceberg failed: {program} {args:?}: {}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+                return None;
+            }
+            Err(e) => {
+                unavailable(&format!("cannot run {program}: {e}"));
+                return None;
+            }
+        }
+    }
+    fs::write(&marker, requirements).expect("write marker");
+    Some(python)
+}
+
+#[test]
+fn pyiceberg_creates_appends_and_reads_back_through_the_catalog() {
+    let Some(python) = pyiceberg_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Server::start(dir.path(), &[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_roundtrip.py");
+    let output = Command::new(python)
+        .arg(script)
+        .arg(&server.base)
+        .arg("py_ns")
+        .current_dir(dir.path())
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "PyIceberg script failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    let summary: Value = serde_json::from_str(stdout.lines().last().expect("summary line"))
+        .unwrap_or_else(|e| panic!("summary is not JSON ({e}): {stdout}"));
+    eprintln!("PyIceberg summary: {summary}");
+
+    assert_eq!(summary["pyiceberg"], json!("0.12.0"));
+    assert_eq!(summary["namespaces"], json!([["py_ns"]]));
+    assert_eq!(
+        summary["namespace_properties"],
+        json!({"owner": "pyiceberg-test"})
+    );
+    let warehouse = fs::canonicalize(dir.path().join("warehouse")).expect("warehouse");
+    assert_eq!(
+        summary["location"],
+        json!(format!("file://{}/py_ns/events", warehouse.display()))
+    );
+    assert!(
+        summary["first_metadata_location"]
+            .as_str()
+            .is_some_and(|l| l.contains("/py_ns/events/metadata/00000-")),
+        "{summary}"
+    );
+    assert_eq!(summary["second_create"], json!("TableAlreadyExistsError"));
+    assert_eq!(
+        summary["rows"],
+        json!([{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}])
+    );
+    assert_eq!(summary["snapshots"], json!(2));
+    assert!(
+        summary["metadata_location"]
+            .as_str()
+            .is_some_and(|l| l.contains("/metadata/00002-")),
+        "two appends, two commits: {summary}"
+    );
+    assert_eq!(summary["columns"], json!(["id", "name", "score"]));
+    assert_eq!(summary["staged_rows"], json!([{"id": 10, "name": "z"}]));
+    assert_eq!(summary["view_sql"], json!("SELECT id FROM py_ns.events"));
+    assert_eq!(summary["views"], json!([["py_ns", "recent"]]));
+    assert_eq!(summary["view_exists"], json!(true));
+    assert_eq!(summary["view_exists_after_drop"], json!(false));
+    assert_eq!(
+        summary["tables"],
+        json!([["py_ns", "events"], ["py_ns", "staged"]])
+    );
+    assert_eq!(summary["renamed_rows"], json!(3));
+    assert_eq!(summary["after_drop"], json!("NoSuchTableError"));
+    assert_eq!(summary["namespace_dropped"], json!(true));
+    // Data files were written by pyarrow into the table's location in the warehouse.
+    let data = warehouse.join("py_ns/events/data");
+    assert!(
+        fs::read_dir(&data).is_ok_and(|d| d.count() >= 2),
+        "data files under {}",
+        data.display()
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// Replicas over one database
+// ------------------------------------------------------------------------------------------
+
+/// The database URL from `variable` (or `default`), if a server answers there.
+async fn database(variable: &str, default: &str) -> Option<String> {
+    let url = std::env::var(variable).unwrap_or_else(|_| default.to_owned());
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&url)
+        .await;
+    match pool {
+        Ok(pool) => {
+            pool.close().await;
+            Some(url)
+        }
+        Err(e) => {
+            unavailable(&format!("database {url} is unreachable: {e}"));
+            None
+        }
+    }
+}
+
+/// Two processes on one database and one warehouse act as one catalog: a keyed retry on
+/// the other replica is replayed, what one creates the other serves, and of many commits
+/// racing on one base across both, exactly one wins.
+async fn two_replicas_act_as_one_catalog(database_url: &str) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = [
+        "--database",
+        database_url,
+        "--warehouse",
+        "shared-warehouse",
+    ];
+    let a = Server::start(dir.path(), &args);
+    let b = Server::start(dir.path(), &args);
+    let client = client();
+    let namespace = unique("replicas");
+    create_namespace(&client, &a, &namespace).await;
+
+    // Create on replica A with a key; the answer is lost and the client's retry lands on
+    // replica B, which replays A's answer from the shared store.
+    let create_key = key();
+    let created = post(
+        &client,
+        a.url(&format!("/v1/namespaces/{namespace}/tables")),
+        Some(&create_key),
+        &create_table_body("race"),
+    )
+    .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let retried_on_b = post(
+        &client,
+        b.url(&format!("/v1/namespaces/{namespace}/tables")),
+        Some(&create_key),
+        &create_table_body("race"),
+    )
+    .await;
+    assert_eq!(
+        retried_on_b.status, 200,
+        "retry on B: {}",
+        retried_on_b.body
+    );
+    assert!(retried_on_b.replayed, "B replays A's answer");
+    assert_eq!(retried_on_b.json(), created.json());
+    assert_eq!(table_names(&client, &b, &namespace).await, ["race"]);
+    assert_eq!(
+        metadata_files(&dir.path().join("shared-warehouse"), &namespace, "race"),
+        1,
+        "the table was created once"
+    );
+    assert!(a.log_text().contains("idempotency=executed"));
+    assert!(b.log_text().contains(&format!(
+        "POST /v1/namespaces/{namespace}/tables 200 idempotency=replayed"
+    )));
+    let on_b = get(
+        &client,
+        b.url(&format!("/v1/namespaces/{namespace}/tables/race")),
+    )
+    .await;
+    assert_eq!(
+        on_b.status, 200,
+        "replica B serves A's table: {}",
+        on_b.body
+    );
+    assert_eq!(
+        on_b.json()["metadata-location"],
+        created.json()["metadata-location"]
+    );
+    let again_on_b = post(
+        &client,
+        b.url(&format!("/v1/namespaces/{namespace}/tables")),
+        None,
+        &create_table_body("race"),
+    )
+    .await;
+    assert_eq!(again_on_b.status, 409, "{}", again_on_b.body);
+
+    // Eight commits, four per replica, all computed on the same base (last assigned field
+    // id 2) and each adding a column.
+    let mut racers = Vec::new();
+    for i in 0..8 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let url = server.url(&format!("/v1/namespaces/{namespace}/tables/race"));
+        let body = json!({
+            "requirements": [{"type": "assert-last-assigned-field-id", "last-assigned-field-id": 2}],
+            "updates": [
+                {"action": "add-schema", "schema": {
+                    "type": "struct", "schema-id": 1,
+                    "fields": [
+                        {"id": 1, "name": "id", "required": true, "type": "long"},
+                        {"id": 2, "name": "data", "required": false, "type": "string"},
+                        {"id": 3, "name": format!("writer_{i}"), "required": false, "type": "int"}
+                    ]
+                }},
+                {"action": "set-current-schema", "schema-id": -1}
+            ]
+        });
+        let client = client.clone();
+        racers.push(tokio::spawn(async move {
+            post(&client, url, Some(&key()), &body).await
+        }));
+    }
+    let mut won = 0;
+    for racer in racers {
+        let answer = racer.await.expect("racer");
+        match answer.status {
+            200 => won += 1,
+            409 => assert_eq!(answer.error_type(), "CommitFailedException"),
+            other => panic!("unexpected {other}: {}", answer.body),
+        }
+    }
+    assert_eq!(won, 1, "exactly one commit on one base wins");
+    let table = get(
+        &client,
+        a.url(&format!("/v1/namespaces/{namespace}/tables/race")),
+    )
+    .await
+    .json();
+    assert_eq!(table["metadata"]["last-column-id"], json!(3));
+    assert_eq!(
+        table["metadata"]["schemas"].as_array().map(Vec::len),
+        Some(2)
+    );
+
+    // Leave the shared database as it was.
+    let dropped = send(
+        &client,
+        reqwest::Method::DELETE,
+        b.url(&format!("/v1/namespaces/{namespace}/tables/race")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(dropped.status, 204);
+    let dropped = send(
+        &client,
+        reqwest::Method::DELETE,
+        a.url(&format!("/v1/namespaces/{namespace}")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(dropped.status, 204);
+}
+
+#[tokio::test]
+async fn two_replicas_over_postgres_replay_each_other_and_commit_atomically() {
+    let Some(url) = database(
+        "IDEMPOTENCY_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+    .await
+    else {
+        return;
+    };
+    two_replicas_act_as_one_catalog(&url).await;
+}
+
+#[tokio::test]
+async fn two_replicas_over_mysql_replay_each_other_and_commit_atomically() {
+    let Some(url) = database(
+        "IDEMPOTENCY_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+    )
+    .await
+    else {
+        return;
+    };
+    two_replicas_act_as_one_catalog(&url).await;
+}

@@ -1,0 +1,217 @@
+//! Helpers every backend shares: the row shape all three return, durations as
+//! milliseconds, fencing tokens, error mapping and pool settings.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotency_core::{
+    Binding, FencingToken, IdempotencyRecord, RecordState, StoreError, StoredResponse,
+};
+
+/// Durations are clamped to this many milliseconds (about 100 years) so that
+/// `now + duration` never overflows a BIGINT.
+const MAX_DURATION_MS: u128 = 100 * 366 * 24 * 60 * 60 * 1000;
+
+/// How many times an operation that lost a race with another statement (PostgreSQL's
+/// snapshot hiding a concurrent insert, a MySQL deadlock, a row deleted between two
+/// statements) is tried before giving up with an error. Each retry needs another node to
+/// change the same key in the few milliseconds between two statements.
+pub(crate) const MAX_ATTEMPTS: usize = 8;
+
+/// A duration as whole milliseconds, rounded up (a 1 µs lease is 1 ms, not 0) and
+/// clamped to [`MAX_DURATION_MS`].
+pub(crate) fn millis(duration: Duration) -> i64 {
+    let nanos = duration.as_nanos();
+    let ms = nanos.div_ceil(1_000_000).min(MAX_DURATION_MS);
+    ms as i64
+}
+
+/// A fresh fencing token: 64 random bits, so that a token is never reused across
+/// release / re-reserve cycles, on any node.
+pub(crate) fn new_token() -> FencingToken {
+    let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+    FencingToken((high ^ low.rotate_left(17)) as i64)
+}
+
+/// Another random token, guaranteed to differ from `old`.
+pub(crate) fn new_token_other_than(old: FencingToken) -> FencingToken {
+    loop {
+        let token = new_token();
+        if token != old {
+            return token;
+        }
+    }
+}
+
+/// Wraps a driver error, keeping it as the source.
+pub(crate) fn backend(error: sqlx::Error) -> StoreError {
+    StoreError::backend(error)
+}
+
+/// A fenced statement held the record iff it changed exactly one row.
+pub(crate) fn ownership(rows_affected: u64) -> idempotency_core::Ownership {
+    if rows_affected == 1 {
+        idempotency_core::Ownership::Held
+    } else {
+        idempotency_core::Ownership::Lost
+    }
+}
+
+/// The error returned when an operation kept losing races (see [`MAX_ATTEMPTS`]).
+pub(crate) fn too_many_races(operation: &str) -> StoreError {
+    StoreError::backend(format!(
+        "{operation} lost {MAX_ATTEMPTS} races in a row with concurrent changes to the same key; giving up"
+    ))
+}
+
+/// A live record as every backend selects it: the stored columns plus the database's
+/// "now", so that `lease_lapsed` is decided by the database clock.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RawRecord {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) body_sha256: Vec<u8>,
+    pub(crate) fencing_token: i64,
+    pub(crate) lease_expires_at_ms: i64,
+    pub(crate) now_ms: i64,
+    pub(crate) response_status: Option<i32>,
+    pub(crate) response_headers: Option<Vec<u8>>,
+    pub(crate) response_body: Option<Vec<u8>>,
+}
+
+impl RawRecord {
+    pub(crate) fn into_record(self) -> Result<IdempotencyRecord, StoreError> {
+        let body_sha256: [u8; 32] = self.body_sha256.as_slice().try_into().map_err(|_| {
+            StoreError::Corrupt(format!(
+                "body_sha256 holds {} bytes, expected 32",
+                self.body_sha256.len()
+            ))
+        })?;
+        let state = match self.response_status {
+            None => RecordState::InFlight {
+                token: FencingToken(self.fencing_token),
+                lease_lapsed: self.lease_expires_at_ms <= self.now_ms,
+            },
+            Some(status) => {
+                let status = u16::try_from(status)
+                    .ok()
+                    .filter(|status| (100..=999).contains(status))
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "response_status {status} is not an HTTP status"
+                        ))
+                    })?;
+                let headers = StoredResponse::decode_headers(
+                    self.response_headers.as_deref().unwrap_or_default(),
+                )?;
+                let body = self.response_body.ok_or_else(|| {
+                    StoreError::Corrupt("a completed record has no response_body".to_owned())
+                })?;
+                RecordState::Completed(StoredResponse {
+                    status,
+                    headers,
+                    body: Bytes::from(body),
+                })
+            }
+        };
+        Ok(IdempotencyRecord {
+            binding: Binding {
+                method: self.method,
+                path: self.path,
+                body_sha256,
+            },
+            state,
+        })
+    }
+}
+
+/// Pool settings for the `connect` constructors. Stores built with `new` use the
+/// caller's pool as it is.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_store_sql::PoolSettings;
+///
+/// let settings = PoolSettings::default()
+///     .max_connections(20)
+///     .acquire_timeout(Duration::from_secs(3));
+/// assert_eq!(settings.max_connections, 20);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolSettings {
+    /// The most connections the pool opens (default 10).
+    pub max_connections: u32,
+    /// Connections kept open when idle (default 0).
+    pub min_connections: u32,
+    /// How long an operation waits for a free connection before failing (default 5 s);
+    /// the layer turns the failure into 503 + `Retry-After`.
+    pub acquire_timeout: Duration,
+    /// Idle connections are closed after this long (default 10 minutes).
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(5),
+            idle_timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+impl PoolSettings {
+    /// Sets [`max_connections`](Self::max_connections) (at least 1).
+    pub fn max_connections(mut self, max_connections: u32) -> Self {
+        self.max_connections = max_connections.max(1);
+        self
+    }
+
+    /// Sets [`min_connections`](Self::min_connections).
+    pub fn min_connections(mut self, min_connections: u32) -> Self {
+        self.min_connections = min_connections;
+        self
+    }
+
+    /// Sets [`acquire_timeout`](Self::acquire_timeout).
+    pub fn acquire_timeout(mut self, acquire_timeout: Duration) -> Self {
+        self.acquire_timeout = acquire_timeout;
+        self
+    }
+
+    /// Sets [`idle_timeout`](Self::idle_timeout).
+    pub fn idle_timeout(mut self, idle_timeout: Option<Duration>) -> Self {
+        self.idle_timeout = idle_timeout;
+        self
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    pub(crate) fn pool_options<DB: sqlx::Database>(&self) -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new()
+            .max_connections(self.max_connections.max(1))
+            .min_connections(self.min_connections.min(self.max_connections.max(1)))
+            .acquire_timeout(self.acquire_timeout)
+            .idle_timeout(self.idle_timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_up_and_clamp() {
+        assert_eq!(millis(Duration::ZERO), 0);
+        assert_eq!(millis(Duration::from_nanos(1)), 1);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), MAX_DURATION_MS as i64);
+    }
+
+    #[test]
+    fn tokens_differ() {
+        let a = new_token();
+        assert_ne!(a, new_token_other_than(a));
+    }
+}

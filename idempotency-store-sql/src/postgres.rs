@@ -1,0 +1,353 @@
+//! [`PostgresStore`]: the PostgreSQL backend.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idempotency_core::{
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
+    StoreError, StoredResponse,
+};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sqlx::{FromRow, Row};
+
+use crate::common::{
+    MAX_ATTEMPTS, PoolSettings, RawRecord, backend, millis, new_token, new_token_other_than,
+    ownership, too_many_races,
+};
+use crate::table::{InvalidTableName, TableName};
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// "Now" by the database clock, in epoch milliseconds.
+const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// An [`IdempotencyStore`] on PostgreSQL (12 or later). Cheap to clone: clones share the
+/// pool.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_store_sql::{PoolSettings, PostgresStore};
+///
+/// let store = PostgresStore::connect("postgres://app@db/catalog", &PoolSettings::default())
+///     .await?
+///     .with_table_name("idempotency_records")?
+///     .migrate()
+///     .await?;
+/// # drop(store); Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PostgresStore {
+    pool: PgPool,
+    table: TableName,
+    sql: Arc<Statements>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    migrate: String,
+    reserve: String,
+    load: String,
+    renew: String,
+    finalize: String,
+    release: String,
+    take_over: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = format!("\"{table}\"");
+        let index = table.expiry_index_name();
+        let owned = format!(
+            "scope = $1 AND idempotency_key = $2 AND fencing_token = $3 \
+             AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
+        );
+        Self {
+            migrate: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    scope               TEXT    NOT NULL,
+                    idempotency_key     TEXT    NOT NULL,
+                    method              TEXT    NOT NULL,
+                    path                TEXT    NOT NULL,
+                    body_sha256         BYTEA   NOT NULL,
+                    fencing_token       BIGINT  NOT NULL,
+                    created_at_ms       BIGINT  NOT NULL,
+                    expires_at_ms       BIGINT  NOT NULL,
+                    lease_expires_at_ms BIGINT  NOT NULL,
+                    response_status     INTEGER NULL,
+                    response_headers    BYTEA   NULL,
+                    response_body       BYTEA   NULL,
+                    PRIMARY KEY (scope, idempotency_key)
+                );
+                CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);"
+            ),
+            reserve: format!(
+                "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms),
+                ins AS (
+                    INSERT INTO {t} AS r
+                        (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                         created_at_ms, expires_at_ms, lease_expires_at_ms,
+                         response_status, response_headers, response_body)
+                    SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
+                           now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
+                    FROM clock
+                    ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+                        method = EXCLUDED.method,
+                        path = EXCLUDED.path,
+                        body_sha256 = EXCLUDED.body_sha256,
+                        fencing_token = EXCLUDED.fencing_token,
+                        created_at_ms = EXCLUDED.created_at_ms,
+                        expires_at_ms = EXCLUDED.expires_at_ms,
+                        lease_expires_at_ms = EXCLUDED.lease_expires_at_ms,
+                        response_status = NULL,
+                        response_headers = NULL,
+                        response_body = NULL
+                    WHERE r.expires_at_ms <= EXCLUDED.created_at_ms
+                    RETURNING r.fencing_token
+                )
+                SELECT TRUE AS reserved, NULL::text AS method, NULL::text AS path,
+                       NULL::bytea AS body_sha256, fencing_token,
+                       NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
+                       NULL::integer AS response_status, NULL::bytea AS response_headers,
+                       NULL::bytea AS response_body
+                FROM ins
+                UNION ALL
+                SELECT FALSE, e.method, e.path, e.body_sha256, e.fencing_token,
+                       e.lease_expires_at_ms, clock.now_ms, e.response_status,
+                       e.response_headers, e.response_body
+                FROM {t} AS e, clock
+                WHERE e.scope = $1 AND e.idempotency_key = $2
+                  AND e.expires_at_ms > clock.now_ms
+                  AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            load: format!(
+                "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.lease_expires_at_ms,
+                        clock.now_ms, r.response_status, r.response_headers, r.response_body
+                 FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
+                 WHERE r.scope = $1 AND r.idempotency_key = $2
+                   AND r.expires_at_ms > clock.now_ms"
+            ),
+            renew: format!(
+                "UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + $4::bigint WHERE {owned}"
+            ),
+            finalize: format!(
+                "UPDATE {t}
+                 SET response_status = $4, response_headers = $5, response_body = $6
+                 WHERE {owned}"
+            ),
+            release: format!("DELETE FROM {t} WHERE {owned}"),
+            take_over: format!(
+                "UPDATE {t}
+                 SET fencing_token = $4, lease_expires_at_ms = {NOW_MS} + $5::bigint
+                 WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
+            ),
+            purge: format!(
+                "DELETE FROM {t} AS d
+                 USING (SELECT scope, idempotency_key FROM {t}
+                        WHERE expires_at_ms <= {NOW_MS}
+                        LIMIT $1
+                        FOR UPDATE SKIP LOCKED) AS x
+                 WHERE d.scope = x.scope AND d.idempotency_key = x.idempotency_key"
+            ),
+        }
+    }
+}
+
+impl PostgresStore {
+    /// A store on the caller's pool (shared, e.g. with a catalog), using the table
+    /// [`idempotency_records`](crate::DEFAULT_TABLE_NAME).
+    pub fn new(pool: PgPool) -> Self {
+        let table = TableName::default();
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table,
+        }
+    }
+
+    /// Opens a pool of its own to `url` (`postgres://user:password@host:port/db`).
+    pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(backend)?;
+        Self::connect_with(options, settings).await
+    }
+
+    /// Opens a pool of its own with explicit connect options.
+    pub async fn connect_with(
+        options: PgConnectOptions,
+        settings: &PoolSettings,
+    ) -> Result<Self, StoreError> {
+        let pool = settings
+            .pool_options()
+            .connect_with(options)
+            .await
+            .map_err(backend)?;
+        Ok(Self::new(pool))
+    }
+
+    /// Uses the table `name` instead of the default.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, InvalidTableName> {
+        self.table = TableName::new(name)?;
+        self.sql = Arc::new(Statements::new(&self.table));
+        Ok(self)
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table the store uses.
+    pub fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Creates the table and its expiry index if they do not exist.
+    ///
+    /// Safe to call from several nodes at once: the DDL runs in a transaction that first
+    /// takes a transaction-scoped advisory lock derived from the table name, because two
+    /// concurrent `CREATE TABLE IF NOT EXISTS` can otherwise fail on PostgreSQL with a
+    /// unique violation in `pg_type`.
+    pub async fn migrate(self) -> Result<Self, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(self.table.lock_key())
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        sqlx::raw_sql(&self.sql.migrate)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(self)
+    }
+
+    /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
+    async fn fenced(&self, query: PgQuery<'_>) -> Result<Ownership, StoreError> {
+        let done = query.execute(&self.pool).await.map_err(backend)?;
+        Ok(ownership(done.rows_affected()))
+    }
+
+    /// A statement whose first three parameters are the record id and the token.
+    fn owned_query<'q>(&self, sql: &'q str, id: &'q RecordId, token: FencingToken) -> PgQuery<'q> {
+        sqlx::query(sql).bind(&id.scope).bind(&id.key).bind(token.0)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for PostgresStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let token = new_token();
+            let row: Option<PgRow> = sqlx::query(&self.sql.reserve)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .bind(&binding.method)
+                .bind(&binding.path)
+                .bind(&binding.body_sha256[..])
+                .bind(token.0)
+                .bind(millis(lease))
+                .bind(millis(lifetime))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+            match row {
+                Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
+                    return Ok(Reservation::Reserved(token));
+                }
+                Some(row) => {
+                    let raw = RawRecord::from_row(&row).map_err(backend)?;
+                    return Ok(Reservation::Exists(raw.into_record()?));
+                }
+                // The key is held by a row that the statement's snapshot cannot see: it
+                // was inserted (or replaced) by a transaction that committed after the
+                // statement began. Read it with a fresh snapshot; if it is gone again,
+                // try the insert again.
+                None => {
+                    if let Some(record) = self.load(id).await? {
+                        return Ok(Reservation::Exists(record));
+                    }
+                }
+            }
+        }
+        Err(too_many_races("reserve"))
+    }
+
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let raw: Option<RawRecord> = sqlx::query_as(&self.sql.load)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        raw.map(RawRecord::into_record).transpose()
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.fenced(
+            self.owned_query(&self.sql.renew, id, token)
+                .bind(millis(lease)),
+        )
+        .await
+    }
+
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let headers = response.encode_headers();
+        self.fenced(
+            self.owned_query(&self.sql.finalize, id, token)
+                .bind(i32::from(response.status))
+                .bind(headers)
+                .bind(&response.body[..]),
+        )
+        .await
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.fenced(self.owned_query(&self.sql.release, id, token))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let token = new_token_other_than(lapsed);
+        let outcome = self
+            .fenced(
+                self.owned_query(&self.sql.take_over, id, lapsed)
+                    .bind(token.0)
+                    .bind(millis(lease)),
+            )
+            .await?;
+        Ok((outcome == Ownership::Held).then_some(token))
+    }
+
+    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let done = sqlx::query(&self.sql.purge)
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,339 @@
+//! [`SqliteStore`]: the SQLite backend, the embedded default.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idempotency_core::{
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
+    StoreError, StoredResponse,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+
+use crate::common::{
+    MAX_ATTEMPTS, PoolSettings, RawRecord, backend, millis, new_token, new_token_other_than,
+    ownership, too_many_races,
+};
+use crate::table::{InvalidTableName, TableName};
+
+/// "Now" by the database clock, in epoch milliseconds. `julianday('now')` has millisecond
+/// resolution and is the same for every use within one statement; `ROUND` removes the
+/// floating-point error of the conversion. (It works on every SQLite with `RETURNING`,
+/// unlike `unixepoch('subsec')`, which needs 3.42.)
+const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+/// An [`IdempotencyStore`] in a SQLite database file (SQLite 3.35 or later): the
+/// embedded default, with no server to run. Several processes may share the file on one
+/// host; replicas on several hosts need PostgreSQL or MySQL. Cheap to clone: clones
+/// share the pool.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use idempotency_store_sql::{PoolSettings, SqliteStore};
+///
+/// let store = SqliteStore::connect("sqlite:/var/lib/catalog/idempotency.db", &PoolSettings::default())
+///     .await?
+///     .migrate()
+///     .await?;
+/// # drop(store); Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    table: TableName,
+    sql: Arc<Statements>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    migrate: String,
+    reserve: String,
+    load: String,
+    renew: String,
+    finalize: String,
+    release: String,
+    take_over: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(table: &TableName) -> Self {
+        let t = format!("\"{table}\"");
+        let index = table.expiry_index_name();
+        let owned = format!(
+            "scope = ?1 AND idempotency_key = ?2 AND fencing_token = ?3 \
+             AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
+        );
+        Self {
+            migrate: format!(
+                "CREATE TABLE IF NOT EXISTS {t} (
+                    scope               TEXT    NOT NULL,
+                    idempotency_key     TEXT    NOT NULL,
+                    method              TEXT    NOT NULL,
+                    path                TEXT    NOT NULL,
+                    body_sha256         BLOB    NOT NULL,
+                    fencing_token       BIGINT  NOT NULL,
+                    created_at_ms       BIGINT  NOT NULL,
+                    expires_at_ms       BIGINT  NOT NULL,
+                    lease_expires_at_ms BIGINT  NOT NULL,
+                    response_status     INTEGER NULL,
+                    response_headers    BLOB    NULL,
+                    response_body       BLOB    NULL,
+                    PRIMARY KEY (scope, idempotency_key)
+                );
+                CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);"
+            ),
+            reserve: format!(
+                "INSERT INTO {t}
+                    (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                     created_at_ms, expires_at_ms, lease_expires_at_ms,
+                     response_status, response_headers, response_body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6,
+                         {NOW_MS}, {NOW_MS} + ?8, {NOW_MS} + ?7, NULL, NULL, NULL)
+                 ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+                    method = excluded.method,
+                    path = excluded.path,
+                    body_sha256 = excluded.body_sha256,
+                    fencing_token = excluded.fencing_token,
+                    created_at_ms = excluded.created_at_ms,
+                    expires_at_ms = excluded.expires_at_ms,
+                    lease_expires_at_ms = excluded.lease_expires_at_ms,
+                    response_status = NULL,
+                    response_headers = NULL,
+                    response_body = NULL
+                 WHERE {t}.expires_at_ms <= excluded.created_at_ms
+                 RETURNING fencing_token"
+            ),
+            load: format!(
+                "SELECT method, path, body_sha256, fencing_token, lease_expires_at_ms,
+                        {NOW_MS} AS now_ms, response_status, response_headers, response_body
+                 FROM {t}
+                 WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {NOW_MS}"
+            ),
+            renew: format!("UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + ?4 WHERE {owned}"),
+            finalize: format!(
+                "UPDATE {t}
+                 SET response_status = ?4, response_headers = ?5, response_body = ?6
+                 WHERE {owned}"
+            ),
+            release: format!("DELETE FROM {t} WHERE {owned}"),
+            take_over: format!(
+                "UPDATE {t}
+                 SET fencing_token = ?4, lease_expires_at_ms = {NOW_MS} + ?5
+                 WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
+            ),
+            purge: format!(
+                "DELETE FROM {t} WHERE rowid IN
+                    (SELECT rowid FROM {t} WHERE expires_at_ms <= {NOW_MS} LIMIT ?1)"
+            ),
+        }
+    }
+}
+
+type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+impl SqliteStore {
+    /// A store on the caller's pool, using the table
+    /// [`idempotency_records`](crate::DEFAULT_TABLE_NAME). The pool should have a busy
+    /// timeout (sqlx's default is 5 s) and preferably WAL journaling, as
+    /// [`connect`](Self::connect) sets up.
+    pub fn new(pool: SqlitePool) -> Self {
+        let table = TableName::default();
+        Self {
+            pool,
+            sql: Arc::new(Statements::new(&table)),
+            table,
+        }
+    }
+
+    /// Opens a pool of its own to `url` (`sqlite:path/to/file.db`, `sqlite::memory:`),
+    /// creating the file if it is missing, in WAL mode.
+    ///
+    /// An in-memory database lives only as long as its connections, so for one the pool
+    /// keeps a single connection open for good whatever `settings` say.
+    pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url).map_err(backend)?;
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            let pool = settings
+                .pool_options()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await
+                .map_err(backend)?;
+            return Ok(Self::new(pool));
+        }
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        Self::connect_with(options, settings).await
+    }
+
+    /// Opens a pool of its own with explicit connect options.
+    pub async fn connect_with(
+        options: SqliteConnectOptions,
+        settings: &PoolSettings,
+    ) -> Result<Self, StoreError> {
+        let pool = settings
+            .pool_options()
+            .connect_with(options)
+            .await
+            .map_err(backend)?;
+        Ok(Self::new(pool))
+    }
+
+    /// Uses the table `name` instead of the default.
+    pub fn with_table_name(mut self, name: &str) -> Result<Self, InvalidTableName> {
+        self.table = TableName::new(name)?;
+        self.sql = Arc::new(Statements::new(&self.table));
+        Ok(self)
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The table the store uses.
+    pub fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Creates the table and its expiry index if they do not exist, in one transaction.
+    /// Safe to call from several tasks or processes at once: SQLite serializes writers.
+    pub async fn migrate(self) -> Result<Self, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        sqlx::raw_sql(&self.sql.migrate)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(self)
+    }
+
+    /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
+    async fn fenced(&self, query: SqliteQuery<'_>) -> Result<Ownership, StoreError> {
+        let done = query.execute(&self.pool).await.map_err(backend)?;
+        Ok(ownership(done.rows_affected()))
+    }
+
+    /// A statement whose first three parameters are the record id and the token.
+    fn owned_query<'q>(
+        &self,
+        sql: &'q str,
+        id: &'q RecordId,
+        token: FencingToken,
+    ) -> SqliteQuery<'q> {
+        sqlx::query(sql).bind(&id.scope).bind(&id.key).bind(token.0)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for SqliteStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let token = new_token();
+            let reserved: Option<i64> = sqlx::query_scalar(&self.sql.reserve)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .bind(&binding.method)
+                .bind(&binding.path)
+                .bind(&binding.body_sha256[..])
+                .bind(token.0)
+                .bind(millis(lease))
+                .bind(millis(lifetime))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+            if reserved.is_some() {
+                return Ok(Reservation::Reserved(token));
+            }
+            // A live row holds the key; read it. If it went away in between (released
+            // or purged), try the insert again.
+            if let Some(record) = self.load(id).await? {
+                return Ok(Reservation::Exists(record));
+            }
+        }
+        Err(too_many_races("reserve"))
+    }
+
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let raw: Option<RawRecord> = sqlx::query_as(&self.sql.load)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        raw.map(RawRecord::into_record).transpose()
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.fenced(
+            self.owned_query(&self.sql.renew, id, token)
+                .bind(millis(lease)),
+        )
+        .await
+    }
+
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let headers = response.encode_headers();
+        self.fenced(
+            self.owned_query(&self.sql.finalize, id, token)
+                .bind(i32::from(response.status))
+                .bind(headers)
+                .bind(&response.body[..]),
+        )
+        .await
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.fenced(self.owned_query(&self.sql.release, id, token))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let token = new_token_other_than(lapsed);
+        let outcome = self
+            .fenced(
+                self.owned_query(&self.sql.take_over, id, lapsed)
+                    .bind(token.0)
+                    .bind(millis(lease)),
+            )
+            .await?;
+        Ok((outcome == Ownership::Held).then_some(token))
+    }
+
+    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let done = sqlx::query(&self.sql.purge)
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(done.rows_affected())
+    }
+}

@@ -1,0 +1,172 @@
+//! SQLite: the conformance suite and multi-pool checks on a temporary database file.
+#![cfg(feature = "sqlite")]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotency_core::IdempotencyStore;
+use idempotency_store_sql::{PoolSettings, SqliteStore};
+
+/// A "node": a store with a pool of its own on the database file at `path`.
+async fn node(path: &Path, table: &str) -> SqliteStore {
+    let url = format!("sqlite:{}", path.display());
+    SqliteStore::connect(&url, &PoolSettings::default().max_connections(4))
+        .await
+        .expect("open the SQLite file")
+        .with_table_name(table)
+        .expect("valid table name")
+}
+
+fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("idempotency.db");
+    (dir, path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_the_conformance_suite() {
+    let (_dir, path) = temp_db();
+    let store = node(&path, "idempotency_records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    idempotency_core::conformance::run_all(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_pools_migrate_at_once_and_again() {
+    let (_dir, path) = temp_db();
+    let table = common::unique_table();
+    let mut nodes = Vec::new();
+    for _ in 0..8 {
+        nodes.push(node(&path, &table).await);
+    }
+    let results =
+        futures_util::future::join_all(nodes.iter().cloned().map(SqliteStore::migrate)).await;
+    for result in results {
+        result.expect("a concurrent migrate failed");
+    }
+    let store = nodes[0].clone().migrate().await.expect("second migrate");
+    let index: String = sqlx::query_scalar(
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ?1 AND sql IS NOT NULL",
+    )
+    .bind(&table)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(index.contains("(expires_at_ms)"), "{index}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_pools_share_keys_leases_and_takeovers() {
+    let (_dir, path) = temp_db();
+    let a = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    let b = node(&path, "records").await;
+    let (a, b): (Arc<dyn IdempotencyStore>, Arc<dyn IdempotencyStore>) = (Arc::new(a), Arc::new(b));
+    common::two_nodes_race_one_winner(a.clone(), b.clone()).await;
+    common::takeover_across_nodes(a.clone(), b).await;
+    common::tokens_are_not_reused(a.as_ref()).await;
+    common::renew_and_finalize_edge_cases(a.as_ref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_pools_purge_at_once() {
+    let (_dir, path) = temp_db();
+    let first = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    let mut nodes: Vec<Arc<dyn IdempotencyStore>> = vec![Arc::new(first)];
+    for _ in 0..2 {
+        nodes.push(Arc::new(node(&path, "records").await));
+    }
+    common::concurrent_purges(nodes).await;
+}
+
+#[tokio::test]
+async fn records_survive_reopening_the_file() {
+    let (_dir, path) = temp_db();
+    let id = common::id();
+    {
+        let store = node(&path, "records")
+            .await
+            .migrate()
+            .await
+            .expect("migrate");
+        let idempotency_core::Reservation::Reserved(token) = store
+            .reserve(&id, &common::binding(), common::LONG, common::LONG)
+            .await
+            .unwrap()
+        else {
+            panic!("fresh key not reserved")
+        };
+        store
+            .finalize(&id, token, &common::response(b"kept"))
+            .await
+            .unwrap();
+        store.pool().close().await;
+    }
+    let reopened = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    assert_eq!(
+        reopened.load(&id).await.unwrap().unwrap().state,
+        idempotency_core::RecordState::Completed(common::response(b"kept"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_database_keeps_its_records() {
+    let store = SqliteStore::connect("sqlite::memory:", &PoolSettings::default())
+        .await
+        .expect("open in-memory SQLite")
+        .migrate()
+        .await
+        .expect("migrate");
+    common::tokens_are_not_reused(&store).await;
+    common::renew_and_finalize_edge_cases(&store).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    idempotency_core::conformance::finalize_then_replay(&store).await;
+}
+
+#[tokio::test]
+async fn quoted_mixed_case_table_name_works() {
+    let (_dir, path) = temp_db();
+    let store = node(&path, "Order").await.migrate().await.expect("migrate");
+    common::tokens_are_not_reused(&store).await;
+}
+
+#[tokio::test]
+async fn bad_table_names_are_rejected() {
+    let (_dir, path) = temp_db();
+    let store = node(&path, "records").await;
+    for name in [
+        "",
+        "1x",
+        "a-b",
+        "x\"; DROP TABLE y; --",
+        "naïve",
+        &"t".repeat(64),
+    ] {
+        let error = store.clone().with_table_name(name).unwrap_err();
+        assert!(
+            error.to_string().contains("invalid idempotency table name"),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        SqliteStore::new(store.pool().clone()).table_name().as_str(),
+        "idempotency_records"
+    );
+}
