@@ -212,7 +212,11 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     }
     let fixed_key = format!("k-fixed-{}", std::process::id());
     let mut broken = vec![false; servers.len()];
-    for (i, server) in servers.iter().enumerate().skip(1) {
+    // Every layered server (those driven with replays) must execute once, then replay.
+    for (i, server) in servers.iter().enumerate() {
+        if !scenarios.iter().any(|s| s.server == i && s.mode == "fixed") {
+            continue;
+        }
         if let Err(error) = http_load::check_replays(server.addr, &fixed_key) {
             rows.push(skipped(&format!("HTTP, {}", server.name), error));
             broken[i] = true;
@@ -532,7 +536,7 @@ fn main() {
         eprintln!("memory store scale…");
         rows.push(scale::run(&sibling("mem-scale"), 1_000_000));
         #[cfg(feature = "sql")]
-        rows.push(benches::sql::purge_scale(
+        rows.extend(benches::sql::purge_scale(
             &o.postgres_url,
             if o.quick {
                 benches::sql::Settings::quick()
