@@ -49,7 +49,10 @@ fn main() {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .expect("bind the listen address");
-        println!("listening on {}", listener.local_addr().expect("local address"));
+        println!(
+            "listening on {}",
+            listener.local_addr().expect("local address")
+        );
         axum::serve(listener, app).await.expect("serve");
     });
 }
