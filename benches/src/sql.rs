@@ -162,40 +162,28 @@ fn postgres_statements(table: &str) -> Statements {
         reserve: format!(
             "WITH clock AS MATERIALIZED (SELECT {now} AS now_ms),
             ins AS (
-                INSERT INTO {t} AS r
+                INSERT INTO {t}
                     (scope, idempotency_key, method, path, body_sha256, fencing_token,
                      created_at_ms, expires_at_ms, lease_expires_at_ms,
                      response_status, response_headers, response_body)
                 SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
                        now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
                 FROM clock
-                ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-                    method = EXCLUDED.method,
-                    path = EXCLUDED.path,
-                    body_sha256 = EXCLUDED.body_sha256,
-                    fencing_token = EXCLUDED.fencing_token,
-                    created_at_ms = EXCLUDED.created_at_ms,
-                    expires_at_ms = EXCLUDED.expires_at_ms,
-                    lease_expires_at_ms = EXCLUDED.lease_expires_at_ms,
-                    response_status = NULL,
-                    response_headers = NULL,
-                    response_body = NULL
-                WHERE r.expires_at_ms <= EXCLUDED.created_at_ms
-                RETURNING r.fencing_token
+                ON CONFLICT (scope, idempotency_key) DO NOTHING
+                RETURNING fencing_token
             )
-            SELECT TRUE AS reserved, NULL::text AS method, NULL::text AS path,
-                   NULL::bytea AS body_sha256, fencing_token,
+            SELECT TRUE AS reserved, FALSE AS expired, NULL::text AS method,
+                   NULL::text AS path, NULL::bytea AS body_sha256, fencing_token,
                    NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
                    NULL::integer AS response_status, NULL::bytea AS response_headers,
                    NULL::bytea AS response_body
             FROM ins
             UNION ALL
-            SELECT FALSE, e.method, e.path, e.body_sha256, e.fencing_token,
-                   e.lease_expires_at_ms, clock.now_ms, e.response_status,
-                   e.response_headers, e.response_body
+            SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
+                   e.body_sha256, e.fencing_token, e.lease_expires_at_ms, clock.now_ms,
+                   e.response_status, e.response_headers, e.response_body
             FROM {t} AS e, clock
             WHERE e.scope = $1 AND e.idempotency_key = $2
-              AND e.expires_at_ms > clock.now_ms
               AND NOT EXISTS (SELECT 1 FROM ins)"
         ),
         finalize: format!(

@@ -131,36 +131,38 @@
 //! Fencing tokens are random 64-bit numbers made by the client, so a token is never
 //! reused across release and re-reserve cycles, on any node.
 //!
-//! **Reserve** inserts, or replaces an expired row in the same statement (an expired row
-//! counts as absent), or leaves a live row alone and reports it.
+//! **Reserve** inserts, or reports a live row and leaves it alone, or replaces an expired
+//! row (an expired row counts as absent).
 //!
-//! PostgreSQL, one statement that also returns the existing row:
+//! PostgreSQL, one statement that also returns the existing row. `DO NOTHING` (not `DO
+//! UPDATE`) leaves a conflicting row unlocked and unwritten, so a replay costs a read,
+//! not a write-ahead-log flush:
 //!
 //! ```sql
 //! WITH clock AS MATERIALIZED (SELECT <now> AS now_ms),
 //! ins AS (
-//!     INSERT INTO t AS r (scope, idempotency_key, method, path, body_sha256, fencing_token,
-//!                         created_at_ms, expires_at_ms, lease_expires_at_ms,
-//!                         response_status, response_headers, response_body)
+//!     INSERT INTO t (scope, idempotency_key, method, path, body_sha256, fencing_token,
+//!                    created_at_ms, expires_at_ms, lease_expires_at_ms,
+//!                    response_status, response_headers, response_body)
 //!     SELECT $1, $2, $3, $4, $5, $6, now_ms, now_ms + $lifetime, now_ms + $lease,
 //!            NULL, NULL, NULL FROM clock
-//!     ON CONFLICT (scope, idempotency_key) DO UPDATE SET <every column from EXCLUDED,
-//!            response columns NULL>
-//!     WHERE r.expires_at_ms <= EXCLUDED.created_at_ms
-//!     RETURNING r.fencing_token)
-//! SELECT TRUE AS reserved, <NULLs>, fencing_token, ... FROM ins
+//!     ON CONFLICT (scope, idempotency_key) DO NOTHING
+//!     RETURNING fencing_token)
+//! SELECT TRUE AS reserved, FALSE AS expired, <NULLs>, fencing_token, ... FROM ins
 //! UNION ALL
-//! SELECT FALSE, e.method, e.path, e.body_sha256, e.fencing_token, e.lease_expires_at_ms,
-//!        clock.now_ms, e.response_status, e.response_headers, e.response_body
+//! SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path, e.body_sha256,
+//!        e.fencing_token, e.lease_expires_at_ms, clock.now_ms, e.response_status,
+//!        e.response_headers, e.response_body
 //! FROM t AS e, clock
-//! WHERE e.scope = $1 AND e.idempotency_key = $2 AND e.expires_at_ms > clock.now_ms
-//!   AND NOT EXISTS (SELECT 1 FROM ins)
+//! WHERE e.scope = $1 AND e.idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM ins)
 //! ```
 //!
-//! The fallback SELECT reads the statement's snapshot, so it misses a row that another
-//! transaction inserted after the statement began (the INSERT waited for it and then
-//! saw the conflict). The statement then returns no row, and the store reads the row
-//! with a second query; if that row is gone again, it retries (bounded).
+//! A row that comes back expired is replaced by a second, conditional statement
+//! (`UPDATE … WHERE expires_at_ms <= now`); if another request replaced it first, the
+//! reserve starts over. The fallback SELECT reads the statement's snapshot, so it misses a
+//! row that another transaction inserted after the statement began (the INSERT waited
+//! for it and then saw the conflict). The statement then returns no row, and the store
+//! reads the row with a second query; if that row is gone again, it retries (bounded).
 //!
 //! MySQL / MariaDB (no `INSERT IGNORE`, which would turn unrelated errors into warnings):
 //!
@@ -229,7 +231,8 @@
 //!
 //! | operation | PostgreSQL | MySQL / MariaDB | SQLite (no network) |
 //! | --- | --- | --- | --- |
-//! | reserve, key free or expired | 1 | 1 | 1 |
+//! | reserve, key free | 1 | 1 | 1 |
+//! | reserve, key expired but not purged | 2 | 1 | 1 |
 //! | reserve, key live (replay, in flight, conflict) | 1 | 2 (insert, then select) | 2 |
 //! | load / one poll of `wait` | 1 | 1 | 1 |
 //! | finalize, renew, release, take over | 1 | 1 | 1 |

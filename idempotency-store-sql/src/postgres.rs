@@ -47,6 +47,7 @@ pub struct PostgresStore {
 struct Statements {
     migrate: String,
     reserve: String,
+    replace_expired: String,
     load: String,
     renew: String,
     finalize: String,
@@ -82,44 +83,47 @@ impl Statements {
                 );
                 CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);"
             ),
+            // DO NOTHING, not DO UPDATE: a conflicting live row is then neither locked nor
+            // written, so a replay is a read. An expired row comes back flagged and is
+            // replaced by `replace_expired`.
             reserve: format!(
                 "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms),
                 ins AS (
-                    INSERT INTO {t} AS r
+                    INSERT INTO {t}
                         (scope, idempotency_key, method, path, body_sha256, fencing_token,
                          created_at_ms, expires_at_ms, lease_expires_at_ms,
                          response_status, response_headers, response_body)
                     SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
                            now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
                     FROM clock
-                    ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-                        method = EXCLUDED.method,
-                        path = EXCLUDED.path,
-                        body_sha256 = EXCLUDED.body_sha256,
-                        fencing_token = EXCLUDED.fencing_token,
-                        created_at_ms = EXCLUDED.created_at_ms,
-                        expires_at_ms = EXCLUDED.expires_at_ms,
-                        lease_expires_at_ms = EXCLUDED.lease_expires_at_ms,
-                        response_status = NULL,
-                        response_headers = NULL,
-                        response_body = NULL
-                    WHERE r.expires_at_ms <= EXCLUDED.created_at_ms
-                    RETURNING r.fencing_token
+                    ON CONFLICT (scope, idempotency_key) DO NOTHING
+                    RETURNING fencing_token
                 )
-                SELECT TRUE AS reserved, NULL::text AS method, NULL::text AS path,
-                       NULL::bytea AS body_sha256, fencing_token,
+                SELECT TRUE AS reserved, FALSE AS expired, NULL::text AS method,
+                       NULL::text AS path, NULL::bytea AS body_sha256, fencing_token,
                        NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
                        NULL::integer AS response_status, NULL::bytea AS response_headers,
                        NULL::bytea AS response_body
                 FROM ins
                 UNION ALL
-                SELECT FALSE, e.method, e.path, e.body_sha256, e.fencing_token,
-                       e.lease_expires_at_ms, clock.now_ms, e.response_status,
-                       e.response_headers, e.response_body
+                SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
+                       e.body_sha256, e.fencing_token, e.lease_expires_at_ms, clock.now_ms,
+                       e.response_status, e.response_headers, e.response_body
                 FROM {t} AS e, clock
                 WHERE e.scope = $1 AND e.idempotency_key = $2
-                  AND e.expires_at_ms > clock.now_ms
                   AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            replace_expired: format!(
+                "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms)
+                 UPDATE {t} AS r SET
+                     method = $3, path = $4, body_sha256 = $5, fencing_token = $6,
+                     created_at_ms = clock.now_ms,
+                     expires_at_ms = clock.now_ms + $8::bigint,
+                     lease_expires_at_ms = clock.now_ms + $7::bigint,
+                     response_status = NULL, response_headers = NULL, response_body = NULL
+                 FROM clock
+                 WHERE r.scope = $1 AND r.idempotency_key = $2
+                   AND r.expires_at_ms <= clock.now_ms"
             ),
             load: format!(
                 "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.lease_expires_at_ms,
@@ -246,15 +250,18 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<Reservation, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             let token = new_token();
-            let row: Option<PgRow> = sqlx::query(&self.sql.reserve)
-                .bind(&id.scope)
-                .bind(&id.key)
-                .bind(&binding.method)
-                .bind(&binding.path)
-                .bind(&binding.body_sha256[..])
-                .bind(token.0)
-                .bind(millis(lease))
-                .bind(millis(lifetime))
+            let bind = |sql| {
+                sqlx::query(sql)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(&binding.method)
+                    .bind(&binding.path)
+                    .bind(&binding.body_sha256[..])
+                    .bind(token.0)
+                    .bind(millis(lease))
+                    .bind(millis(lifetime))
+            };
+            let row: Option<PgRow> = bind(&self.sql.reserve)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(backend)?;
@@ -262,14 +269,24 @@ impl IdempotencyStore for PostgresStore {
                 Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
                     return Ok(Reservation::Reserved(token));
                 }
+                // An expired record counts as absent: replace it, unless another request
+                // replaced (or purge removed) it first, in which case look again.
+                Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
+                    let replaced = bind(&self.sql.replace_expired)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(backend)?;
+                    if replaced.rows_affected() == 1 {
+                        return Ok(Reservation::Reserved(token));
+                    }
+                }
                 Some(row) => {
                     let raw = RawRecord::from_row(&row).map_err(backend)?;
                     return Ok(Reservation::Exists(raw.into_record()?));
                 }
                 // The key is held by a row that the statement's snapshot cannot see: it
-                // was inserted (or replaced) by a transaction that committed after the
-                // statement began. Read it with a fresh snapshot; if it is gone again,
-                // try the insert again.
+                // was inserted by a transaction that committed after the statement began.
+                // Read it with a fresh snapshot; if it is gone again, try again.
                 None => {
                     if let Some(record) = self.load(id).await? {
                         return Ok(Reservation::Exists(record));
