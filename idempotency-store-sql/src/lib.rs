@@ -31,7 +31,7 @@
 //!
 //! let pool = sqlx::PgPool::connect("postgres://catalog@db/catalog").await?;
 //! let store = Arc::new(PostgresStore::new(pool).migrate().await?);
-//! let purge = spawn_purge_task(store.clone(), Duration::from_secs(300), 1_000);
+//! let purge = spawn_purge_task(store.clone(), Duration::from_secs(300), 100);
 //! # drop(purge); Ok(()) }
 //! ```
 //!
