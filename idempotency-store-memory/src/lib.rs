@@ -108,7 +108,9 @@ impl MemoryStore {
     fn with_capacity_bound(max_entries: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
-                records: Mutex::new(HashMap::new()),
+                // Sized up front for the usual bounds, so that the table never rehashes
+                // (every record moved while the lock is held) under load.
+                records: Mutex::new(HashMap::with_capacity(max_entries.min(1 << 16))),
                 max_entries,
                 next_token: AtomicI64::new(1),
             }),
