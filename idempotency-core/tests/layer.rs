@@ -101,6 +101,24 @@ async fn send(
     (parts.status, parts.headers, body, outcome)
 }
 
+/// A keyed `POST /things/201` whose handler sleeps for `ms` milliseconds.
+fn slow_keyed(key: &str, ms: u64) -> Request<Body> {
+    let mut request = keyed("POST", "/things/201", key, "{}");
+    request
+        .headers_mut()
+        .insert("x-sleep-ms", ms.to_string().parse().unwrap());
+    request
+}
+
+/// Sends `request` on a task of its own, as a concurrent client would.
+fn spawn_send(
+    app: &Router,
+    request: Request<Body>,
+) -> tokio::task::JoinHandle<(StatusCode, HeaderMap, Vec<u8>, Option<Outcome>)> {
+    let app = app.clone();
+    tokio::spawn(async move { send(&app, request).await })
+}
+
 fn layered(layer: IdempotencyLayer, calls: &Calls) -> Router {
     app(calls.clone()).layer(layer)
 }
@@ -533,13 +551,7 @@ async fn an_oversized_response_is_delivered_whole_and_never_replayed_as_itself()
 async fn a_duplicate_waits_for_the_owner_then_replays() {
     let calls = Calls::default();
     let app = layered(IdempotencyLayer::new(MemoryStore::new()), &calls);
-    let mut slow = keyed("POST", "/things/201", "wait", "{}");
-    slow.headers_mut()
-        .insert("x-sleep-ms", "300".parse().unwrap());
-    let owner = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, slow).await }
-    });
+    let owner = spawn_send(&app, slow_keyed("wait", 300));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let duplicate = send(&app, keyed("POST", "/things/201", "wait", "{}")).await;
     let owner = owner.await.unwrap();
@@ -558,13 +570,7 @@ async fn a_duplicate_gets_409_with_retry_after_when_the_wait_ends() {
         .with_in_flight_wait(Duration::from_millis(100))
         .with_retry_after(Duration::from_secs(2));
     let app = layered(layer, &calls);
-    let mut slow = keyed("POST", "/things/201", "busy", "{}");
-    slow.headers_mut()
-        .insert("x-sleep-ms", "600".parse().unwrap());
-    let owner = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, slow).await }
-    });
+    let owner = spawn_send(&app, slow_keyed("busy", 600));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (status, headers, _, outcome) =
         send(&app, keyed("POST", "/things/201", "busy", "{}")).await;
@@ -585,13 +591,7 @@ async fn a_duplicate_gets_409_with_retry_after_when_the_wait_ends() {
             .with_in_flight_status(StatusCode::SERVICE_UNAVAILABLE),
         &calls,
     );
-    let mut slow = keyed("POST", "/things/201", "busy", "{}");
-    slow.headers_mut()
-        .insert("x-sleep-ms", "300".parse().unwrap());
-    let owner = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, slow).await }
-    });
+    let owner = spawn_send(&app, slow_keyed("busy", 300));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let (status, headers, _, _) = send(&app, keyed("POST", "/things/201", "busy", "{}")).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -607,13 +607,7 @@ async fn the_lease_is_renewed_while_a_slow_handler_runs() {
         IdempotencyLayer::new(store.clone()).with_lease(Duration::from_millis(90)),
         &calls,
     );
-    let mut slow = keyed("POST", "/things/201", "slow", "{}");
-    slow.headers_mut()
-        .insert("x-sleep-ms", "500".parse().unwrap());
-    let owner = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, slow).await }
-    });
+    let owner = spawn_send(&app, slow_keyed("slow", 500));
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if let Some(record) = store.load(&RecordId::new("", "slow")).await.unwrap() {
@@ -639,9 +633,7 @@ async fn in_flight_requests_can_be_drained_for_shutdown() {
     let layer = IdempotencyLayer::new(MemoryStore::new());
     let in_flight = layer.in_flight();
     let app = layered(layer, &calls);
-    let mut slow = keyed("POST", "/things/201", "drain", "{}");
-    slow.headers_mut()
-        .insert("x-sleep-ms", "300".parse().unwrap());
+    let slow = slow_keyed("drain", 300);
     // The client disconnects at once; the mutation must still be waited for.
     drop(tokio::time::timeout(Duration::from_millis(20), app.clone().oneshot(slow)).await);
     assert_eq!(in_flight.count(), 1);
@@ -759,13 +751,7 @@ async fn a_finalize_that_fails_briefly_is_retried() {
     let store = FailingStore::default();
     let calls = Calls::default();
     let app = layered(IdempotencyLayer::new(store.clone()), &calls);
-    let mut slow = keyed("POST", "/things/201", "flaky", "{}");
-    slow.headers_mut()
-        .insert("x-sleep-ms", "200".parse().unwrap());
-    let owner = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, slow).await }
-    });
+    let owner = spawn_send(&app, slow_keyed("flaky", 200));
     // Break the store while the handler runs, mend it shortly after it returns.
     tokio::time::sleep(Duration::from_millis(100)).await;
     store.broken.store(true, Ordering::SeqCst);
