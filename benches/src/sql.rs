@@ -2,9 +2,8 @@
 //! two statements issued raw through the same sqlx pool, and a replay against one raw
 //! `SELECT`, on PostgreSQL, MariaDB/MySQL and SQLite. Also the purge-under-load scale test.
 //!
-//! The raw statements below are copied from the stores' sources
-//! (`idempotency-store-sql/src/{postgres,mysql,sqlite}.rs`, `Statements::new`), with the
-//! same parameters in the same order; if a store changes its SQL, change them here too.
+//! The raw side issues the very statements the store sends (`store.sql(Operation::…)`),
+//! with the same parameters in the same order, through the store's own pool.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -17,7 +16,7 @@ use idempotency_core::{
     Reservation, StoredResponse, store::purge_all_expired,
 };
 use idempotency_store_sql::sqlx::{self, Row as _};
-use idempotency_store_sql::{MySqlStore, PoolSettings, PostgresStore, SqliteStore};
+use idempotency_store_sql::{MySqlStore, Operation, PoolSettings, PostgresStore, SqliteStore};
 use tokio::runtime::Runtime;
 
 use crate::harness::{Paired, paired, quantile};
@@ -150,144 +149,13 @@ struct Statements {
     load: String,
 }
 
-const PG_NOW: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-const MY_NOW: &str =
-    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
-const LITE_NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
-
-fn postgres_statements(table: &str) -> Statements {
-    let t = format!("\"{table}\"");
-    let now = PG_NOW;
-    Statements {
-        reserve: format!(
-            "WITH clock AS MATERIALIZED (SELECT {now} AS now_ms),
-            ins AS (
-                INSERT INTO {t}
-                    (scope, idempotency_key, method, path, body_sha256, fencing_token,
-                     created_at_ms, expires_at_ms, lease_expires_at_ms,
-                     response_status, response_headers, response_body)
-                SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
-                       now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
-                FROM clock
-                ON CONFLICT (scope, idempotency_key) DO NOTHING
-                RETURNING fencing_token
-            )
-            SELECT TRUE AS reserved, FALSE AS expired, NULL::text AS method,
-                   NULL::text AS path, NULL::bytea AS body_sha256, fencing_token,
-                   NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
-                   NULL::integer AS response_status, NULL::bytea AS response_headers,
-                   NULL::bytea AS response_body
-            FROM ins
-            UNION ALL
-            SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
-                   e.body_sha256, e.fencing_token, e.lease_expires_at_ms, clock.now_ms,
-                   e.response_status, e.response_headers, e.response_body
-            FROM {t} AS e, clock
-            WHERE e.scope = $1 AND e.idempotency_key = $2
-              AND NOT EXISTS (SELECT 1 FROM ins)"
-        ),
-        finalize: format!(
-            "UPDATE {t}
-             SET response_status = $4, response_headers = $5, response_body = $6
-             WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
-               AND response_status IS NULL AND expires_at_ms > {now}"
-        ),
-        load: format!(
-            "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.lease_expires_at_ms,
-                    clock.now_ms, r.response_status, r.response_headers, r.response_body
-             FROM {t} AS r, (SELECT {now} AS now_ms) AS clock
-             WHERE r.scope = $1 AND r.idempotency_key = $2
-               AND r.expires_at_ms > clock.now_ms"
-        ),
-    }
-}
-
-fn mysql_statements(table: &str) -> Statements {
-    let t = format!("`{table}`");
-    let now = MY_NOW;
-    let expired = "expires_at_ms <= VALUES(created_at_ms)";
-    let replace = |column: &str| format!("{column} = IF({expired}, VALUES({column}), {column})");
-    Statements {
-        reserve: format!(
-            "INSERT INTO {t}
-                (scope, idempotency_key, method, path, body_sha256, fencing_token,
-                 created_at_ms, expires_at_ms, lease_expires_at_ms,
-                 response_status, response_headers, response_body)
-             VALUES (?, ?, ?, ?, ?, ?,
-                     IF(LAST_INSERT_ID(1) = 1, {now}, NULL),
-                     {now} + ?, {now} + ?, NULL, NULL, NULL)
-             ON DUPLICATE KEY UPDATE
-                {method},
-                {path},
-                {body_sha256},
-                fencing_token = IF({expired}, VALUES(fencing_token),
-                    IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)),
-                {created_at_ms},
-                {lease_expires_at_ms},
-                response_status = IF({expired}, NULL, response_status),
-                response_headers = IF({expired}, NULL, response_headers),
-                response_body = IF({expired}, NULL, response_body),
-                {expires_at_ms}",
-            method = replace("method"),
-            path = replace("path"),
-            body_sha256 = replace("body_sha256"),
-            created_at_ms = replace("created_at_ms"),
-            lease_expires_at_ms = replace("lease_expires_at_ms"),
-            expires_at_ms = replace("expires_at_ms"),
-        ),
-        finalize: format!(
-            "UPDATE {t}
-             SET response_status = ?, response_headers = ?, response_body = ?
-             WHERE scope = ? AND idempotency_key = ? AND fencing_token = ?
-               AND response_status IS NULL AND expires_at_ms > {now}"
-        ),
-        load: format!(
-            "SELECT CAST(method AS CHAR CHARACTER SET utf8mb4) AS method,
-                    CAST(path AS CHAR CHARACTER SET utf8mb4) AS path, body_sha256, fencing_token, lease_expires_at_ms,
-                    {now} AS now_ms, response_status, response_headers, response_body
-             FROM {t}
-             WHERE scope = ? AND idempotency_key = ? AND expires_at_ms > {now}"
-        ),
-    }
-}
-
-fn sqlite_statements(table: &str) -> Statements {
-    let t = format!("\"{table}\"");
-    let now = LITE_NOW;
-    Statements {
-        reserve: format!(
-            "INSERT INTO {t}
-                (scope, idempotency_key, method, path, body_sha256, fencing_token,
-                 created_at_ms, expires_at_ms, lease_expires_at_ms,
-                 response_status, response_headers, response_body)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6,
-                     {now}, {now} + ?8, {now} + ?7, NULL, NULL, NULL)
-             ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-                method = excluded.method,
-                path = excluded.path,
-                body_sha256 = excluded.body_sha256,
-                fencing_token = excluded.fencing_token,
-                created_at_ms = excluded.created_at_ms,
-                expires_at_ms = excluded.expires_at_ms,
-                lease_expires_at_ms = excluded.lease_expires_at_ms,
-                response_status = NULL,
-                response_headers = NULL,
-                response_body = NULL
-             WHERE {t}.expires_at_ms <= excluded.created_at_ms
-             RETURNING fencing_token"
-        ),
-        finalize: format!(
-            "UPDATE {t}
-             SET response_status = ?4, response_headers = ?5, response_body = ?6
-             WHERE scope = ?1 AND idempotency_key = ?2 AND fencing_token = ?3
-               AND response_status IS NULL AND expires_at_ms > {now}"
-        ),
-        load: format!(
-            "SELECT method, path, body_sha256, fencing_token, lease_expires_at_ms,
-                    {now} AS now_ms, response_status, response_headers, response_body
-             FROM {t}
-             WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {now}"
-        ),
+impl Statements {
+    fn of(reserve: &str, finalize: &str, load: &str) -> Self {
+        Self {
+            reserve: reserve.to_owned(),
+            finalize: finalize.to_owned(),
+            load: load.to_owned(),
+        }
     }
 }
 
@@ -473,6 +341,11 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 .migrate()
                 .await?;
             let pool = store.pool().clone();
+            let statements = Statements::of(
+                store.sql(Operation::Reserve),
+                store.sql(Operation::Finalize),
+                store.sql(Operation::Load),
+            );
             sqlx::query(&format!("TRUNCATE \"{TABLE}\""))
                 .execute(&pool)
                 .await?;
@@ -480,7 +353,7 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 name,
                 store: Arc::new(store),
                 raw: Raw::Postgres(pool),
-                sql: postgres_statements(TABLE),
+                sql: statements,
             }
         }
         "MariaDB" => {
@@ -490,6 +363,11 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 .migrate()
                 .await?;
             let pool = store.pool().clone();
+            let statements = Statements::of(
+                store.sql(Operation::Reserve),
+                store.sql(Operation::Finalize),
+                store.sql(Operation::Load),
+            );
             sqlx::query(&format!("TRUNCATE TABLE `{TABLE}`"))
                 .execute(&pool)
                 .await?;
@@ -497,7 +375,7 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 name,
                 store: Arc::new(store),
                 raw: Raw::MySql(pool),
-                sql: mysql_statements(TABLE),
+                sql: statements,
             }
         }
         _ => {
@@ -507,11 +385,16 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 .migrate()
                 .await?;
             let pool = store.pool().clone();
+            let statements = Statements::of(
+                store.sql(Operation::Reserve),
+                store.sql(Operation::Finalize),
+                store.sql(Operation::Load),
+            );
             Db {
                 name,
                 store: Arc::new(store),
                 raw: Raw::Sqlite(pool),
-                sql: sqlite_statements(TABLE),
+                sql: statements,
             }
         }
     })
@@ -765,6 +648,8 @@ async fn reservation_latencies(
 }
 
 async fn fill_expired(pool: &sqlx::PgPool, rows: u64) -> Result<f64, BoxError> {
+    // Expired by the database clock, as the store reads it.
+    const PG_NOW: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
     let filled = Instant::now();
     sqlx::query(&format!("TRUNCATE \"{PURGE_TABLE}\""))
         .execute(pool)

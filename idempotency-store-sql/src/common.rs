@@ -125,6 +125,26 @@ impl RawRecord {
     }
 }
 
+/// A store operation whose SQL a store shows with `sql()`: for auditing what runs
+/// against your database, and for benchmarks that issue the very same statement raw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Insert if absent, or report the existing row.
+    Reserve,
+    /// Read a live record.
+    Load,
+    /// Extend a lease (fenced).
+    Renew,
+    /// Store the response (fenced).
+    Finalize,
+    /// Delete an in-flight record (fenced).
+    Release,
+    /// Take over a lapsed lease (fenced).
+    TakeOver,
+    /// Delete one batch of expired records.
+    Purge,
+}
+
 /// Pool settings for the `connect` constructors. Stores built with `new` use the
 /// caller's pool as it is.
 ///

@@ -262,7 +262,7 @@ mod postgres;
 mod sqlite;
 mod table;
 
-pub use common::PoolSettings;
+pub use common::{Operation, PoolSettings};
 pub use idempotency_core::store::{purge_all_expired, spawn_purge_task};
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;

@@ -12,8 +12,8 @@ use idempotency_core::{
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool};
 
 use crate::common::{
-    MAX_ATTEMPTS, PoolSettings, RawRecord, backend, millis, new_token, new_token_other_than,
-    ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
+    new_token_other_than, ownership, too_many_races,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -215,6 +215,20 @@ impl MySqlStore {
     /// The table the store uses.
     pub fn table_name(&self) -> &TableName {
         &self.table
+    }
+
+    /// The SQL this store runs for `operation`, exactly as it sends it.
+    pub fn sql(&self, operation: Operation) -> &str {
+        let sql = &self.sql;
+        match operation {
+            Operation::Reserve => &sql.reserve,
+            Operation::Load => &sql.load,
+            Operation::Renew => &sql.renew,
+            Operation::Finalize => &sql.finalize,
+            Operation::Release => &sql.release,
+            Operation::TakeOver => &sql.take_over,
+            Operation::Purge => &sql.purge,
+        }
     }
 
     /// Creates the table (with its expiry index declared inside `CREATE TABLE`, since

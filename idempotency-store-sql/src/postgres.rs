@@ -12,8 +12,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{FromRow, Row};
 
 use crate::common::{
-    MAX_ATTEMPTS, PoolSettings, RawRecord, backend, millis, new_token, new_token_other_than,
-    ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
+    new_token_other_than, ownership, too_many_races,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -204,6 +204,20 @@ impl PostgresStore {
     /// The table the store uses.
     pub fn table_name(&self) -> &TableName {
         &self.table
+    }
+
+    /// The SQL this store runs for `operation`, exactly as it sends it.
+    pub fn sql(&self, operation: Operation) -> &str {
+        let sql = &self.sql;
+        match operation {
+            Operation::Reserve => &sql.reserve,
+            Operation::Load => &sql.load,
+            Operation::Renew => &sql.renew,
+            Operation::Finalize => &sql.finalize,
+            Operation::Release => &sql.release,
+            Operation::TakeOver => &sql.take_over,
+            Operation::Purge => &sql.purge,
+        }
     }
 
     /// Creates the table and its expiry index if they do not exist.

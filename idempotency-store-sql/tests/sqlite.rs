@@ -170,3 +170,26 @@ async fn bad_table_names_are_rejected() {
         "idempotency_records"
     );
 }
+
+#[tokio::test]
+async fn shows_the_sql_it_runs_on_its_own_table() {
+    use idempotency_store_sql::Operation;
+    let (_dir, path) = temp_db();
+    let store = node(&path, "audited_records").await;
+    for operation in [
+        Operation::Reserve,
+        Operation::Load,
+        Operation::Renew,
+        Operation::Finalize,
+        Operation::Release,
+        Operation::TakeOver,
+        Operation::Purge,
+    ] {
+        assert!(
+            store.sql(operation).contains("\"audited_records\""),
+            "{operation:?}: {}",
+            store.sql(operation)
+        );
+    }
+    assert!(store.sql(Operation::Finalize).contains("fencing_token"));
+}
