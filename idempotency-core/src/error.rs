@@ -35,6 +35,9 @@ pub enum RejectionKind {
     StoreFull,
     /// The request ran, but its response was too large to store, so it cannot be replayed.
     ResponseNotStored,
+    /// The request ran, but its response body failed while the layer was reading it; the
+    /// key was released.
+    ResponseFailed,
 }
 
 impl RejectionKind {
@@ -51,6 +54,7 @@ impl RejectionKind {
             Self::StoreUnavailable => "store-unavailable",
             Self::StoreFull => "store-full",
             Self::ResponseNotStored => "response-not-stored",
+            Self::ResponseFailed => "response-failed",
         }
     }
 }

@@ -155,7 +155,10 @@ impl ErrorRenderer for IcebergErrorModel {
             RejectionKind::StoreUnavailable | RejectionKind::StoreFull => {
                 "ServiceUnavailableException"
             }
-            RejectionKind::ResponseNotStored => "CommitStateUnknownException",
+            // The request may have run: for a commit, its state is unknown to the client.
+            RejectionKind::ResponseNotStored | RejectionKind::ResponseFailed => {
+                "CommitStateUnknownException"
+            }
         };
         let body = serde_json::json!({
             "error": {

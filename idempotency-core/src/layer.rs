@@ -259,9 +259,12 @@ impl IdempotencyLayer {
     }
 
     /// The largest response body stored for replay (default 8 MiB, which fits the
-    /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is streamed
-    /// whole to its caller, never truncated; retries then get the
+    /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is still
+    /// delivered whole to its caller, never truncated (it is held in memory once, like
+    /// every keyed response); retries then get the
     /// [not-stored status](Self::with_not_stored_status) saying the request already ran.
+    /// Keep routes that stream large answers out of the layer with
+    /// [`with_routes`](Self::with_routes).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;

@@ -32,8 +32,10 @@
 //!    (scope, key); the [`ScopeExtractor`] says whose key it is.
 //! 3. **Reserve** atomically in the [`IdempotencyStore`]. One request wins; it owns the
 //!    key under a lease and a fencing token.
-//! 4. **Execute** the inner service on a task of its own, renewing the lease while it
-//!    runs. A client that disconnects does not cancel it.
+//! 4. **Execute** the inner service, renewing the lease while it runs. A client that
+//!    disconnects does not cancel it: the rest of the work moves to a task of its own.
+//!    The response body is read whole (it has to be stored); a response over the limit
+//!    is still delivered whole, but not stored.
 //! 5. **Classify.** 2xx and deterministic 4xx are **finalized**: status, allow-listed
 //!    headers and the whole body are stored. 5xx and 401, 403, 408, 419, 429 are
 //!    **released**: the key is freed so a retry runs again. A panic releases too.
@@ -85,7 +87,6 @@
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 
-mod body;
 pub mod error;
 mod future;
 pub mod iceberg;
@@ -98,7 +99,6 @@ pub mod store;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use body::ResponseBody;
 pub use error::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use future::ResponseFuture;
 pub use key::{KeyError, KeyFormat, OpaqueKey, UuidKey};

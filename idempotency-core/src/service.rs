@@ -2,12 +2,11 @@
 //! its answer and replays it to retries.
 
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
@@ -16,9 +15,8 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
 use crate::error::{Rejection, RejectionKind};
-use crate::future::ResponseFuture;
+use crate::future::{FinishOnDrop, ResponseFuture};
 use crate::iceberg;
 use crate::layer::Settings;
 use crate::policy::is_mutation;
@@ -68,6 +66,12 @@ pub struct ReservationHandle {
 }
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around an inner one.
+///
+/// Its responses have the inner service's own body type, so wrapping costs nothing on
+/// requests it passes through (and an axum `Router` wrapped whole can still be served
+/// with `axum::serve`). The answers it makes itself (replays, buffered and rendered
+/// bodies) are built with the body type's `From<Bytes>`: axum's `Body` and
+/// `http_body_util::Full<Bytes>` have it; map any other body to one of those first.
 pub struct Idempotency<S> {
     inner: S,
     settings: Arc<Settings>,
@@ -101,7 +105,7 @@ impl<S> Idempotency<S> {
     }
 }
 
-type Answer<ResBody, E> = Result<Response<ResponseBody<ResBody>>, E>;
+type Answer<ResBody, E> = Result<Response<ResBody>, E>;
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
 where
@@ -111,10 +115,10 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
@@ -129,7 +133,7 @@ where
             && iceberg::is_config_path(request.uri().path())
         {
             let answer = self.inner.call(request);
-            return ResponseFuture::boxed(Box::pin(advertise_lifetime(answer, settings.lifetime)));
+            return ResponseFuture::boxed(Box::pin(advertise_lifetime(settings.clone(), answer)));
         }
         if !is_mutation(request.method())
             || !settings
@@ -203,8 +207,8 @@ fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<Strin
     }
 }
 
-fn render<B>(settings: &Settings, rejection: &Rejection) -> Response<ResponseBody<B>> {
-    let mut response = settings.renderer.render(rejection).map(ResponseBody::full);
+fn render<B: From<Bytes>>(settings: &Settings, rejection: &Rejection) -> Response<B> {
+    let mut response = settings.renderer.render(rejection).map(B::from);
     if let Some(retry_after) = rejection.retry_after {
         let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
         response
@@ -217,12 +221,12 @@ fn render<B>(settings: &Settings, rejection: &Rejection) -> Response<ResponseBod
     response
 }
 
-fn reject<B, E>(settings: &Settings, rejection: Rejection) -> Answer<B, E> {
+fn reject<B: From<Bytes>, E>(settings: &Settings, rejection: Rejection) -> Answer<B, E> {
     Ok(render(settings, &rejection))
 }
 
-fn replay<B>(stored: StoredResponse) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::full(stored.body));
+fn replay<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
+    let mut response = Response::new(B::from(stored.body));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
@@ -307,7 +311,7 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
@@ -434,19 +438,20 @@ async fn store_failed<S, ReqBody, ResBody>(
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ReqBody: From<Bytes>,
+    ResBody: From<Bytes>,
 {
     if settings.fail_open && !matches!(error, StoreError::Full { .. }) {
         tracing::warn!(outcome = "ran-unprotected", key = %id, %error, "idempotency: store failed; running the request without protection (fail-open)");
-        let response = inner.call(request.map(ReqBody::from)).await?;
-        let mut response = response.map(ResponseBody::inner);
+        let mut response = inner.call(request.map(ReqBody::from)).await?;
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }
     reject(&settings, store_failure(&settings, id, error))
 }
 
-/// Runs the inner service as the key's owner, on a task of its own so that it finishes
-/// (and records its answer) even when the caller drops the response future.
+/// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
+/// (and records its answer) even when the caller drops the response future: the rest of
+/// the work then moves to a task of its own.
 async fn run_as_owner<S, ReqBody, ResBody>(
     settings: Arc<Settings>,
     inner: S,
@@ -460,25 +465,25 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: From<Bytes> + Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let tracker = settings.in_flight.clone();
-    let owner = tracker.spawn(own_the_key(settings, inner, request, id, token, outcome));
-    match owner.await {
-        Ok(answer) => answer,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(error) => {
-            panic!("idempotency: the task running a keyed request was cancelled: {error}")
-        }
-    }
+    FinishOnDrop::new(
+        &tracker,
+        own_the_key(settings, inner, request, id, token, outcome),
+    )
+    .await
 }
 
 /// How a response body ended up after buffering.
-enum Buffered<B> {
+enum Buffered {
+    /// The whole body, within the limit.
     Whole(Bytes),
-    TooLarge { prefix: Bytes, rest: Pin<Box<B>> },
-    Failed { prefix: Bytes, error: BoxError },
+    /// The whole body, over the limit: delivered, but not kept.
+    TooLarge(Bytes),
+    /// The body failed while it was read.
+    Failed(BoxError),
 }
 
 async fn own_the_key<S, ReqBody, ResBody>(
@@ -493,7 +498,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     ReqBody: From<Bytes>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     // Remembered only by the Iceberg profile, which keeps vended credentials out of the store.
@@ -528,11 +533,14 @@ where
     let status = parts.status;
     let releases = status.is_server_error() || settings.release_statuses.contains(&status);
     let (body, outcome) = match buffered {
-        Buffered::Failed { prefix, error } => {
+        Buffered::Failed(error) => {
             release(&settings, &id, token, "the response body failed").await;
-            (ResponseBody::failed(prefix, error), Outcome::Released)
+            tracing::warn!(outcome = "response-failed", key = %id, %error, "idempotency: the response body failed after the request ran");
+            let mut response = render(&settings, &response_failed(status));
+            response.extensions_mut().insert(Outcome::Released);
+            return Ok(response);
         }
-        _ if releases => {
+        Buffered::Whole(bytes) | Buffered::TooLarge(bytes) if releases => {
             release(
                 &settings,
                 &id,
@@ -540,12 +548,7 @@ where
                 "the response status releases the key",
             )
             .await;
-            let body = match buffered {
-                Buffered::Whole(bytes) => ResponseBody::full(bytes),
-                Buffered::TooLarge { prefix, rest } => ResponseBody::prefixed(prefix, rest),
-                Buffered::Failed { .. } => unreachable!("handled above"),
-            };
-            (body, Outcome::Released)
+            (bytes, Outcome::Released)
         }
         Buffered::Whole(bytes) => {
             let stored = StoredResponse {
@@ -567,22 +570,10 @@ where
                     .unwrap_or_else(|| bytes.clone()),
             };
             finalize(&settings, &id, token, &stored).await;
-            (ResponseBody::full(bytes), outcome)
+            (bytes, outcome)
         }
-        Buffered::TooLarge { prefix, rest } => {
-            let rejection = Rejection {
-                kind: RejectionKind::ResponseNotStored,
-                status: settings.not_stored_status,
-                message: format!(
-                    "the request with this Idempotency-Key already ran (status {}), but its \
-                     response was larger than the {} bytes kept for replay; read the \
-                     resource's current state instead of retrying",
-                    status.as_u16(),
-                    settings.max_response_body
-                ),
-                retry_after: None,
-            };
-            let rendered = settings.renderer.render(&rejection);
+        Buffered::TooLarge(bytes) => {
+            let rendered = settings.renderer.render(&not_stored(&settings, status));
             let stored = StoredResponse {
                 status: rendered.status().as_u16(),
                 headers: rendered
@@ -599,15 +590,43 @@ where
             };
             tracing::warn!(outcome = "not-stored", key = %id, limit = settings.max_response_body, "idempotency: response too large to store; retries will be told it already ran");
             finalize(&settings, &id, token, &stored).await;
-            (
-                ResponseBody::prefixed(prefix, rest),
-                Outcome::ExecutedNotStored,
-            )
+            (bytes, Outcome::ExecutedNotStored)
         }
     };
-    let mut response = Response::from_parts(parts, body);
+    let mut response = Response::from_parts(parts, ResBody::from(body));
     response.extensions_mut().insert(outcome);
     Ok(response)
+}
+
+/// What a retry is told when the first answer was too large to keep.
+fn not_stored(settings: &Settings, status: StatusCode) -> Rejection {
+    Rejection {
+        kind: RejectionKind::ResponseNotStored,
+        status: settings.not_stored_status,
+        message: format!(
+            "the request with this Idempotency-Key already ran (status {}), but its \
+             response was larger than the {} bytes kept for replay; read the resource's \
+             current state instead of retrying",
+            status.as_u16(),
+            settings.max_response_body
+        ),
+        retry_after: None,
+    }
+}
+
+/// What the caller is told when the inner service's response body failed mid-way.
+fn response_failed(status: StatusCode) -> Rejection {
+    Rejection {
+        kind: RejectionKind::ResponseFailed,
+        status: StatusCode::BAD_GATEWAY,
+        message: format!(
+            "the request ran (status {}), but its response body failed before it was \
+             complete; the key was released, so a retry with the same key runs the \
+             request again: check the resource's state first if running it twice matters",
+            status.as_u16()
+        ),
+        retry_after: None,
+    }
 }
 
 /// Replays a stored Iceberg answer. A table-loading answer was stored without its vended
@@ -618,11 +637,11 @@ async fn replay_with_fresh_credentials<S, ReqBody, ResBody>(
     mut inner: S,
     request: &Request<Bytes>,
     mut stored: StoredResponse,
-) -> Response<ResponseBody<ResBody>>
+) -> Response<ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ReqBody: From<Bytes>,
-    ResBody: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + From<Bytes>,
     ResBody::Error: Into<BoxError>,
 {
     let reload_path = (stored.status == 200)
@@ -667,31 +686,34 @@ where
 
 /// Adds `idempotency-key-lifetime` to a successful `GET /v1/config` answer.
 async fn advertise_lifetime<F, ResBody, E>(
+    settings: Arc<Settings>,
     answer: F,
-    lifetime: Duration,
-) -> Result<Response<ResponseBody<ResBody>>, E>
+) -> Result<Response<ResBody>, E>
 where
     F: Future<Output = Result<Response<ResBody>, E>>,
-    ResBody: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + From<Bytes>,
     ResBody::Error: Into<BoxError>,
 {
     const MAX_CONFIG_BODY: usize = 1024 * 1024;
     let (mut parts, body) = answer.await?.into_parts();
     if parts.status != StatusCode::OK {
-        return Ok(Response::from_parts(parts, ResponseBody::inner(body)));
+        return Ok(Response::from_parts(parts, body));
     }
     let body = match buffer(body, MAX_CONFIG_BODY).await {
-        Buffered::Whole(bytes) => match iceberg::add_lifetime_to_body(&bytes, lifetime) {
+        Buffered::Whole(bytes) => match iceberg::add_lifetime_to_body(&bytes, settings.lifetime) {
             Some(advertised) => {
                 parts.headers.remove(header::CONTENT_LENGTH);
-                ResponseBody::full(advertised)
+                advertised
             }
-            None => ResponseBody::full(bytes),
+            None => bytes,
         },
-        Buffered::TooLarge { prefix, rest } => ResponseBody::prefixed(prefix, rest),
-        Buffered::Failed { prefix, error } => ResponseBody::failed(prefix, error),
+        Buffered::TooLarge(bytes) => bytes,
+        Buffered::Failed(error) => {
+            tracing::warn!(%error, "idempotency: the config response body failed");
+            return Ok(render(&settings, &response_failed(parts.status)));
+        }
     };
-    Ok(Response::from_parts(parts, body))
+    Ok(Response::from_parts(parts, ResBody::from(body)))
 }
 
 /// Drives `work` while renewing the lease every third of its length. Losing the lease
@@ -724,35 +746,23 @@ async fn hold_lease<F: Future>(
     }
 }
 
-async fn buffer<B>(body: B, limit: usize) -> Buffered<B>
+/// Reads a response body whole. Trailers are dropped: replays carry status, headers and
+/// body only.
+async fn buffer<B>(body: B, limit: usize) -> Buffered
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let mut body = Box::pin(body);
-    let mut collected = BytesMut::new();
-    loop {
-        match body.frame().await {
-            None => return Buffered::Whole(collected.freeze()),
-            Some(Err(error)) => {
-                return Buffered::Failed {
-                    prefix: collected.freeze(),
-                    error: error.into(),
-                };
-            }
-            Some(Ok(frame)) => {
-                // Trailers are not stored: replays carry status, headers and body only.
-                if let Ok(data) = frame.into_data() {
-                    collected.extend_from_slice(&data);
-                    if collected.len() > limit {
-                        return Buffered::TooLarge {
-                            prefix: collected.freeze(),
-                            rest: body,
-                        };
-                    }
-                }
+    match body.collect().await {
+        Ok(collected) => {
+            let bytes = collected.to_bytes();
+            if bytes.len() > limit {
+                Buffered::TooLarge(bytes)
+            } else {
+                Buffered::Whole(bytes)
             }
         }
+        Err(error) => Buffered::Failed(error.into()),
     }
 }
 

@@ -861,3 +861,39 @@ async fn records_live_for_the_lifetime_plus_the_grace_period() {
     );
     assert_eq!(calls.count(), 2);
 }
+
+#[tokio::test]
+async fn a_response_body_that_fails_releases_the_key_and_says_so() {
+    use tower::Layer;
+    let calls = Calls::default();
+    let counted = calls.clone();
+    let service = tower::service_fn(move |_request: Request<Body>| {
+        counted.0.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let chunks: Vec<Result<&'static str, std::io::Error>> = vec![
+                Ok("{\"partial\":"),
+                Err(std::io::Error::other("disk went away")),
+            ];
+            Ok::<_, std::convert::Infallible>(Response::new(Body::from_stream(
+                futures_util::stream::iter(chunks),
+            )))
+        }
+    });
+    let store = MemoryStore::new();
+    let app = Router::new().fallback_service(IdempotencyLayer::new(store.clone()).layer(service));
+    let (status, _, body, outcome) = send(&app, keyed("POST", "/x", "k", "{}")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    assert_eq!(outcome, Some(Outcome::Released));
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["kind"], "response-failed");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("runs the request again")
+    );
+    assert!(store.load(&RecordId::new("", "k")).await.unwrap().is_none());
+    let (_, _, _, retried) = send(&app, keyed("POST", "/x", "k", "{}")).await;
+    assert_eq!(retried, Some(Outcome::Released));
+    assert_eq!(calls.count(), 2, "a released key runs again");
+}

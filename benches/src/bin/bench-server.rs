@@ -75,10 +75,7 @@ fn main() {
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
-        let app = match layer(&args).await {
-            Some(layer) => benches::app::layered(layer),
-            None => benches::app::bare(),
-        };
+        let layer = layer(&args).await;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .expect("bind the listen address");
@@ -90,6 +87,19 @@ fn main() {
         )
         .and_then(|()| stdout.flush())
         .expect("stdout");
-        axum::serve(listener, app).await.expect("serve");
+        // The layer wraps the whole app, as the README recommends (and as the Iceberg
+        // profile needs, to reload credentials through the router).
+        match layer {
+            Some(layer) => {
+                let app = tower::Layer::layer(&layer, benches::app::bare());
+                axum::serve(
+                    listener,
+                    axum::ServiceExt::<axum::extract::Request>::into_make_service(app),
+                )
+                .await
+            }
+            None => axum::serve(listener, benches::app::bare()).await,
+        }
+        .expect("serve");
     });
 }
