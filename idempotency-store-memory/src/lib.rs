@@ -1,6 +1,8 @@
 //! A single-process [`IdempotencyStore`] for development, tests and single-node services.
 //!
-//! Records live in a hash map behind a mutex. The store is bounded by `max_entries`
+//! Records live in hash tables behind mutexes, sharded by key so that requests on
+//! different keys rarely wait for each other and a growing table pauses only its own
+//! shard. The store is bounded by `max_entries`
 //! (default 10,000): when it is full of live records, a new reservation fails with
 //! [`StoreError::Full`] (the layer answers 503 with `Retry-After`) instead of evicting a
 //! record that a retry may still need. Expired records are dropped to make room first.
@@ -19,12 +21,14 @@
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, RecordState,
     Reservation, StoreError, StoredResponse,
@@ -35,6 +39,9 @@ use tokio::time::Instant;
 /// The default bound on live records.
 pub const DEFAULT_MAX_ENTRIES: usize = 10_000;
 
+/// Independent tables, each behind its own mutex.
+const SHARDS: usize = 16;
+
 /// An in-process idempotency store. Cheap to clone: clones share the same records.
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
@@ -43,22 +50,39 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Shared {
-    records: Mutex<HashMap<RecordId, Entry>>,
+    shards: Box<[Mutex<Shard>]>,
+    /// SipHash with random keys: the keys are chosen by clients, who must not be able to
+    /// aim many of them at one bucket.
+    hasher: RandomState,
+    /// Records held in all shards, expired ones not yet dropped included.
+    len: AtomicUsize,
     max_entries: usize,
     next_token: AtomicI64,
 }
 
+type Shard = HashTable<Slot>;
+
+/// A record's place in a table. The hash is kept so that a growing table never hashes a
+/// key again, and the record sits behind a pointer so that growing moves 16 bytes per
+/// record, not the whole record, while the shard's lock is held.
 #[derive(Debug)]
-struct Entry {
+struct Slot {
+    hash: u64,
+    record: Box<Record>,
+}
+
+#[derive(Debug)]
+struct Record {
+    id: RecordId,
     binding: Binding,
-    state: EntryState,
+    state: State,
     expires_at: Instant,
     /// Created when the first duplicate waits; woken whenever the record settles.
     waiters: Option<Arc<Notify>>,
 }
 
 #[derive(Debug)]
-enum EntryState {
+enum State {
     InFlight {
         token: FencingToken,
         lease_until: Instant,
@@ -66,14 +90,14 @@ enum EntryState {
     Completed(StoredResponse),
 }
 
-impl Entry {
+impl Record {
     fn to_record(&self, now: Instant) -> IdempotencyRecord {
         let state = match &self.state {
-            EntryState::InFlight { token, lease_until } => RecordState::InFlight {
+            State::InFlight { token, lease_until } => RecordState::InFlight {
                 token: *token,
                 lease_lapsed: *lease_until <= now,
             },
-            EntryState::Completed(response) => RecordState::Completed(response.clone()),
+            State::Completed(response) => RecordState::Completed(response.clone()),
         };
         IdempotencyRecord {
             binding: self.binding.clone(),
@@ -81,9 +105,13 @@ impl Entry {
         }
     }
 
-    fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
+    fn is_live(&self, now: Instant) -> bool {
         self.expires_at > now
-            && matches!(self.state, EntryState::InFlight { token: owner, .. } if owner == token)
+    }
+
+    fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
+        self.is_live(now)
+            && matches!(self.state, State::InFlight { token: owner, .. } if owner == token)
     }
 
     fn wake_waiters(&self) {
@@ -106,11 +134,15 @@ impl MemoryStore {
     }
 
     fn with_capacity_bound(max_entries: usize) -> Self {
+        // Sized up front for the usual bounds, so that the tables do not grow under load.
+        let per_shard = max_entries.min(1 << 16).div_ceil(SHARDS);
         Self {
             shared: Arc::new(Shared {
-                // Sized up front for the usual bounds, so that the table never rehashes
-                // (every record moved while the lock is held) under load.
-                records: Mutex::new(HashMap::with_capacity(max_entries.min(1 << 16))),
+                shards: (0..SHARDS)
+                    .map(|_| Mutex::new(HashTable::with_capacity(per_shard)))
+                    .collect(),
+                hasher: RandomState::new(),
+                len: AtomicUsize::new(0),
                 max_entries,
                 next_token: AtomicI64::new(1),
             }),
@@ -136,7 +168,7 @@ impl MemoryStore {
 
     /// How many records the store holds, expired ones not yet purged included.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.shared.len.load(Ordering::Acquire)
     }
 
     /// Whether the store holds no records.
@@ -144,18 +176,63 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<RecordId, Entry>> {
-        // A panic while holding the lock cannot leave a record half-written (every
-        // mutation is a single assignment), so a poisoned map is still consistent.
-        self.shared
-            .records
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The key's hash and its locked shard.
+    fn shard_of(&self, id: &RecordId) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.shared.hasher.hash_one(id);
+        // The table indexes buckets with the low bits and tags them with the top seven;
+        // the shard comes from bits neither uses for tables under 2^32 buckets.
+        let shard = (hash >> 32) as usize % SHARDS;
+        (hash, lock(&self.shared.shards[shard]))
     }
 
     fn new_token(&self) -> FencingToken {
         FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// Takes one unit of the bound for a new record, if any is left.
+    fn claim_room(&self) -> bool {
+        self.shared
+            .len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |len| {
+                (len < self.shared.max_entries).then_some(len + 1)
+            })
+            .is_ok()
+    }
+
+    /// Drops every expired record, waking whoever waits on one. Takes the shards' locks
+    /// one at a time, so it must be called without holding any.
+    fn drop_expired(&self, now: Instant, limit: usize) -> usize {
+        let mut dropped = 0;
+        for shard in self.shared.shards.iter() {
+            if dropped == limit {
+                break;
+            }
+            let mut table = lock(shard);
+            for slot in table
+                .extract_if(|slot| !slot.record.is_live(now))
+                .take(limit - dropped)
+            {
+                slot.record.wake_waiters();
+                dropped += 1;
+            }
+        }
+        self.shared.len.fetch_sub(dropped, Ordering::AcqRel);
+        dropped
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a record half-written (every mutation
+    // is a single assignment), so a poisoned shard is still consistent.
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn find<'a>(table: &'a mut Shard, hash: u64, id: &RecordId) -> Option<&'a mut Record> {
+    table
+        .find_mut(hash, |slot| slot.record.id == *id)
+        .map(|slot| &mut *slot.record)
 }
 
 #[async_trait]
@@ -168,51 +245,58 @@ impl IdempotencyStore for MemoryStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         let now = Instant::now();
-        let mut records = self.lock();
-        let waiters = match records.get_mut(id) {
-            Some(entry) if entry.expires_at > now => {
-                return Ok(Reservation::Exists(entry.to_record(now)));
-            }
-            // An expired record counts as absent; whoever waits on it is woken.
-            Some(expired) => {
-                expired.wake_waiters();
-                expired.waiters.take()
-            }
-            None => {
-                if records.len() >= self.shared.max_entries {
-                    records.retain(|_, entry| entry.expires_at > now);
-                    if records.len() >= self.shared.max_entries {
-                        return Err(StoreError::Full {
-                            max_entries: self.shared.max_entries,
-                        });
+        let fresh = |token, waiters| Record {
+            id: id.clone(),
+            binding: binding.clone(),
+            state: State::InFlight {
+                token,
+                lease_until: now + lease,
+            },
+            expires_at: now + lifetime,
+            waiters,
+        };
+        // A second pass only after making room by dropping expired records, which must
+        // happen with no shard locked.
+        for made_room in [false, true] {
+            let (hash, mut table) = self.shard_of(id);
+            match table.entry(hash, |slot| slot.record.id == *id, |slot: &Slot| slot.hash) {
+                TableEntry::Occupied(mut occupied) => {
+                    let record = &mut occupied.get_mut().record;
+                    if record.is_live(now) {
+                        return Ok(Reservation::Exists(record.to_record(now)));
+                    }
+                    // An expired record counts as absent; whoever waits on it is woken.
+                    record.wake_waiters();
+                    let token = self.new_token();
+                    **record = fresh(token, record.waiters.take());
+                    return Ok(Reservation::Reserved(token));
+                }
+                TableEntry::Vacant(vacant) => {
+                    if self.claim_room() {
+                        let token = self.new_token();
+                        let record = Box::new(fresh(token, None));
+                        vacant.insert(Slot { hash, record });
+                        return Ok(Reservation::Reserved(token));
+                    }
+                    if made_room {
+                        break;
                     }
                 }
-                None
             }
-        };
-        let token = self.new_token();
-        records.insert(
-            id.clone(),
-            Entry {
-                binding: binding.clone(),
-                state: EntryState::InFlight {
-                    token,
-                    lease_until: now + lease,
-                },
-                expires_at: now + lifetime,
-                waiters,
-            },
-        );
-        Ok(Reservation::Reserved(token))
+            drop(table);
+            self.drop_expired(now, usize::MAX);
+        }
+        Err(StoreError::Full {
+            max_entries: self.shared.max_entries,
+        })
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = Instant::now();
-        Ok(self
-            .lock()
-            .get(id)
-            .filter(|entry| entry.expires_at > now)
-            .map(|entry| entry.to_record(now)))
+        let (hash, mut table) = self.shard_of(id);
+        Ok(find(&mut table, hash, id)
+            .filter(|record| record.is_live(now))
+            .map(|record| record.to_record(now)))
     }
 
     async fn wait(
@@ -226,20 +310,20 @@ impl IdempotencyStore for MemoryStore {
             let waiters;
             let wake_at;
             {
-                let mut records = self.lock();
-                let entry = match records.get_mut(id) {
-                    Some(entry) if entry.expires_at > now => entry,
+                let (hash, mut table) = self.shard_of(id);
+                let record = match find(&mut table, hash, id) {
+                    Some(record) if record.is_live(now) => record,
                     _ => return Ok(None),
                 };
-                let lease_until = match entry.state {
-                    EntryState::InFlight { lease_until, .. } if lease_until > now => lease_until,
-                    _ => return Ok(Some(entry.to_record(now))),
+                let lease_until = match record.state {
+                    State::InFlight { lease_until, .. } if lease_until > now => lease_until,
+                    _ => return Ok(Some(record.to_record(now))),
                 };
                 if now >= deadline {
-                    return Ok(Some(entry.to_record(now)));
+                    return Ok(Some(record.to_record(now)));
                 }
-                wake_at = deadline.min(lease_until).min(entry.expires_at);
-                waiters = entry
+                wake_at = deadline.min(lease_until).min(record.expires_at);
+                waiters = record
                     .waiters
                     .get_or_insert_with(|| Arc::new(Notify::new()))
                     .clone();
@@ -263,10 +347,10 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
         let now = Instant::now();
-        let mut records = self.lock();
-        match records.get_mut(id) {
-            Some(entry) if entry.owned_by(token, now) => {
-                entry.state = EntryState::InFlight {
+        let (hash, mut table) = self.shard_of(id);
+        match find(&mut table, hash, id) {
+            Some(record) if record.owned_by(token, now) => {
+                record.state = State::InFlight {
                     token,
                     lease_until: now + lease,
                 };
@@ -283,11 +367,11 @@ impl IdempotencyStore for MemoryStore {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
         let now = Instant::now();
-        let mut records = self.lock();
-        match records.get_mut(id) {
-            Some(entry) if entry.owned_by(token, now) => {
-                entry.state = EntryState::Completed(response.clone());
-                entry.wake_waiters();
+        let (hash, mut table) = self.shard_of(id);
+        match find(&mut table, hash, id) {
+            Some(record) if record.owned_by(token, now) => {
+                record.state = State::Completed(response.clone());
+                record.wake_waiters();
                 Ok(Ownership::Held)
             }
             _ => Ok(Ownership::Lost),
@@ -296,11 +380,12 @@ impl IdempotencyStore for MemoryStore {
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
         let now = Instant::now();
-        let mut records = self.lock();
-        match records.get(id) {
-            Some(entry) if entry.owned_by(token, now) => {
-                entry.wake_waiters();
-                records.remove(id);
+        let (hash, mut table) = self.shard_of(id);
+        match table.find_entry(hash, |slot| slot.record.id == *id) {
+            Ok(occupied) if occupied.get().record.owned_by(token, now) => {
+                let (slot, _) = occupied.remove();
+                slot.record.wake_waiters();
+                self.shared.len.fetch_sub(1, Ordering::AcqRel);
                 Ok(Ownership::Held)
             }
             _ => Ok(Ownership::Lost),
@@ -314,41 +399,28 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
     ) -> Result<Option<FencingToken>, StoreError> {
         let now = Instant::now();
-        let mut records = self.lock();
-        let Some(entry) = records.get_mut(id) else {
+        let (hash, mut table) = self.shard_of(id);
+        let Some(record) = find(&mut table, hash, id) else {
             return Ok(None);
         };
         let lapsed_here = matches!(
-            entry.state,
-            EntryState::InFlight { token, lease_until } if token == lapsed && lease_until <= now
+            record.state,
+            State::InFlight { token, lease_until } if token == lapsed && lease_until <= now
         );
-        if !lapsed_here || entry.expires_at <= now {
+        if !lapsed_here || !record.is_live(now) {
             return Ok(None);
         }
         let token = self.new_token();
-        entry.state = EntryState::InFlight {
+        record.state = State::InFlight {
             token,
             lease_until: now + lease,
         };
-        entry.wake_waiters();
+        record.wake_waiters();
         Ok(Some(token))
     }
 
     async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
-        let now = Instant::now();
-        let mut records = self.lock();
-        let expired: Vec<RecordId> = records
-            .iter()
-            .filter(|(_, entry)| entry.expires_at <= now)
-            .map(|(id, _)| id.clone())
-            .take(batch_size)
-            .collect();
-        for id in &expired {
-            if let Some(entry) = records.remove(id) {
-                entry.wake_waiters();
-            }
-        }
-        Ok(expired.len() as u64)
+        Ok(self.drop_expired(Instant::now(), batch_size) as u64)
     }
 }
 
@@ -357,10 +429,11 @@ impl MemoryStore {
     /// waiter registered for notifications.
     fn settled_since(&self, id: &RecordId) -> bool {
         let now = Instant::now();
-        match self.lock().get(id) {
-            Some(entry) if entry.expires_at > now => !matches!(
-                entry.state,
-                EntryState::InFlight { lease_until, .. } if lease_until > now
+        let (hash, mut table) = self.shard_of(id);
+        match find(&mut table, hash, id) {
+            Some(record) if record.is_live(now) => !matches!(
+                record.state,
+                State::InFlight { lease_until, .. } if lease_until > now
             ),
             _ => true,
         }

@@ -77,3 +77,32 @@ async fn matches_the_reference_model_on_random_sequences() {
     let store = MemoryStore::new();
     idempotency_core::conformance::model::check_random_sequences(&store, 1_000, 300, 80).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_bound_holds_exactly_under_concurrent_reservations() {
+    let store = MemoryStore::new().with_max_entries(500);
+    let long = Duration::from_secs(60);
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut reserved = 0;
+                for i in 0..200 {
+                    let id = RecordId::new("", format!("t{task}-{i}"));
+                    match store.reserve(&id, &binding(), long, long).await {
+                        Ok(Reservation::Reserved(_)) => reserved += 1,
+                        Err(StoreError::Full { .. }) => {}
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                reserved
+            })
+        })
+        .collect();
+    let mut reserved = 0;
+    for task in tasks {
+        reserved += task.await.unwrap();
+    }
+    assert_eq!(reserved, 500, "1,600 distinct keys against a bound of 500");
+    assert_eq!(store.len(), 500);
+}
