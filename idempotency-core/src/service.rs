@@ -353,11 +353,12 @@ where
         }
     };
     let binding = Binding {
-        method: parts.method.to_string(),
+        method: parts.method.as_str().to_owned(),
         path: parts
             .uri
             .path_and_query()
-            .map_or_else(|| parts.uri.path().to_owned(), ToString::to_string),
+            .map_or_else(|| parts.uri.path(), |path| path.as_str())
+            .to_owned(),
         body_sha256: Sha256::digest(&body).into(),
     };
     let request = Request::from_parts(parts, body);
@@ -553,16 +554,15 @@ where
         Buffered::Whole(bytes) => {
             let stored = StoredResponse {
                 status: status.as_u16(),
-                headers: settings
-                    .replayed_headers
+                headers: parts
+                    .headers
                     .iter()
-                    .flat_map(|name| {
-                        parts.headers.get_all(name).iter().map(move |value| {
-                            (
-                                name.as_str().to_owned(),
-                                Bytes::copy_from_slice(value.as_bytes()),
-                            )
-                        })
+                    .filter(|(name, _)| settings.replayed_headers.contains(name))
+                    .map(|(name, value)| {
+                        (
+                            name.as_str().to_owned(),
+                            Bytes::copy_from_slice(value.as_bytes()),
+                        )
                     })
                     .collect(),
                 body: operation
