@@ -72,6 +72,20 @@ pub struct ReservationHandle {
 /// with `axum::serve`). The answers it makes itself (replays, buffered and rendered
 /// bodies) are built with the body type's `From<Bytes>`: axum's `Body` and
 /// `http_body_util::Full<Bytes>` have it; map any other body to one of those first.
+///
+/// ```no_run
+/// use axum::{Router, extract::Request, routing::post};
+/// use idempotency_core::IdempotencyLayer;
+/// use idempotency_store_memory::MemoryStore;
+/// use tower_layer::Layer;
+///
+/// # async fn serve() -> std::io::Result<()> {
+/// let router = Router::new().route("/orders", post(|| async { "created" }));
+/// let app = IdempotencyLayer::new(MemoryStore::new()).layer(router);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(app)).await
+/// # }
+/// ```
 pub struct Idempotency<S> {
     inner: S,
     settings: Arc<Settings>,
