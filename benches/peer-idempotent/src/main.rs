@@ -6,11 +6,13 @@
 
 use std::net::SocketAddr;
 
-use axum::Router;
+use axum::extract::Request;
+use axum::{Router, ServiceExt};
 use axum::http::StatusCode;
 use axum::routing::post;
 use idempotent::memory::MemoryStore;
 use idempotent::middleware::IdempotencyLayer;
+use tower_layer::Layer;
 
 /// The handler every benchmark server runs: the same bytes as `benches::app::create_order`.
 async fn create_order() -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
@@ -43,9 +45,9 @@ fn main() {
         let store = MemoryStore::builder()
             .try_build()
             .expect("idempotent memory store");
-        let app = Router::new()
-            .route("/orders", post(create_order))
-            .layer(IdempotencyLayer::new(store));
+        // Around the whole app, as `bench-server` wraps ours.
+        let app = IdempotencyLayer::new(store)
+            .layer(Router::new().route("/orders", post(create_order)));
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .expect("bind the listen address");
@@ -53,6 +55,8 @@ fn main() {
             "listening on {}",
             listener.local_addr().expect("local address")
         );
-        axum::serve(listener, app).await.expect("serve");
+        axum::serve(listener, ServiceExt::<Request>::into_make_service(app))
+            .await
+            .expect("serve");
     });
 }
