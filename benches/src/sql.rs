@@ -196,7 +196,7 @@ impl Db {
                 }
             }
             Raw::MySql(pool) => {
-                let done = sqlx::query(&self.sql.reserve)
+                let query = sqlx::query(&self.sql.reserve)
                     .bind("")
                     .bind(key)
                     .bind(&b.method)
@@ -204,13 +204,21 @@ impl Db {
                     .bind(sha)
                     .bind(token)
                     .bind(millis(LIFETIME))
-                    .bind(millis(LEASE))
-                    .execute(pool)
-                    .await?;
-                done.rows_affected() == 1 && done.last_insert_id() == 1
+                    .bind(millis(LEASE));
+                if self.sql.reserve.contains("RETURNING") {
+                    // MariaDB: the row comes back, reserved if it carries our token (the
+                    // fourth column; MariaDB sends no column names for RETURNING to a
+                    // prepared statement).
+                    query.fetch_one(pool).await?.try_get::<i64, _>(3)? == token
+                } else {
+                    // MySQL 8: the outcome is in the OK packet.
+                    let done = query.execute(pool).await?;
+                    done.rows_affected() == 1 && done.last_insert_id() == 1
+                }
             }
             Raw::Sqlite(pool) => {
-                let token: Option<i64> = sqlx::query_scalar(&self.sql.reserve)
+                // The row comes back whatever happened; reserved if it carries our token.
+                let row = sqlx::query(&self.sql.reserve)
                     .bind("")
                     .bind(key)
                     .bind(&b.method)
@@ -219,9 +227,9 @@ impl Db {
                     .bind(token)
                     .bind(millis(LEASE))
                     .bind(millis(LIFETIME))
-                    .fetch_optional(pool)
+                    .fetch_one(pool)
                     .await?;
-                token.is_some()
+                row.try_get::<i64, _>("fencing_token")? == token
             }
         })
     }
