@@ -164,43 +164,69 @@
 //! for it and then saw the conflict). The statement then returns no row, and the store
 //! reads the row with a second query; if that row is gone again, it retries (bounded).
 //!
-//! MySQL / MariaDB (no `INSERT IGNORE`, which would turn unrelated errors into warnings):
+//! MySQL / MariaDB, one upsert (no `INSERT IGNORE`, which would turn unrelated errors
+//! into warnings) that inserts, replaces an expired row, or leaves a live row as it is:
 //!
 //! ```sql
 //! INSERT INTO t (scope, idempotency_key, method, path, body_sha256, fencing_token,
 //!                created_at_ms, expires_at_ms, lease_expires_at_ms,
 //!                response_status, response_headers, response_body)
-//! VALUES (?, ?, ?, ?, ?, ?, IF(LAST_INSERT_ID(1) = 1, <now>, NULL),
-//!         <now> + ?lifetime, <now> + ?lease, NULL, NULL, NULL)
+//! VALUES (?, ?, ?, ?, ?, ?, <created>, <now> + ?lifetime, <now> + ?lease, NULL, NULL, NULL)
 //! ON DUPLICATE KEY UPDATE
 //!     method = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(method), method),
 //!     ...  -- path, body_sha256, created_at_ms, lease_expires_at_ms likewise
 //!     fencing_token = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(fencing_token),
-//!                        IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)),
+//!                        <kept token>),
 //!     response_status = IF(expires_at_ms <= VALUES(created_at_ms), NULL, response_status),
 //!     ...  -- response_headers, response_body likewise
 //!     expires_at_ms = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(expires_at_ms),
 //!                        expires_at_ms)  -- last: assignments see earlier ones
+//! <returning>
 //! ```
 //!
-//! The outcome is read from the OK packet: 2 affected rows means an expired row was
-//! replaced; 1 affected row with `LAST_INSERT_ID` 1 means inserted; `LAST_INSERT_ID` 2
-//! means a live row was found and left unchanged (sqlx connects with
-//! `CLIENT_FOUND_ROWS`, so an unchanged row counts as 1, which alone could not be told
-//! apart from an insert). Only then does a `SELECT` read the existing row. InnoDB
-//! deadlocks (error 1213, the statement was rolled back whole) are retried, bounded.
+//! The two servers differ in how the store learns the outcome; the store asks the server
+//! which it is (`SELECT VERSION()`) once, when it connects or migrates or at its first
+//! reserve, and `sql(Operation::Reserve)` shows the statement for that server.
+//!
+//! - **MariaDB** (10.5+ has `INSERT … RETURNING`): `<created>` is `<now>`, `<kept token>`
+//!   is `fencing_token`, and `<returning>` is `RETURNING` with the columns `load` selects,
+//!   which hands back the row as it stands after the statement. Fencing tokens are 64
+//!   random bits, so the row carries the token the store just proposed exactly when it
+//!   reserved (a live row holding that same token is a 1-in-2^64 chance); otherwise it is
+//!   the live record. One statement whatever the key holds. (MariaDB sends no column
+//!   names for `RETURNING` to a prepared statement, so the row is decoded by position.)
+//! - **MySQL 8** (no `RETURNING`): `<created>` is `IF(LAST_INSERT_ID(1) = 1, <now>,
+//!   NULL)`, `<kept token>` is `IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)`, and there
+//!   is no `<returning>`. The outcome is read from the OK packet: 2 affected rows means an
+//!   expired row was replaced; 1 affected row with `LAST_INSERT_ID` 1 means inserted;
+//!   `LAST_INSERT_ID` 2 means a live row was found and left unchanged (sqlx connects with
+//!   `CLIENT_FOUND_ROWS`, so an unchanged row counts as 1, which alone could not be told
+//!   apart from an insert). Only then does a `SELECT` read the existing row.
+//!
+//! A live row is left unchanged, so InnoDB writes nothing for a replay. InnoDB deadlocks
+//! (error 1213, the statement was rolled back whole) are retried, bounded.
 //!
 //! SQLite:
 //!
 //! ```sql
 //! INSERT INTO t (...) VALUES (?1, ?2, ?3, ?4, ?5, ?6, <now>, <now> + ?8, <now> + ?7,
 //!                             NULL, NULL, NULL)
-//! ON CONFLICT (scope, idempotency_key) DO UPDATE SET <every column from excluded>
-//! WHERE t.expires_at_ms <= excluded.created_at_ms
-//! RETURNING fencing_token
+//! ON CONFLICT (scope, idempotency_key) DO UPDATE SET fencing_token = fencing_token
+//! RETURNING method, path, body_sha256, fencing_token, lease_expires_at_ms,
+//!           <now> AS now_ms, response_status, response_headers, response_body,
+//!           expires_at_ms
 //! ```
 //!
-//! and, when it returns nothing, a `SELECT` of the live row.
+//! The self-assignment is there because only an inserted or updated row comes back from
+//! `RETURNING`; it leaves the row byte for byte as it was, and SQLite writes no page for
+//! a cell that comes out unchanged, so a replay writes nothing. The row carries the
+//! proposed token when the store reserved; otherwise it is the existing row, which is the
+//! answer while it is live. An expired row is replaced by a second statement, `UPDATE …
+//! WHERE expires_at_ms <= <now>` (replacing it inside the upsert would assign the indexed
+//! `expires_at_ms` on every replay, and SQLite rewrites an index entry whenever its
+//! column is assigned, even to the same value: a page written and synced per replay, 8–10×
+//! slower in the benchmark); if another request replaced it first, the reserve starts
+//! over.
 //!
 //! **Finalize**, **renew**, **release** and **take over** are each one conditional
 //! statement that matches only the row the token owns, still in flight and not expired;
@@ -232,18 +258,20 @@
 //! | operation | PostgreSQL | MySQL / MariaDB | SQLite (no network) |
 //! | --- | --- | --- | --- |
 //! | reserve, key free | 1 | 1 | 1 |
-//! | reserve, key expired but not purged | 2 | 1 | 1 |
-//! | reserve, key live (replay, in flight, conflict) | 1 | 2 (insert, then select) | 2 |
+//! | reserve, key expired but not purged | 2 | 1 | 2 |
+//! | reserve, key live (replay, in flight, conflict) | 1 | MariaDB 1; MySQL 8: 2 (upsert, then select) | 1 |
 //! | load / one poll of `wait` | 1 | 1 | 1 |
 //! | finalize, renew, release, take over | 1 | 1 | 1 |
 //! | purge, per batch | 1 | 1 | 1 |
 //! | migrate | 4 (begin + lock, DDL, commit) | 1 | 3 |
 //!
 //! Rare races add a bounded number of round trips: on PostgreSQL a reserve whose
-//! snapshot missed a concurrently inserted row reads it with one more query; on every
-//! backend a row released or purged between the two statements of a reserve sends it
-//! around again. `wait` polls `load` with a bounded backoff (5 ms doubling to 200 ms),
-//! since a SQL database cannot notify waiters on other nodes.
+//! snapshot missed a concurrently inserted row reads it with one more query; wherever a
+//! reserve takes two statements (an expired row on PostgreSQL and SQLite, a live row on
+//! MySQL 8), a row changed by another request between the two sends it around again.
+//! `wait` polls `load` with a bounded backoff (5 ms doubling to 200 ms), since a SQL
+//! database cannot notify waiters on other nodes. A `MySqlStore` also sends one
+//! `SELECT VERSION()` in its life (at `connect`, `migrate` or its first reserve).
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 // Built without any backend, only the configuration and the memory store remain.

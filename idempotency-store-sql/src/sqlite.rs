@@ -10,6 +10,7 @@ use idempotency_core::{
     StoreError, StoredResponse,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+use sqlx::{FromRow, Row};
 
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
@@ -49,6 +50,7 @@ pub struct SqliteStore {
 struct Statements {
     migrate: String,
     reserve: String,
+    replace_expired: String,
     load: String,
     renew: String,
     finalize: String,
@@ -64,6 +66,11 @@ impl Statements {
         let owned = format!(
             "scope = ?1 AND idempotency_key = ?2 AND fencing_token = ?3 \
              AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
+        );
+        // A record as `RawRecord` decodes it.
+        let record_columns = format!(
+            "method, path, body_sha256, fencing_token, lease_expires_at_ms,
+             {NOW_MS} AS now_ms, response_status, response_headers, response_body"
         );
         Self {
             migrate: format!(
@@ -84,6 +91,13 @@ impl Statements {
                 );
                 CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);"
             ),
+            // DO UPDATE, not DO NOTHING, because only an updated row comes back from
+            // RETURNING; the assignment leaves the row byte for byte as it was, and SQLite
+            // writes no page for a cell that comes out unchanged, so a replay writes
+            // nothing. Every column is left alone on purpose: assigning the indexed
+            // expires_at_ms, even to its own value, rewrites its index entry (one page
+            // written and synced per replay), so an expired row is replaced by
+            // `replace_expired` instead.
             reserve: format!(
                 "INSERT INTO {t}
                     (scope, idempotency_key, method, path, body_sha256, fencing_token,
@@ -92,22 +106,19 @@ impl Statements {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6,
                          {NOW_MS}, {NOW_MS} + ?8, {NOW_MS} + ?7, NULL, NULL, NULL)
                  ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-                    method = excluded.method,
-                    path = excluded.path,
-                    body_sha256 = excluded.body_sha256,
-                    fencing_token = excluded.fencing_token,
-                    created_at_ms = excluded.created_at_ms,
-                    expires_at_ms = excluded.expires_at_ms,
-                    lease_expires_at_ms = excluded.lease_expires_at_ms,
-                    response_status = NULL,
-                    response_headers = NULL,
-                    response_body = NULL
-                 WHERE {t}.expires_at_ms <= excluded.created_at_ms
-                 RETURNING fencing_token"
+                    fencing_token = fencing_token
+                 RETURNING {record_columns}, expires_at_ms"
+            ),
+            replace_expired: format!(
+                "UPDATE {t} SET
+                    method = ?3, path = ?4, body_sha256 = ?5, fencing_token = ?6,
+                    created_at_ms = {NOW_MS}, expires_at_ms = {NOW_MS} + ?8,
+                    lease_expires_at_ms = {NOW_MS} + ?7,
+                    response_status = NULL, response_headers = NULL, response_body = NULL
+                 WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms <= {NOW_MS}"
             ),
             load: format!(
-                "SELECT method, path, body_sha256, fencing_token, lease_expires_at_ms,
-                        {NOW_MS} AS now_ms, response_status, response_headers, response_body
+                "SELECT {record_columns}
                  FROM {t}
                  WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {NOW_MS}"
             ),
@@ -254,27 +265,42 @@ impl IdempotencyStore for SqliteStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
+        // The upsert returns the row as it stands after it ran: ours if it inserted
+        // (tokens are 64 random bits, so a live row holding the very token we just drew
+        // is a 1-in-2^64 chance), else the existing row, untouched. A live one is the
+        // answer; an expired one is replaced by a second, conditional statement, unless
+        // another request replaced (or purge removed) it first, and then we look again.
         for _ in 0..MAX_ATTEMPTS {
             let token = new_token();
-            let reserved: Option<i64> = sqlx::query_scalar(&self.sql.reserve)
-                .bind(&id.scope)
-                .bind(&id.key)
-                .bind(&binding.method)
-                .bind(&binding.path)
-                .bind(&binding.body_sha256[..])
-                .bind(token.0)
-                .bind(millis(lease))
-                .bind(millis(lifetime))
-                .fetch_optional(&self.pool)
+            let bind = |sql| {
+                sqlx::query(sql)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(&binding.method)
+                    .bind(&binding.path)
+                    .bind(&binding.body_sha256[..])
+                    .bind(token.0)
+                    .bind(millis(lease))
+                    .bind(millis(lifetime))
+            };
+            let row = bind(&self.sql.reserve)
+                .fetch_one(&self.pool)
                 .await
                 .map_err(backend)?;
-            if reserved.is_some() {
+            let raw = RawRecord::from_row(&row).map_err(backend)?;
+            if raw.fencing_token == token.0 {
                 return Ok(Reservation::Reserved(token));
             }
-            // A live row holds the key; read it. If it went away in between (released
-            // or purged), try the insert again.
-            if let Some(record) = self.load(id).await? {
-                return Ok(Reservation::Exists(record));
+            let expires_at_ms: i64 = row.try_get("expires_at_ms").map_err(backend)?;
+            if expires_at_ms > raw.now_ms {
+                return Ok(Reservation::Exists(raw.into_record()?));
+            }
+            let replaced = bind(&self.sql.replace_expired)
+                .execute(&self.pool)
+                .await
+                .map_err(backend)?;
+            if replaced.rows_affected() == 1 {
+                return Ok(Reservation::Reserved(token));
             }
         }
         Err(too_many_races("reserve"))
