@@ -281,6 +281,17 @@ async fn another_scope_never_sees_the_replay() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_response_future_still_finalizes() {
+    dropped_response_future_finalizes().await;
+}
+
+/// The owner runs in the caller's task until the caller drops it; then it must move to a
+/// task of its own on whatever runtime is running, a single-threaded one included.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_response_future_still_finalizes_on_a_current_thread_runtime() {
+    dropped_response_future_finalizes().await;
+}
+
+async fn dropped_response_future_finalizes() {
     let calls = Calls::default();
     let store = MemoryStore::new();
     let app = layered(IdempotencyLayer::new(store.clone()), &calls);
