@@ -13,6 +13,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 use tower_service::Service;
 
 use crate::error::{Rejection, RejectionKind};
@@ -730,31 +731,43 @@ where
     Ok(Response::from_parts(parts, ResBody::from(body)))
 }
 
-/// Drives `work` while renewing the lease every third of its length. Losing the lease
-/// does not stop the work: the request is already running, and the store's fencing keeps
-/// the stale owner from overwriting the new one.
+/// Drives `work` while its lease is renewed every third of the lease's length.
+///
+/// The renewal runs on a task of its own, so the lease is kept even while nobody polls
+/// `work` (a caller may hold the response future for a while without polling it). It
+/// starts only if `work` does not finish on its first poll, and stops when `work` ends or
+/// is dropped. Losing the lease does not stop the work: the request is already running,
+/// and the store's fencing keeps the stale owner from overwriting the new one.
 async fn hold_lease<F: Future>(
-    settings: &Settings,
+    settings: &Arc<Settings>,
     id: &RecordId,
     token: FencingToken,
     work: F,
 ) -> F::Output {
-    let period = settings.lease / 3;
-    let mut renewing = true;
-    tokio::pin!(work);
+    let mut work = std::pin::pin!(work);
+    let first_poll = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    if let Poll::Ready(output) = first_poll {
+        return output;
+    }
+    let _renewing = AbortOnDropHandle::new(tokio::spawn(renew_lease(
+        settings.clone(),
+        id.clone(),
+        token,
+    )));
+    work.await
+}
+
+async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
     loop {
-        tokio::select! {
-            biased;
-            output = &mut work => return output,
-            () = tokio::time::sleep(period), if renewing => {
-                match settings.store.renew(id, token, settings.lease).await {
-                    Ok(Ownership::Held) => {}
-                    Ok(Ownership::Lost) => {
-                        renewing = false;
-                        tracing::warn!(outcome = "lost-ownership", key = %id, "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
-                    }
-                    Err(error) => tracing::warn!(outcome = "store-error", key = %id, %error, "idempotency: renewing the lease failed; will retry"),
-                }
+        tokio::time::sleep(settings.lease / 3).await;
+        match settings.store.renew(&id, token, settings.lease).await {
+            Ok(Ownership::Held) => {}
+            Ok(Ownership::Lost) => {
+                tracing::warn!(outcome = "lost-ownership", key = %id, "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(outcome = "store-error", key = %id, %error, "idempotency: renewing the lease failed; will retry")
             }
         }
     }

@@ -908,3 +908,35 @@ async fn a_response_body_that_fails_releases_the_key_and_says_so() {
     assert_eq!(retried, Some(Outcome::Released));
     assert_eq!(calls.count(), 2, "a released key runs again");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owner_keeps_its_lease_while_its_caller_does_not_poll_it() {
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .with_lease(Duration::from_millis(150))
+        .with_in_flight_wait(Duration::from_millis(200));
+    let app = layered(layer, &calls);
+    let mut first = Box::pin(app.clone().oneshot(slow_keyed("unpolled", 300)));
+    // Poll until the handler has started, then hold the future for three leases unpolled.
+    while calls.count() == 0 {
+        let _ = futures_util::poll!(first.as_mut());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let retry = send(&app, slow_keyed("unpolled", 10)).await;
+    assert_eq!(
+        retry.3,
+        Some(Outcome::Rejected(idempotency_core::RejectionKind::InFlight)),
+        "the retry must not take over a lease its owner still renews"
+    );
+    let first = first.await.unwrap();
+    assert_eq!(
+        first.extensions().get::<Outcome>(),
+        Some(&Outcome::Executed)
+    );
+    assert_eq!(
+        send(&app, slow_keyed("unpolled", 10)).await.3,
+        Some(Outcome::Replayed)
+    );
+    assert_eq!(calls.count(), 1);
+}
