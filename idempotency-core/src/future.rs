@@ -133,7 +133,8 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
             // lease lapses and a retry takes it over.
             Err(_) => tracing::warn!(
                 "idempotency: a running request was dropped outside a tokio runtime; its \
-                 key stays reserved until the lease lapses"
+                 key stays reserved until the lease lapses. Drive the Idempotency service's \
+                 futures inside a tokio runtime"
             ),
         }
     }

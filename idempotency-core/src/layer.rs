@@ -434,8 +434,8 @@ impl<S> Layer<S> for IdempotencyLayer {
     }
 }
 
-/// The keyed requests a layer is running. Their inner calls run on tasks of their own,
-/// so they finish even when the client goes away; wait for them before exiting.
+/// The keyed requests a layer is running. A request whose client goes away is moved to a
+/// task of its own and still finishes; wait for them before exiting.
 #[derive(Clone, Debug)]
 pub struct InFlightRequests {
     tracker: TaskTracker,

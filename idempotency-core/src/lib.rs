@@ -38,7 +38,10 @@
 //!    is still delivered whole, but not stored.
 //! 5. **Classify.** 2xx and deterministic 4xx are **finalized**: status, allow-listed
 //!    headers and the whole body are stored. 5xx and 401, 403, 408, 419, 429 are
-//!    **released**: the key is freed so a retry runs again. A panic releases too.
+//!    **released**: the key is freed so a retry runs again. A panic releases too. A
+//!    response body that fails half way gets the caller a 502; the key is released if the
+//!    status releases it, and otherwise kept as "already ran", like a response too large
+//!    to store.
 //! 6. **Replay.** A retry with the same binding gets the stored answer byte for byte,
 //!    with `idempotent-replayed: true`; the inner service is not called. A retry with
 //!    another binding gets 422. A retry that arrives while the first is running waits

@@ -45,7 +45,8 @@ pub enum Outcome {
     TookOver,
     /// The request ran, and its answer released the key (5xx, 401, 429, …).
     Released,
-    /// The request ran but its answer was too large to store.
+    /// The request ran but its answer could not be stored (too large, or its body failed);
+    /// retries are told it already ran.
     ExecutedNotStored,
     /// The stored answer of an earlier request was replayed; nothing ran.
     Replayed,
@@ -549,11 +550,22 @@ where
     let status = parts.status;
     let releases = status.is_server_error() || settings.release_statuses.contains(&status);
     let (body, outcome) = match buffered {
-        Buffered::Failed(error) => {
+        // The answer is lost. A status that releases the key releases it as usual; any
+        // other means the mutation most likely happened, so the key is kept, recorded as
+        // "already ran", and the caller is told so instead of getting half a body.
+        Buffered::Failed(error) if releases => {
             release(&settings, &id, token, "the response body failed").await;
-            tracing::warn!(outcome = "response-failed", key = %id, %error, "idempotency: the response body failed after the request ran");
-            let mut response = render(&settings, &response_failed(status));
+            tracing::warn!(outcome = "response-failed", key = %id, %error, "idempotency: the response body failed; the status releases the key");
+            let mut response = render(&settings, &response_failed(status, true));
             response.extensions_mut().insert(Outcome::Released);
+            return Ok(response);
+        }
+        Buffered::Failed(error) => {
+            tracing::warn!(outcome = "response-failed", key = %id, %error, "idempotency: the response body failed after the request ran; retries will be told it already ran");
+            let why = "its response failed before it could be stored";
+            finalize_rendered(&settings, &id, token, &not_stored(&settings, status, why)).await;
+            let mut response = render(&settings, &response_failed(status, false));
+            response.extensions_mut().insert(Outcome::ExecutedNotStored);
             return Ok(response);
         }
         Buffered::Whole(bytes) | Buffered::TooLarge(bytes) if releases => {
@@ -588,23 +600,12 @@ where
             (bytes, outcome)
         }
         Buffered::TooLarge(bytes) => {
-            let rendered = settings.renderer.render(&not_stored(&settings, status));
-            let stored = StoredResponse {
-                status: rendered.status().as_u16(),
-                headers: rendered
-                    .headers()
-                    .iter()
-                    .map(|(name, value)| {
-                        (
-                            name.as_str().to_owned(),
-                            Bytes::copy_from_slice(value.as_bytes()),
-                        )
-                    })
-                    .collect(),
-                body: rendered.into_body(),
-            };
             tracing::warn!(outcome = "not-stored", key = %id, limit = settings.max_response_body, "idempotency: response too large to store; retries will be told it already ran");
-            finalize(&settings, &id, token, &stored).await;
+            let why = format!(
+                "its response was larger than the {} bytes kept for replay",
+                settings.max_response_body
+            );
+            finalize_rendered(&settings, &id, token, &not_stored(&settings, status, &why)).await;
             (bytes, Outcome::ExecutedNotStored)
         }
     };
@@ -613,31 +614,60 @@ where
     Ok(response)
 }
 
-/// What a retry is told when the first answer was too large to keep.
-fn not_stored(settings: &Settings, status: StatusCode) -> Rejection {
+/// What a retry is told when the first answer ran but could not be kept, and `why`.
+fn not_stored(settings: &Settings, status: StatusCode, why: &str) -> Rejection {
     Rejection {
         kind: RejectionKind::ResponseNotStored,
         status: settings.not_stored_status,
         message: format!(
-            "the request with this Idempotency-Key already ran (status {}), but its \
-             response was larger than the {} bytes kept for replay; read the resource's \
-             current state instead of retrying",
-            status.as_u16(),
-            settings.max_response_body
+            "the request with this Idempotency-Key already ran (status {}), but {why}; read \
+             the resource's current state instead of retrying",
+            status.as_u16()
         ),
         retry_after: None,
     }
 }
 
-/// What the caller is told when the inner service's response body failed mid-way.
-fn response_failed(status: StatusCode) -> Rejection {
+/// Stores a rendered rejection as the key's answer, for every retry to get.
+async fn finalize_rendered(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    rejection: &Rejection,
+) {
+    let rendered = settings.renderer.render(rejection);
+    let stored = StoredResponse {
+        status: rendered.status().as_u16(),
+        headers: rendered
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    Bytes::copy_from_slice(value.as_bytes()),
+                )
+            })
+            .collect(),
+        body: rendered.into_body(),
+    };
+    finalize(settings, id, token, &stored).await;
+}
+
+/// What the caller is told when the inner service's response body failed mid-way, and
+/// whether the key was `released`.
+fn response_failed(status: StatusCode, released: bool) -> Rejection {
+    let next = if released {
+        "the key was released, so a retry with the same key runs the request again"
+    } else {
+        "the key is kept, so a retry with the same key is told the request already ran; \
+         read the resource's current state to see its result"
+    };
     Rejection {
         kind: RejectionKind::ResponseFailed,
         status: StatusCode::BAD_GATEWAY,
         message: format!(
             "the request ran (status {}), but its response body failed before it was \
-             complete; the key was released, so a retry with the same key runs the \
-             request again: check the resource's state first if running it twice matters",
+             complete; {next}",
             status.as_u16()
         ),
         retry_after: None,
@@ -725,7 +755,16 @@ where
         Buffered::TooLarge(bytes) => bytes,
         Buffered::Failed(error) => {
             tracing::warn!(%error, "idempotency: the config response body failed");
-            return Ok(render(&settings, &response_failed(parts.status)));
+            let rejection = Rejection {
+                kind: RejectionKind::ResponseFailed,
+                status: StatusCode::BAD_GATEWAY,
+                message: format!(
+                    "the catalog's configuration response failed before it was complete \
+                     ({error}); request the configuration again"
+                ),
+                retry_after: None,
+            };
+            return Ok(render(&settings, &rejection));
         }
     };
     Ok(Response::from_parts(parts, ResBody::from(body)))

@@ -873,30 +873,77 @@ async fn records_live_for_the_lifetime_plus_the_grace_period() {
     assert_eq!(calls.count(), 2);
 }
 
-#[tokio::test]
-async fn a_response_body_that_fails_releases_the_key_and_says_so() {
+/// A service whose answer has the status of its `x-status` header and a body that fails
+/// half way, behind the layer, with its call count.
+fn failing_body_app(store: MemoryStore) -> (Router, Calls) {
     use tower::Layer;
     let calls = Calls::default();
     let counted = calls.clone();
-    let service = tower::service_fn(move |_request: Request<Body>| {
+    let service = tower::service_fn(move |request: Request<Body>| {
         counted.0.fetch_add(1, Ordering::SeqCst);
+        let status: u16 = request.headers()["x-status"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         async move {
             let chunks: Vec<Result<&'static str, std::io::Error>> = vec![
                 Ok("{\"partial\":"),
                 Err(std::io::Error::other("disk went away")),
             ];
-            Ok::<_, std::convert::Infallible>(Response::new(Body::from_stream(
-                futures_util::stream::iter(chunks),
-            )))
+            let mut response = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+            *response.status_mut() = StatusCode::from_u16(status).unwrap();
+            Ok::<_, std::convert::Infallible>(response)
         }
     });
-    let store = MemoryStore::new();
-    let app = Router::new().fallback_service(IdempotencyLayer::new(store.clone()).layer(service));
-    let (status, _, body, outcome) = send(&app, keyed("POST", "/x", "k", "{}")).await;
+    let app = Router::new().fallback_service(IdempotencyLayer::new(store).layer(service));
+    (app, calls)
+}
+
+fn with_status(mut request: Request<Body>, status: &'static str) -> Request<Body> {
+    request
+        .headers_mut()
+        .insert("x-status", status.parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn a_response_body_that_fails_after_a_success_keeps_the_key_as_already_ran() {
+    let (app, calls) = failing_body_app(MemoryStore::new());
+    let request = || with_status(keyed("POST", "/x", "k", "{}"), "201");
+    let (status, _, body, outcome) = send(&app, request()).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY);
-    assert_eq!(outcome, Some(Outcome::Released));
+    assert_eq!(outcome, Some(Outcome::ExecutedNotStored));
     let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(problem["kind"], "response-failed");
+    assert!(problem["detail"].as_str().unwrap().contains("already ran"));
+    let (status, _, body, outcome) = send(&app, request()).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CONFLICT, Some(Outcome::Replayed))
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["kind"], "response-not-stored");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("already ran (status 201)")
+    );
+    assert_eq!(calls.count(), 1, "the mutation must not run again");
+}
+
+#[tokio::test]
+async fn a_response_body_that_fails_after_a_server_error_releases_the_key() {
+    let store = MemoryStore::new();
+    let (app, calls) = failing_body_app(store.clone());
+    let request = || with_status(keyed("POST", "/x", "k", "{}"), "503");
+    let (status, _, body, outcome) = send(&app, request()).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::BAD_GATEWAY, Some(Outcome::Released))
+    );
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert!(
         problem["detail"]
             .as_str()
@@ -904,8 +951,7 @@ async fn a_response_body_that_fails_releases_the_key_and_says_so() {
             .contains("runs the request again")
     );
     assert!(store.load(&RecordId::new("", "k")).await.unwrap().is_none());
-    let (_, _, _, retried) = send(&app, keyed("POST", "/x", "k", "{}")).await;
-    assert_eq!(retried, Some(Outcome::Released));
+    assert_eq!(send(&app, request()).await.3, Some(Outcome::Released));
     assert_eq!(calls.count(), 2, "a released key runs again");
 }
 
