@@ -335,16 +335,15 @@ impl MySqlStore {
     ) -> Result<Reservation, StoreError> {
         let token = new_token();
         let row = retry_deadlocks(|| {
-            sqlx::query(&self.sql.reserve_returning)
-                .bind(&id.scope)
-                .bind(&id.key)
-                .bind(&binding.method)
-                .bind(&binding.path)
-                .bind(&binding.body_sha256[..])
-                .bind(token.0)
-                .bind(millis(lifetime))
-                .bind(millis(lease))
-                .fetch_one(&self.pool)
+            reserve_query(
+                &self.sql.reserve_returning,
+                id,
+                binding,
+                token,
+                lease,
+                lifetime,
+            )
+            .fetch_one(&self.pool)
         })
         .await
         .map_err(backend)?;
@@ -369,15 +368,7 @@ impl MySqlStore {
         for _ in 0..MAX_ATTEMPTS {
             let token = new_token();
             let done = retry_deadlocks(|| {
-                sqlx::query(&self.sql.reserve)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lifetime))
-                    .bind(millis(lease))
+                reserve_query(&self.sql.reserve, id, binding, token, lease, lifetime)
                     .execute(&self.pool)
             })
             .await
@@ -473,6 +464,27 @@ fn check_lengths(id: &RecordId, binding: &Binding) -> Result<(), StoreError> {
         return too_long("paths", "65,535 bytes");
     }
     Ok(())
+}
+
+/// Either reserve statement with its parameters: scope, key, method, path, body hash,
+/// token, lifetime, lease.
+fn reserve_query<'q>(
+    sql: &'q str,
+    id: &'q RecordId,
+    binding: &'q Binding,
+    token: FencingToken,
+    lease: Duration,
+    lifetime: Duration,
+) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+    sqlx::query(sql)
+        .bind(&id.scope)
+        .bind(&id.key)
+        .bind(&binding.method)
+        .bind(&binding.path)
+        .bind(&binding.body_sha256[..])
+        .bind(token.0)
+        .bind(millis(lifetime))
+        .bind(millis(lease))
 }
 
 #[async_trait]
