@@ -7,11 +7,15 @@ use http::{HeaderName, StatusCode, header};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
-use crate::error::{ErrorRenderer, ProblemJson};
-use crate::key::{KeyFormat, OpaqueKey};
+use bytes::Bytes;
+use http::{Method, Response};
+
+use crate::key::KeyFormat;
 use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+use crate::profile::{HttpProfile, Profile};
+use crate::rejection::{ErrorRenderer, Rejection};
 use crate::service::Idempotency;
-use crate::store::IdempotencyStore;
+use crate::store::{IdempotencyStore, RecordId};
 
 /// How long a record is kept, from its first submission, by default: 30 minutes.
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -28,10 +32,14 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 8 * 1024 * 1024;
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn IdempotencyStore>,
-    pub(crate) key_format: Arc<dyn KeyFormat>,
-    pub(crate) scope: Arc<dyn ScopeExtractor>,
+    pub(crate) profile: Arc<dyn Profile>,
+    /// Replaces the profile's key format when set.
+    pub(crate) key_format: Option<Arc<dyn KeyFormat>>,
+    /// Replaces the profile's rendering when set.
+    pub(crate) renderer: Option<Arc<dyn ErrorRenderer>>,
+    /// Narrows the profile's routes.
     pub(crate) routes: Arc<dyn RouteFilter>,
-    pub(crate) renderer: Arc<dyn ErrorRenderer>,
+    pub(crate) scope: Arc<dyn ScopeExtractor>,
     pub(crate) lifetime: Duration,
     pub(crate) grace_period: Duration,
     pub(crate) lease: Duration,
@@ -47,20 +55,64 @@ pub(crate) struct Settings {
     pub(crate) require_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
-    /// The Iceberg profile: advertise the lifetime in `GET /v1/config` and keep vended
-    /// credentials out of the store.
-    pub(crate) iceberg: bool,
     pub(crate) in_flight: TaskTracker,
 }
 
 impl Settings {
+    /// Whether a mutation of `path` takes part: the profile's routes, narrowed by the
+    /// layer's.
+    pub(crate) fn takes_part(&self, method: &Method, path: &str) -> bool {
+        self.profile.takes_part(method, path) && self.routes.takes_part(method, path)
+    }
+
+    pub(crate) fn key_format(&self) -> &dyn KeyFormat {
+        match &self.key_format {
+            Some(format) => format.as_ref(),
+            None => self.profile.key_format(),
+        }
+    }
+
+    pub(crate) fn render(&self, rejection: &Rejection) -> Response<Bytes> {
+        match &self.renderer {
+            Some(renderer) => renderer.render(rejection),
+            None => self.profile.render(rejection),
+        }
+    }
+
+    /// How long a record is kept: the lifetime plus the grace period.
+    pub(crate) fn kept_for(&self) -> Duration {
+        self.lifetime + self.grace_period
+    }
+
+    /// A key as logs show it: a short hash of scope and key, never the key itself (a key
+    /// is what collects a response, and a client-chosen string must not forge log fields).
+    pub(crate) fn log_key<'a>(&self, id: &'a RecordId) -> LogKey<'a> {
+        LogKey(id)
+    }
+
     /// The lease the owner holds: never longer than the time a record is kept, so that a
     /// record lives its lifetime and no longer (a store keeps a record at least until the
     /// lease it granted ends).
     pub(crate) fn lease(&self) -> Duration {
-        self.lease
-            .min(self.lifetime + self.grace_period)
-            .max(MIN_LEASE)
+        self.lease.min(self.kept_for()).max(MIN_LEASE)
+    }
+}
+
+/// See [`Settings::log_key`].
+pub(crate) struct LogKey<'a>(&'a RecordId);
+
+impl std::fmt::Display for LogKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        hasher.update((self.0.scope.len() as u64).to_be_bytes());
+        hasher.update(self.0.scope.as_bytes());
+        hasher.update(self.0.key.as_bytes());
+        let digest = hasher.finalize();
+        for byte in &digest[..6] {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
     }
 }
 
@@ -98,8 +150,10 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` with the defaults: opaque keys, one scope, every mutation,
-    /// a 30-minute lifetime, 409 while in flight, 422 on key reuse, fail-closed.
+    /// A layer over `store` for plain HTTP ([`HttpProfile`]) with the defaults: opaque
+    /// keys, one scope, every mutation, a 30-minute lifetime, 409 while in flight, 422 on
+    /// key reuse, fail-closed. A store shared with other code (a purge task) can be
+    /// passed as an `Arc`.
     pub fn new(store: impl IdempotencyStore) -> Self {
         Self::from_shared_store(Arc::new(store))
     }
@@ -109,10 +163,11 @@ impl IdempotencyLayer {
         Self {
             settings: Arc::new(Settings {
                 store,
-                key_format: Arc::new(OpaqueKey),
-                scope: Arc::new(SingleScope),
+                profile: Arc::new(HttpProfile),
+                key_format: None,
+                renderer: None,
                 routes: Arc::new(AllMutations),
-                renderer: Arc::new(ProblemJson),
+                scope: Arc::new(SingleScope),
                 lifetime: DEFAULT_LIFETIME,
                 grace_period: Duration::ZERO,
                 lease: DEFAULT_LEASE,
@@ -139,7 +194,6 @@ impl IdempotencyLayer {
                 require_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
-                iceberg: false,
                 in_flight: TaskTracker::new(),
             }),
         }
@@ -360,32 +414,56 @@ impl IdempotencyLayer {
         self.edit(|s| s.finalize_retry_for = duration)
     }
 
-    /// How keys are parsed (default [`OpaqueKey`]).
+    /// The profile: everything that depends on the protocol (see [`Profile`]). The
+    /// default is [`HttpProfile`]; [`iceberg`](Self::iceberg) installs
+    /// [`IcebergProfile`](crate::iceberg::IcebergProfile).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::key::UuidKey;
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_key_format(UuidKey::v7_only());
+    /// use idempotency_core::HttpProfile;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_profile(HttpProfile);
     /// ```
-    pub fn with_key_format(self, format: impl KeyFormat) -> Self {
-        self.edit(|s| s.key_format = Arc::new(format))
+    pub fn with_profile(self, profile: impl Profile) -> Self {
+        self.edit(|s| s.profile = Arc::new(profile))
     }
 
-    /// How callers are told apart (default: one scope for all). See [`ScopeExtractor`].
+    /// How keys are parsed, instead of the profile's format ([`OpaqueKey`] for plain
+    /// HTTP, [`UuidKey`] for Iceberg).
+    ///
+    /// [`OpaqueKey`]: crate::OpaqueKey
+    /// [`UuidKey`]: crate::UuidKey
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::UuidKey;
+    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new()).with_key_format(UuidKey::v7_only());
+    /// ```
+    pub fn with_key_format(self, format: impl KeyFormat) -> Self {
+        self.edit(|s| s.key_format = Some(Arc::new(format)))
+    }
+
+    /// How callers are told apart (default: one scope for all). See [`ScopeExtractor`]:
+    /// read the scope from what your authentication layer established, never from a
+    /// header the client sets.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// #[derive(Clone)]
+    /// struct Tenant(String); // set by the authentication layer
+    ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
-    ///     request.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    ///     request.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default()
     /// });
     /// ```
     pub fn with_scope(self, scope: impl ScopeExtractor) -> Self {
         self.edit(|s| s.scope = Arc::new(scope))
     }
 
-    /// Which mutations take part (default: all of them).
+    /// Narrows the mutations that take part: a request takes part only if the profile's
+    /// routes and this filter both take it (default: every mutation the profile takes).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -397,12 +475,13 @@ impl IdempotencyLayer {
         self.edit(|s| s.routes = Arc::new(routes))
     }
 
-    /// How the layer's own answers are rendered (default [`ProblemJson`]).
+    /// How the layer's own answers are rendered, instead of the profile's way
+    /// ([`ProblemJson`](crate::ProblemJson) for plain HTTP).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::error::Rejection;
+    /// use idempotency_core::Rejection;
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_error_renderer(|r: &Rejection| {
     ///     let mut response = http::Response::new(bytes::Bytes::from(r.message.clone()));
     ///     *response.status_mut() = r.status;
@@ -410,11 +489,7 @@ impl IdempotencyLayer {
     /// });
     /// ```
     pub fn with_error_renderer(self, renderer: impl ErrorRenderer) -> Self {
-        self.edit(|s| s.renderer = Arc::new(renderer))
-    }
-
-    pub(crate) fn with_iceberg_behaviour(self) -> Self {
-        self.edit(|s| s.iceberg = true)
+        self.edit(|s| s.renderer = Some(Arc::new(renderer)))
     }
 
     /// The store this layer uses.

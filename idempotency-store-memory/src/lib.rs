@@ -167,6 +167,24 @@ impl MemoryStore {
         Self::with_capacity_bound(max_entries.max(1))
     }
 
+    /// The store a properties configuration names: bounded by
+    /// `idempotency-max-entries` when set.
+    ///
+    /// ```
+    /// use idempotency_core::config::IdempotencyConfig;
+    /// use idempotency_store_memory::MemoryStore;
+    ///
+    /// let config = IdempotencyConfig::from_properties([("idempotency-max-entries", "500")])?;
+    /// assert_eq!(MemoryStore::from_config(&config).max_entries(), 500);
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn from_config(config: &idempotency_core::config::IdempotencyConfig) -> Self {
+        match config.max_entries {
+            Some(max_entries) => Self::new().with_max_entries(max_entries),
+            None => Self::new(),
+        }
+    }
+
     /// The bound on live records.
     pub fn max_entries(&self) -> usize {
         self.shared.max_entries

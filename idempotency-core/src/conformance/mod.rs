@@ -22,7 +22,7 @@
 //! against a shared database, in parallel, and repeatedly. Timing checks use leases and
 //! lifetimes of a few hundred milliseconds and tolerate a slow machine.
 //!
-//! The rules they check are written on the [store module](crate::store#the-rules-every-store-keeps).
+//! The rules they check are written on the [store trait](crate::IdempotencyStore#the-rules-every-store-keeps).
 
 pub mod model;
 mod multi_node;

@@ -6,53 +6,38 @@
 //! a duplicate is in flight, and the top-level `idempotency-key-lifetime` added to this
 //! catalog's `GET /v1/config` answers.
 //!
-//! The records live in the catalog's own database, in a table of their own
-//! (`idempotency_records`): SQLite for one process, PostgreSQL or MySQL for replicas,
-//! which then replay each other's answers. A background task purges expired records.
+//! It is set up the way a catalog configured from properties would be: the command
+//! line becomes `idempotency-*` properties, read by
+//! [`IdempotencyConfig`]. The records live
+//! in the catalog's own database, in a table of their own (`idempotency_records`):
+//! SQLite for one process, PostgreSQL or MySQL for replicas, which then replay each
+//! other's answers. A background task purges expired records.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::{IdempotencyLayer, IdempotencyStore};
-use idempotency_store_sql::{
-    MySqlStore, PoolSettings, PostgresStore, SqliteStore, spawn_purge_task,
-};
+use idempotency_core::IdempotencyLayer;
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
+use idempotency_core::iso8601::format_duration;
 
-use crate::catalog::Backend;
-
-/// How often expired records are purged, and how many at a time.
+/// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
-// Small batches keep reservation p99 within 2x while a backlog is purged (BENCHMARKS.md).
-const PURGE_BATCH: usize = 100;
 
 /// The layer for the catalog on `database_url`, keeping answers for `lifetime`.
 pub(crate) async fn layer(
     database_url: &str,
     lifetime: Duration,
-) -> Result<IdempotencyLayer, Box<dyn std::error::Error + Send + Sync>> {
-    let settings = PoolSettings::default();
-    let store: Arc<dyn IdempotencyStore> = match Backend::from_url(database_url)? {
-        Backend::Sqlite => Arc::new(
-            SqliteStore::connect(database_url, &settings)
-                .await?
-                .migrate()
-                .await?,
+) -> Result<IdempotencyLayer, ConfigError> {
+    let config = IdempotencyConfig::from_properties([
+        ("idempotency-enabled", "true".to_owned()),
+        ("idempotency-key-lifetime", format_duration(lifetime)),
+        ("idempotency-store-type", "sql".to_owned()),
+        ("idempotency-database-url", database_url.to_owned()),
+        (
+            "idempotency-purge-interval",
+            format_duration(PURGE_INTERVAL),
         ),
-        Backend::Postgres => Arc::new(
-            PostgresStore::connect(database_url, &settings)
-                .await?
-                .migrate()
-                .await?,
-        ),
-        Backend::MySql => Arc::new(
-            MySqlStore::connect(database_url, &settings)
-                .await?
-                .migrate()
-                .await?,
-        ),
-    };
-    spawn_purge_task(store.clone(), PURGE_INTERVAL, PURGE_BATCH);
-    Ok(IdempotencyLayer::from_shared_store(store)
-        .into_iceberg()
-        .with_lifetime(lifetime))
+    ])?;
+    let store = idempotency_store_sql::open(&config).await?;
+    config.spawn_purge_task(store.clone());
+    Ok(config.iceberg_layer(store))
 }

@@ -87,7 +87,7 @@ struct Args {
 
     /// How long a finished request's answer is kept for retries with its key, as an
     /// ISO-8601 duration (advertised to clients in `GET /v1/config`).
-    #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iceberg::parse_lifetime)]
+    #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iso8601::parse_duration)]
     idempotency_lifetime: Duration,
 
     /// Serve without the idempotency layer: keys are ignored and not advertised.
@@ -137,7 +137,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         if in_flight.is_some() {
             format!(
                 "on, keys kept {}",
-                idempotency_core::iceberg::format_lifetime(args.idempotency_lifetime)
+                idempotency_core::iso8601::format_duration(args.idempotency_lifetime)
             )
         } else {
             "off".to_owned()
@@ -165,17 +165,10 @@ async fn access_log(request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
     let started = Instant::now();
     let response = next.run(request).await;
-    let outcome = match response.extensions().get::<Outcome>() {
-        None => "passed-through".to_owned(),
-        Some(Outcome::Executed) => "executed".to_owned(),
-        Some(Outcome::TookOver) => "took-over".to_owned(),
-        Some(Outcome::Released) => "released".to_owned(),
-        Some(Outcome::ExecutedNotStored) => "executed-not-stored".to_owned(),
-        Some(Outcome::Replayed) => "replayed".to_owned(),
-        Some(Outcome::RanUnprotected) => "ran-unprotected".to_owned(),
-        Some(Outcome::Rejected(kind)) => format!("rejected:{}", kind.as_str()),
-        Some(other) => format!("{other:?}"),
-    };
+    let outcome = response
+        .extensions()
+        .get::<Outcome>()
+        .map_or_else(|| "passed-through".to_owned(), Outcome::to_string);
     tracing::info!(
         target: "iceberg_catalog::access",
         "{method} {path} {} idempotency={outcome} {}ms",
