@@ -98,8 +98,15 @@
 //! | in-flight wait | 10 s | most mutations finish well within it, so duplicates get the real answer |
 //! | request / response body | 8 MiB | fits real Iceberg metadata and MySQL's default packet size |
 //! | store failure | fail closed (503) | running unprotected can execute a mutation twice |
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `conformance` | off | the [`conformance`] suite: the checks any [`IdempotencyStore`] implementation can run against itself (pulls in `uuid`) |
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod advertise;
 mod body;

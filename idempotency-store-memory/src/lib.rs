@@ -18,8 +18,13 @@
 //! let layer = IdempotencyLayer::new(MemoryStore::new().with_max_entries(50_000));
 //! # drop(layer);
 //! ```
+//!
+//! # Feature flags
+//!
+//! This crate has no cargo features.
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};

@@ -274,8 +274,23 @@
 //! `wait` polls `load` with a bounded backoff (5 ms doubling to 200 ms), since a SQL
 //! database cannot notify waiters on other nodes. A `MySqlStore` also sends one
 //! `SELECT VERSION()` in its life (at `connect`, `migrate` or its first reserve).
+//!
+//! # Feature flags
+//!
+//! Each backend is a cargo feature; enable the ones you run (any combination works, and
+//! with none only `open` and `pool_settings` remain).
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
+//! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
+//! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
+//!
+//! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
+//! builds the PostgreSQL store alone.
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Built without any backend, only the configuration remains.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
