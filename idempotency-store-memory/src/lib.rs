@@ -29,13 +29,14 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    RecordState, Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
+    StoreError, StoredResponse, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -62,6 +63,7 @@ struct Shared {
     len: AtomicUsize,
     max_entries: usize,
     next_token: AtomicI64,
+    epoch: Epoch,
 }
 
 type Shard = HashTable<Slot>;
@@ -80,6 +82,8 @@ struct Record {
     id: RecordId,
     binding: Binding,
     state: State,
+    /// When the key was reserved (a takeover keeps it); only inspection reads it.
+    created_at: Instant,
     expires_at: Instant,
     /// Created when the first duplicate waits; woken whenever the record settles.
     waiters: Option<Arc<Notify>>,
@@ -113,6 +117,26 @@ impl Record {
         self.expires_at > now
     }
 
+    /// The record as an operator sees it, with the store's instants as wall-clock times.
+    fn inspect(&self, clock: &WallClock) -> InspectedRecord {
+        let state = match &self.state {
+            State::InFlight { lease_until, .. } => InspectedState::InFlight {
+                lease_lapsed: *lease_until <= clock.now,
+                lease_expires_at: Some(clock.at(*lease_until)),
+            },
+            State::Completed(response) => InspectedState::Completed {
+                status: response.status,
+            },
+        };
+        InspectedRecord {
+            binding: self.binding.clone(),
+            state,
+            created_at: Some(clock.at(self.created_at)),
+            expires_at: Some(clock.at(self.expires_at)),
+            inspected_at: Some(clock.wall),
+        }
+    }
+
     fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
         self.is_live(now)
             && matches!(self.state, State::InFlight { token: owner, .. } if owner == token)
@@ -129,6 +153,54 @@ impl Record {
         if let Some(waiters) = &self.waiters {
             waiters.notify_waiters();
         }
+    }
+}
+
+/// The store's clock is monotonic ([`Instant`]); an inspection shows its instants as
+/// wall-clock times, counted from one pair of readings taken when the store was made, so
+/// that one instant always shows as the same time.
+#[derive(Clone, Copy, Debug)]
+struct Epoch {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl Epoch {
+    fn new() -> Self {
+        Self {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    fn clock(self) -> WallClock {
+        let now = Instant::now();
+        WallClock {
+            now,
+            wall: self.at(now),
+            epoch: self,
+        }
+    }
+
+    fn at(self, instant: Instant) -> SystemTime {
+        if instant >= self.instant {
+            self.wall + (instant - self.instant)
+        } else {
+            self.wall - (self.instant - instant)
+        }
+    }
+}
+
+/// "Now" for one inspection, in both clocks.
+struct WallClock {
+    now: Instant,
+    wall: SystemTime,
+    epoch: Epoch,
+}
+
+impl WallClock {
+    fn at(&self, instant: Instant) -> SystemTime {
+        self.epoch.at(instant)
     }
 }
 
@@ -156,6 +228,7 @@ impl MemoryStore {
                 len: AtomicUsize::new(0),
                 max_entries,
                 next_token: AtomicI64::new(1),
+                epoch: Epoch::new(),
             }),
         }
     }
@@ -281,6 +354,7 @@ impl IdempotencyStore for MemoryStore {
                 token,
                 lease_until: now + lease,
             },
+            created_at: now,
             // In flight under a live lease, a record never expires.
             expires_at: now + lifetime.max(lease),
             waiters,
@@ -447,6 +521,32 @@ impl IdempotencyStore for MemoryStore {
         Ok(Purged::Deleted(
             self.drop_expired(Instant::now(), batch_size) as u64,
         ))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        let clock = self.shared.epoch.clock();
+        let (hash, mut table) = self.shard_of(id);
+        Ok(find(&mut table, hash, id)
+            .filter(|record| record.is_live(clock.now))
+            .map(|record| record.inspect(&clock)))
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        let clock = self.shared.epoch.clock();
+        // One lock for the look and the delete: the verdict is on the record as it stands.
+        let (hash, mut table) = self.shard_of(id);
+        let occupied = match table.find_entry(hash, |slot| slot.record.id == *id) {
+            Ok(occupied) if occupied.get().record.is_live(clock.now) => occupied,
+            _ => return Ok(Eviction::NotFound),
+        };
+        let inspected = occupied.get().record.inspect(&clock);
+        if inspected.is_in_flight() && in_flight == EvictInFlight::Refuse {
+            return Ok(Eviction::InFlight(inspected));
+        }
+        let (slot, _) = occupied.remove();
+        slot.record.wake_waiters();
+        self.shared.len.fetch_sub(1, Ordering::AcqRel);
+        Ok(Eviction::Evicted(inspected))
     }
 }
 

@@ -5,16 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, StoreError, StoredResponse,
+    async_trait,
 };
 use sqlx::Row;
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlRow};
 use tokio::sync::OnceCell;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, backend, evict_verdict,
+    millis, new_token, new_token_other_than, ownership, too_many_races,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -96,6 +97,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -213,6 +216,19 @@ impl Statements {
                  WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
             ),
             purge: format!("DELETE FROM {t} WHERE expires_at_ms <= {NOW_MS} LIMIT ?"),
+            inspect: format!(
+                "SELECT CAST(method AS CHAR CHARACTER SET utf8mb4) AS method,
+                        CAST(path AS CHAR CHARACTER SET utf8mb4) AS path, body_sha256,
+                        fencing_token, created_at_ms, expires_at_ms, lease_expires_at_ms,
+                        {NOW_MS} AS now_ms, response_status
+                 FROM {t}
+                 WHERE scope = ? AND idempotency_key = ? AND expires_at_ms > {NOW_MS}"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = ? AND idempotency_key = ? AND fencing_token = ?
+                   AND (response_status IS NULL) = ? AND expires_at_ms > {NOW_MS}"
+            ),
         }
     }
 }
@@ -296,6 +312,8 @@ impl MySqlStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -606,6 +624,52 @@ impl IdempotencyStore for MySqlStore {
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let done = retry_deadlocks(|| {
+                sqlx::query(&self.sql.evict)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(raw.fencing_token)
+                    .bind(raw.in_flight())
+                    .execute(&self.pool)
+            })
+            .await
+            .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl MySqlStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        retry_deadlocks(|| {
+            sqlx::query_as(&self.sql.inspect)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .fetch_optional(&self.pool)
+        })
+        .await
+        .map_err(backend)
     }
 }
 

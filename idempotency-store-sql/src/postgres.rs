@@ -4,15 +4,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, StoreError, StoredResponse,
+    async_trait,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{FromRow, Row};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, backend, evict_verdict,
+    millis, new_token, new_token_other_than, ownership, too_many_races,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -53,6 +54,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -160,6 +163,18 @@ impl Statements {
                         FOR UPDATE SKIP LOCKED) AS x
                  WHERE d.scope = x.scope AND d.idempotency_key = x.idempotency_key"
             ),
+            inspect: format!(
+                "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.created_at_ms,
+                        r.expires_at_ms, r.lease_expires_at_ms, clock.now_ms, r.response_status
+                 FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
+                 WHERE r.scope = $1 AND r.idempotency_key = $2
+                   AND r.expires_at_ms > clock.now_ms"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
+                   AND (response_status IS NULL) = $4::boolean AND expires_at_ms > {NOW_MS}"
+            ),
         }
     }
 }
@@ -223,6 +238,8 @@ impl PostgresStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -387,5 +404,47 @@ impl IdempotencyStore for PostgresStore {
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let done = sqlx::query(&self.sql.evict)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .bind(raw.fencing_token)
+                .bind(raw.in_flight())
+                .execute(&self.pool)
+                .await
+                .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl PostgresStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        sqlx::query_as(&self.sql.inspect)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
     }
 }

@@ -5,15 +5,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, StoreError, StoredResponse,
+    async_trait,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use sqlx::{FromRow, Row};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, backend, evict_verdict,
+    millis, new_token, new_token_other_than, ownership, too_many_races,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -56,6 +57,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -144,6 +147,17 @@ impl Statements {
                 "DELETE FROM {t} WHERE rowid IN
                     (SELECT rowid FROM {t} WHERE expires_at_ms <= {NOW_MS} LIMIT ?1)"
             ),
+            inspect: format!(
+                "SELECT method, path, body_sha256, fencing_token, created_at_ms, expires_at_ms,
+                        lease_expires_at_ms, {NOW_MS} AS now_ms, response_status
+                 FROM {t}
+                 WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {NOW_MS}"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = ?1 AND idempotency_key = ?2 AND fencing_token = ?3
+                   AND (response_status IS NULL) = ?4 AND expires_at_ms > {NOW_MS}"
+            ),
         }
     }
 }
@@ -230,6 +244,8 @@ impl SqliteStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -382,5 +398,45 @@ impl IdempotencyStore for SqliteStore {
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let done = self
+                .owned_query(&self.sql.evict, id, FencingToken(raw.fencing_token))
+                .bind(raw.in_flight())
+                .execute(&self.pool)
+                .await
+                .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl SqliteStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        sqlx::query_as(&self.sql.inspect)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
     }
 }
