@@ -9,9 +9,11 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::body::{Buffered, buffer};
 use crate::layer::Settings;
+use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::owner;
 use crate::policy::is_mutation;
@@ -62,7 +64,11 @@ pub(crate) fn read_key<B>(
 }
 
 /// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
-/// replay or run as the owner.
+/// replay or run as the owner, all in the request's span.
+///
+/// The span (`idempotency`) carries the key as logs show it (a short hash of scope and
+/// key, never the key: a key is what collects a response) and, once decided, the
+/// `outcome` ([`Outcome`]'s `Display`, e.g. `replayed`, `rejected:key-reused`).
 pub(crate) async fn handle<S, ReqBody, ResBody>(
     settings: Arc<Settings>,
     inner: S,
@@ -76,11 +82,33 @@ where
 {
     let (parts, body) = request.into_parts();
     let id = RecordId::new(settings.scope.scope(&parts), key);
+    let span = tracing::info_span!(
+        "idempotency",
+        key = %settings.log_key(&id),
+        outcome = tracing::field::Empty,
+    );
+    handle_in_span(settings, inner, Request::from_parts(parts, body), id)
+        .instrument(span)
+        .await
+}
+
+async fn handle_in_span<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<ReqBody>,
+    id: RecordId,
+) -> Answer<ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: RequestBody,
+    ResBody: AnswerBody,
+{
+    let (parts, body) = request.into_parts();
     let body = match read_body(&settings, body).await {
         Ok(body) => body,
         Err(rejection) => {
             tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
-            return Ok(rejection.into_response(&settings));
+            return Ok(refuse(&settings, rejection));
         }
     };
     let request = Request::from_parts(parts, body);
@@ -88,10 +116,14 @@ where
 
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
-        let reservation = settings
-            .store
-            .reserve(&id, &binding, settings.lease(), settings.kept_for())
-            .await;
+        let reservation = metrics::store_call(
+            &settings,
+            StoreCall::Reserve,
+            settings
+                .store
+                .reserve(&id, &binding, settings.lease(), settings.kept_for()),
+        )
+        .await;
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
@@ -102,7 +134,7 @@ where
         };
         if record.binding != binding {
             tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
-            return Ok(Rejection::key_reused(&settings).into_response(&settings));
+            return Ok(refuse(&settings, Rejection::key_reused(&settings)));
         }
         let settled = match record.state {
             RecordState::InFlight {
@@ -111,7 +143,12 @@ where
             } => {
                 let remaining = wait_until.saturating_duration_since(Instant::now());
                 tracing::debug!(outcome = "waiting", key = %settings.log_key(&id), "idempotency: waiting for the in-flight owner");
-                match settings.store.wait(&id, remaining).await {
+                let waiting_since = settings.metrics.then(std::time::Instant::now);
+                let waited = settings.store.wait(&id, remaining).await;
+                if let Some(since) = waiting_since {
+                    metrics::wait_duration(&settings, since.elapsed());
+                }
+                match waited {
                     Ok(Some(IdempotencyRecord { state, .. })) => state,
                     // Released or expired while we waited: reserve again.
                     Ok(None) => continue,
@@ -123,12 +160,19 @@ where
         match settled {
             RecordState::Completed(stored) => {
                 tracing::debug!(outcome = "replayed", key = %settings.log_key(&id), status = stored.status, "idempotency: replayed the stored response");
+                metrics::outcome(&settings, Outcome::Replayed);
                 return Ok(replay(&settings, inner, &request, stored).await);
             }
             RecordState::InFlight {
                 token,
                 lease_lapsed: true,
-            } => match settings.store.take_over(&id, token, settings.lease()).await {
+            } => match metrics::store_call(
+                &settings,
+                StoreCall::TakeOver,
+                settings.store.take_over(&id, token, settings.lease()),
+            )
+            .await
+            {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(&id), "idempotency: took over a reservation whose owner stopped renewing its lease");
                     return owner::run(settings, inner, request, id, token, Outcome::TookOver)
@@ -142,7 +186,13 @@ where
         }
     }
     tracing::info!(outcome = "conflict", key = %settings.log_key(&id), "idempotency: the owner is still running; answered in flight");
-    Ok(Rejection::in_flight(&settings).into_response(&settings))
+    Ok(refuse(&settings, Rejection::in_flight(&settings)))
+}
+
+/// The layer's own answer to a keyed request, with its outcome recorded.
+fn refuse<B: From<Bytes>>(settings: &Settings, rejection: Rejection) -> Response<B> {
+    metrics::outcome(settings, Outcome::Rejected(rejection.kind));
+    rejection.into_response(settings)
 }
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
@@ -187,16 +237,17 @@ where
 {
     if let StoreError::Full { .. } = error {
         tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-        return Ok(Rejection::store_full(&settings).into_response(&settings));
+        return Ok(refuse(&settings, Rejection::store_full(&settings)));
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
+        metrics::outcome(&settings, Outcome::RanUnprotected);
         let mut response = inner.call(request.map(ReqBody::from)).await?;
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }
     tracing::error!(outcome = "store-unavailable", key = %settings.log_key(id), %error, "idempotency: store failed before the request ran");
-    Ok(Rejection::store_unavailable(&settings).into_response(&settings))
+    Ok(refuse(&settings, Rejection::store_unavailable(&settings)))
 }
 
 /// Stage 7, the replay: the stored answer, with what the profile adds back. When the

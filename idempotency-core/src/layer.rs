@@ -56,6 +56,8 @@ pub(crate) struct Settings {
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
     pub(crate) in_flight: TaskTracker,
+    /// Whether outcomes, store calls and waits are recorded as [metrics](crate::metrics).
+    pub(crate) metrics: bool,
 }
 
 impl Settings {
@@ -160,6 +162,7 @@ impl IdempotencyLayer {
 
     /// A layer over a store that is already shared, e.g. with a purge task.
     pub fn from_shared_store(store: Arc<dyn IdempotencyStore>) -> Self {
+        crate::metrics::describe();
         Self {
             settings: Arc::new(Settings {
                 store,
@@ -195,6 +198,7 @@ impl IdempotencyLayer {
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
                 in_flight: TaskTracker::new(),
+                metrics: true,
             }),
         }
     }
@@ -412,6 +416,21 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_finalize_retry_for(self, duration: Duration) -> Self {
         self.edit(|s| s.finalize_retry_for = duration)
+    }
+
+    /// Whether the layer records its [metrics](crate::metrics) (default on): every keyed
+    /// request's outcome, each store call's duration, each wait for an in-flight owner.
+    /// They go to the recorder the application installs through the `metrics` facade,
+    /// and cost next to nothing without one. Off, the layer makes no metrics call and
+    /// reads no clock for them; the `tracing` span and events stay.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_metrics(false);
+    /// ```
+    pub fn with_metrics(self, metrics: bool) -> Self {
+        self.edit(|s| s.metrics = metrics)
     }
 
     /// The profile: everything that depends on the protocol (see [`Profile`]). The

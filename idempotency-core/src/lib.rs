@@ -119,6 +119,7 @@ pub mod iso8601;
 mod key;
 mod keyed;
 mod layer;
+pub mod metrics;
 mod outcome;
 mod owner;
 mod policy;

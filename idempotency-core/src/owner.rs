@@ -12,10 +12,12 @@ use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response, response};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument as _;
 
 use crate::body::{Buffered, buffer};
 use crate::future::FinishOnDrop;
 use crate::layer::Settings;
+use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::profile::Disposition;
 use crate::rejection::Rejection;
@@ -50,7 +52,10 @@ where
     ResBody: AnswerBody,
 {
     let tracker = settings.in_flight.clone();
-    FinishOnDrop::new(&tracker, own(settings, inner, request, id, token, outcome)).await
+    // The request's span goes along if the work moves to a task of its own.
+    let work =
+        own(settings, inner, request, id, token, outcome).instrument(tracing::Span::current());
+    FinishOnDrop::new(&tracker, work).await
 }
 
 async fn own<S, ReqBody, ResBody>(
@@ -70,10 +75,12 @@ where
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
+            metrics::outcome(&settings, Outcome::Released);
             return Err(error);
         }
         Err(panic) => {
             release(&settings, &id, token, "the inner service panicked").await;
+            metrics::outcome(&settings, Outcome::Released);
             std::panic::resume_unwind(panic);
         }
     };
@@ -182,6 +189,7 @@ async fn settle<ResBody: AnswerBody>(
                 Outcome::ExecutedNotStored
             };
             let mut response = Rejection::response_failed(status, released).into_response(settings);
+            metrics::outcome(settings, outcome);
             response.extensions_mut().insert(outcome);
             return response;
         }
@@ -218,6 +226,7 @@ async fn settle<ResBody: AnswerBody>(
         }
     };
     let mut response = Response::from_parts(parts, ResBody::from(body));
+    metrics::outcome(settings, outcome);
     response.extensions_mut().insert(outcome);
     response
 }
@@ -295,7 +304,13 @@ async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken)
     let lease = settings.lease();
     loop {
         tokio::time::sleep(lease / 3).await;
-        match settings.store.renew(&id, token, lease).await {
+        match metrics::store_call(
+            &settings,
+            StoreCall::Renew,
+            settings.store.renew(&id, token, lease),
+        )
+        .await
+        {
             Ok(Ownership::Held) => {}
             Ok(Ownership::Lost) => {
                 tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(&id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
@@ -309,7 +324,13 @@ async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken)
 }
 
 async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) {
-    match settings.store.release(id, token).await {
+    match metrics::store_call(
+        settings,
+        StoreCall::Release,
+        settings.store.release(id, token),
+    )
+    .await
+    {
         Ok(Ownership::Held) => {
             tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}")
         }
@@ -333,7 +354,13 @@ async fn finalize(
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {
-        match settings.store.finalize(id, token, stored).await {
+        match metrics::store_call(
+            settings,
+            StoreCall::Finalize,
+            settings.store.finalize(id, token, stored),
+        )
+        .await
+        {
             Ok(Ownership::Held) => {
                 tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
                 return;

@@ -145,6 +145,7 @@ fn reject_key<B, ResBody: From<Bytes>>(
         "idempotency: refused the key header: {}",
         rejection.message
     );
+    crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
     rejection.into_response(settings)
 }
 

@@ -582,10 +582,17 @@ pub async fn purge_all_expired(
     let mut total = 0;
     loop {
         let started = tokio::time::Instant::now();
-        let deleted = match store.purge_expired(batch_size).await? {
+        let purged = store.purge_expired(batch_size).await;
+        crate::metrics::store_duration(
+            crate::metrics::StoreCall::Purge,
+            purged.is_ok(),
+            started.elapsed(),
+        );
+        let deleted = match purged? {
             Purged::Deleted(deleted) => deleted,
             Purged::ByBackend => return Ok(Purged::ByBackend),
         };
+        crate::metrics::records_purged(deleted);
         total += deleted;
         if deleted < batch_size as u64 {
             return Ok(Purged::Deleted(total));
