@@ -50,6 +50,7 @@
 
 mod json;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -87,6 +88,14 @@ impl IdempotencyLayer {
             .with_profile(IcebergProfile)
             .with_in_flight_status(StatusCode::SERVICE_UNAVAILABLE)
             .with_not_stored_status(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl crate::config::IdempotencyConfig {
+    /// [`IdempotencyLayer::iceberg`] over `store`, with the configured lifetime (which it
+    /// advertises in `GET /v1/config`).
+    pub fn iceberg_layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
+        IdempotencyLayer::iceberg(store).with_lifetime(self.key_lifetime)
     }
 }
 
