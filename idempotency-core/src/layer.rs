@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use bytes::Bytes;
 use http::{Method, Response};
 
+use crate::budget::MemoryBudget;
 use crate::key::KeyFormat;
 use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
 use crate::profile::{HttpProfile, Profile};
@@ -27,6 +28,10 @@ pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 8 * 1024 * 1024;
 /// The largest response body stored for replay, by default: 8 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 8 * 1024 * 1024;
+/// All the bytes of bodies the layer holds at once, by default: 256 MiB.
+pub const DEFAULT_MEMORY_BUDGET: usize = 256 * 1024 * 1024;
+/// How long a keyed request's body may take to arrive, by default: 30 seconds.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything the service needs, shared by every clone of it.
 #[derive(Clone)]
@@ -49,6 +54,8 @@ pub(crate) struct Settings {
     pub(crate) not_stored_status: StatusCode,
     pub(crate) retry_after: Duration,
     pub(crate) max_request_body: usize,
+    pub(crate) request_body_timeout: Duration,
+    pub(crate) memory: Arc<MemoryBudget>,
     pub(crate) max_response_body: usize,
     pub(crate) release_statuses: Vec<StatusCode>,
     pub(crate) replayed_headers: Vec<HeaderName>,
@@ -177,6 +184,8 @@ impl IdempotencyLayer {
                 not_stored_status: StatusCode::CONFLICT,
                 retry_after: Duration::from_secs(1),
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,
+                request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
+                memory: Arc::new(MemoryBudget::new(DEFAULT_MEMORY_BUDGET)),
                 max_response_body: DEFAULT_MAX_RESPONSE_BODY,
                 release_statuses: [401, 403, 408, 419, 429]
                     .into_iter()
@@ -184,12 +193,13 @@ impl IdempotencyLayer {
                     .collect(),
                 replayed_headers: vec![
                     header::CONTENT_TYPE,
-                    header::CONTENT_ENCODING,
                     header::CONTENT_LANGUAGE,
                     header::CONTENT_LOCATION,
                     header::LOCATION,
                     header::ETAG,
                     header::LAST_MODIFIED,
+                    header::CACHE_CONTROL,
+                    header::VARY,
                 ],
                 require_key: false,
                 fail_open: false,
@@ -327,6 +337,34 @@ impl IdempotencyLayer {
         self.edit(|s| s.max_request_body = bytes)
     }
 
+    /// How long the body of a keyed request may take to arrive, whole (default 30 s).
+    /// A slower one gets 408 and its bytes are let go; nothing was reserved.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_request_body_timeout(Duration::from_secs(5));
+    /// ```
+    pub fn with_request_body_timeout(self, timeout: Duration) -> Self {
+        self.edit(|s| s.request_body_timeout = timeout)
+    }
+
+    /// The most bytes of bodies the layer holds at once, over all requests (default 256
+    /// MiB): the bodies of keyed requests (held while they run, and while a duplicate
+    /// waits) and the answers being read to be stored. A keyed request that would go
+    /// over it gets 503 with `Retry-After` before its body is read; requests without a key
+    /// are not held and never refused.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_memory_budget(64 << 20);
+    /// ```
+    pub fn with_memory_budget(self, bytes: usize) -> Self {
+        self.edit(|s| s.memory = Arc::new(MemoryBudget::new(bytes)))
+    }
+
     /// The largest response body stored for replay (default 8 MiB, which fits the
     /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is still
     /// delivered whole to its caller, never truncated (it is held in memory once, like
@@ -361,8 +399,11 @@ impl IdempotencyLayer {
     }
 
     /// The response headers stored and replayed (default: content-type,
-    /// content-encoding, content-language, content-location, location, etag,
-    /// last-modified). Others are dropped from replays, never from the first answer.
+    /// content-language, content-location, location, etag, last-modified, cache-control,
+    /// vary). Others are dropped from replays, never from the first answer.
+    /// `Content-Encoding` is not among them: the layer asks the inner service for an
+    /// unencoded answer and stores only such answers, so a replay never arrives in an
+    /// encoding the retry did not accept. Compression belongs outside the layer.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderMap, Request, Response, response};
+use http::{HeaderMap, HeaderValue, Request, Response, header, response};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::body::{Buffered, buffer};
+use crate::budget::Held;
 use crate::future::FinishOnDrop;
 use crate::layer::Settings;
 use crate::outcome::Outcome;
@@ -43,6 +44,7 @@ pub(crate) async fn run<S, ReqBody, ResBody>(
     id: RecordId,
     token: FencingToken,
     outcome: Outcome,
+    held: Held,
 ) -> Answer<ResBody, S::Error>
 where
     S: Inner<ReqBody, ResBody>,
@@ -50,7 +52,13 @@ where
     ResBody: AnswerBody,
 {
     let tracker = settings.in_flight.clone();
-    FinishOnDrop::new(&tracker, own(settings, inner, request, id, token, outcome)).await
+    let work = async move {
+        // The request's bytes stay taken from the budget while it runs, even after its
+        // caller went away.
+        let _held = held;
+        own(settings, inner, request, id, token, outcome).await
+    };
+    FinishOnDrop::new(&tracker, work).await
 }
 
 async fn own<S, ReqBody, ResBody>(
@@ -101,6 +109,7 @@ where
     ResBody: AnswerBody,
 {
     let mut request = request.clone().map(ReqBody::from);
+    ask_for_identity(request.headers_mut());
     request.extensions_mut().insert(ReservationHandle {
         id: id.clone(),
         token,
@@ -123,6 +132,10 @@ enum Verdict {
     /// The answer is too large to keep: retries are told the request already ran; the
     /// caller gets the answer.
     TooLargeToStore,
+    /// The answer is encoded (`Content-Encoding`) although the layer asked for none: it
+    /// cannot be inspected, nor replayed to a retry that may not accept the encoding, so
+    /// retries are told the request already ran; the caller gets the answer.
+    Encoded,
     /// The answer's body failed and its status releases the key: release it; the caller
     /// is told the body failed.
     FailedReleased,
@@ -145,6 +158,7 @@ fn classify(settings: &Settings, parts: &response::Parts, body: &Buffered) -> Ve
     match (settings.profile.classify(parts, trailers), body) {
         (Disposition::Release, _) => Verdict::Release,
         (_, Buffered::TooLarge(..)) => Verdict::TooLargeToStore,
+        _ if is_encoded(&parts.headers) => Verdict::Encoded,
         _ => Verdict::Store,
     }
 }
@@ -213,6 +227,18 @@ async fn settle<ResBody: AnswerBody>(
             .await;
             Outcome::ExecutedNotStored
         }
+        Verdict::Encoded => {
+            tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), "idempotency: the response is encoded although the layer asked for none; retries will be told it already ran (put compression outside the layer)");
+            let why = "its response was encoded (Content-Encoding), and encoded responses are not kept for replay";
+            finalize_rejection(
+                settings,
+                id,
+                token,
+                Rejection::not_stored(settings, status, why),
+            )
+            .await;
+            Outcome::ExecutedNotStored
+        }
         Verdict::FailedReleased | Verdict::FailedKept => {
             unreachable!("a failed body was answered above")
         }
@@ -220,6 +246,28 @@ async fn settle<ResBody: AnswerBody>(
     let mut response = Response::from_parts(parts, ResBody::from(body));
     response.extensions_mut().insert(outcome);
     response
+}
+
+/// Asks the inner service for an answer the layer can store, inspect and replay to any
+/// retry: one without a content encoding.
+pub(crate) fn ask_for_identity(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+}
+
+/// Whether an answer carries a content encoding other than `identity`.
+fn is_encoded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            !value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"identity")
+        })
 }
 
 /// The answer as the generic rules keep it: status, the replayed headers, the body.
