@@ -17,7 +17,7 @@ use crate::budget::Held;
 use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::owner;
-use crate::policy::is_mutation;
+use crate::policy::{self, is_mutation};
 use crate::rejection::Rejection;
 use crate::service::{
     Answer, AnswerBody, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner, RequestBody,
@@ -78,6 +78,13 @@ where
     ResBody: AnswerBody,
 {
     let (parts, body) = request.into_parts();
+    if let Some(once) = &settings.unscoped_warning
+        && policy::looks_authenticated(&parts)
+    {
+        once.call_once(|| {
+            tracing::warn!("idempotency: requests carry credentials but the layer has no scope, so every caller shares one key space and one caller can collect another's answer by sending its key; set IdempotencyLayer::with_scope (e.g. from your authentication's principal, or CredentialScope)");
+        });
+    }
     let id = RecordId::new(settings.scope.scope(&parts), key);
     // The request's bytes stay taken from the memory budget until it is answered.
     let mut held = Held::default();

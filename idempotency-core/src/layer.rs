@@ -45,6 +45,9 @@ pub(crate) struct Settings {
     /// Narrows the profile's routes.
     pub(crate) routes: Arc<dyn RouteFilter>,
     pub(crate) scope: Arc<dyn ScopeExtractor>,
+    /// Set while the scope is the default one: the layer then warns, once, when it sees
+    /// a request that carries a credential.
+    pub(crate) unscoped_warning: Option<Arc<std::sync::Once>>,
     pub(crate) lifetime: Duration,
     pub(crate) grace_period: Duration,
     pub(crate) lease: Duration,
@@ -62,6 +65,7 @@ pub(crate) struct Settings {
     pub(crate) require_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
+    pub(crate) max_run_time: Option<Duration>,
     pub(crate) in_flight: TaskTracker,
 }
 
@@ -175,6 +179,7 @@ impl IdempotencyLayer {
                 renderer: None,
                 routes: Arc::new(AllMutations),
                 scope: Arc::new(SingleScope),
+                unscoped_warning: Some(Arc::new(std::sync::Once::new())),
                 lifetime: DEFAULT_LIFETIME,
                 grace_period: Duration::ZERO,
                 lease: DEFAULT_LEASE,
@@ -204,6 +209,7 @@ impl IdempotencyLayer {
                 require_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
+                max_run_time: None,
                 in_flight: TaskTracker::new(),
             }),
         }
@@ -455,6 +461,22 @@ impl IdempotencyLayer {
         self.edit(|s| s.finalize_retry_for = duration)
     }
 
+    /// How long an owner may hold its key while the inner service runs (default: as long
+    /// as it runs). After that the owner stops renewing its lease: once the lease lapses,
+    /// a retry takes the key over and runs the request again, and the stuck owner's late
+    /// answer is fenced out. For handlers that can hang; a request that is merely slow
+    /// would then run twice, so set it well above the slowest real request.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_run_time(Duration::from_secs(600));
+    /// ```
+    pub fn with_max_run_time(self, max_run_time: Duration) -> Self {
+        self.edit(|s| s.max_run_time = Some(max_run_time))
+    }
+
     /// The profile: everything that depends on the protocol (see [`Profile`]). The
     /// default is [`HttpProfile`]; [`iceberg`](Self::iceberg) installs
     /// [`IcebergProfile`](crate::iceberg::IcebergProfile).
@@ -500,7 +522,10 @@ impl IdempotencyLayer {
     /// });
     /// ```
     pub fn with_scope(self, scope: impl ScopeExtractor) -> Self {
-        self.edit(|s| s.scope = Arc::new(scope))
+        self.edit(|s| {
+            s.scope = Arc::new(scope);
+            s.unscoped_warning = None;
+        })
     }
 
     /// Narrows the mutations that take part: a request takes part only if the profile's
@@ -584,5 +609,28 @@ impl InFlightRequests {
         self.tracker.wait().await;
         // New requests may still arrive while a server drains; keep tracking them.
         self.tracker.reopen();
+    }
+
+    /// Waits until no keyed request is running, or `deadline` passes; returns how many
+    /// were still running then.
+    ///
+    /// What happens to those when the process then exits: each one's key stays reserved
+    /// until its lease lapses (20 s by default), during which retries are told it is in
+    /// flight; after that the next retry, on any replica, takes the key over and runs the
+    /// request again. Its caller gets no answer. A request whose mutation had committed
+    /// runs a second time unless its handler finalized inside its own transaction.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # async fn example() {
+    /// # let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let abandoned = layer.in_flight().wait_at_most(std::time::Duration::from_secs(30)).await;
+    /// assert_eq!(abandoned, 0);
+    /// # }
+    /// ```
+    pub async fn wait_at_most(&self, deadline: Duration) -> usize {
+        let _ = tokio::time::timeout(deadline, self.wait()).await;
+        self.count()
     }
 }

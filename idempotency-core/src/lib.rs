@@ -139,7 +139,7 @@ pub use layer::{
 };
 pub use outcome::Outcome;
 pub use owner::ReservationHandle;
-pub use policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+pub use policy::{AllMutations, CredentialScope, RouteFilter, ScopeExtractor, SingleScope};
 pub use profile::{Disposition, HttpProfile, Profile};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency};

@@ -341,8 +341,13 @@ async fn hold_lease<F: Future>(
 
 async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
     let lease = settings.lease();
+    let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
     loop {
         tokio::time::sleep(lease / 3).await;
+        if give_up_at.is_some_and(|at| Instant::now() >= at) {
+            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(&id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
+            return;
+        }
         match settings.store.renew(&id, token, lease).await {
             Ok(Ownership::Held) => {}
             Ok(Ownership::Lost) => {

@@ -310,3 +310,75 @@ async fn spellings_of_one_path_bind_as_one_and_a_different_query_does_not() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+fn with_credential(mut request: Request<Body>, credential: &str) -> Request<Body> {
+    request
+        .headers_mut()
+        .insert("authorization", credential.parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn a_layer_without_a_scope_warns_once_when_requests_carry_credentials() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let warning = "has no scope";
+
+    let unscoped = app(Arc::default()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    for n in 0..3 {
+        let request = with_credential(keyed("/orders/1", &format!("w-{n}"), "a"), "Bearer a");
+        send(&unscoped, request).await;
+    }
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches(warning).count(), 1, "{text}");
+
+    logs.0.lock().unwrap().clear();
+    let scoped = app(Arc::default()).layer(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_scope(idempotency_core::CredentialScope::default()),
+    );
+    send(
+        &scoped,
+        with_credential(keyed("/orders/1", "w-9", "a"), "Bearer a"),
+    )
+    .await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(!text.contains(warning), "{text}");
+}
+
+#[tokio::test]
+async fn with_the_credential_scope_a_stolen_key_collects_nothing() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(calls.clone()).layer(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_scope(idempotency_core::CredentialScope::default()),
+    );
+    let alice = || {
+        with_credential(
+            keyed("/orders/1", "alices-key", "alice's order"),
+            "Bearer alice",
+        )
+    };
+    let (_, _, first, _) = send(&app, alice()).await;
+    let (_, _, replay, outcome) = send(&app, alice()).await;
+    assert_eq!(
+        (replay.as_str(), outcome),
+        (first.as_str(), Some(Outcome::Replayed))
+    );
+
+    let mallory = with_credential(
+        keyed("/orders/1", "alices-key", "alice's order"),
+        "Bearer mallory",
+    );
+    let (_, _, body, outcome) = send(&app, mallory).await;
+    assert_eq!(
+        outcome,
+        Some(Outcome::Executed),
+        "another credential is another scope"
+    );
+    assert_ne!(body, first, "mallory collected alice's answer");
+}
