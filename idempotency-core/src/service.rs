@@ -114,10 +114,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let settings = &self.settings;
         let (method, path) = (request.method(), request.uri().path());
         if settings.profile.advertises(method, path) {
+            // The profile reads the answer: ask for it unencoded.
+            crate::owner::ask_for_identity(request.headers_mut());
             let answer = self.inner.call(request);
             return ResponseFuture::boxed(Box::pin(advertise::amend(settings.clone(), answer)));
         }
