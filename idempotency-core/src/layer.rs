@@ -112,7 +112,7 @@ impl Settings {
 }
 
 /// See [`Settings::log_key`].
-pub(crate) struct LogKey<'a>(&'a RecordId);
+pub(crate) struct LogKey<'a>(pub(crate) &'a RecordId);
 
 impl std::fmt::Display for LogKey<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

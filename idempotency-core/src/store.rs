@@ -33,6 +33,24 @@ impl RecordId {
     }
 }
 
+impl RecordId {
+    /// The record as the layer's logs name it: a short hash of scope and key (12 hex
+    /// digits), never the key itself, since a key is what collects a response. A tool
+    /// that logs what it did to a record (an admin endpoint that evicts one) uses it too,
+    /// so that its lines match the layer's.
+    ///
+    /// ```
+    /// use idempotency_core::RecordId;
+    ///
+    /// let hash = RecordId::new("tenant-a", "6f1c…").log_hash().to_string();
+    /// assert_eq!(hash.len(), 12);
+    /// assert!(!hash.contains("6f1c"));
+    /// ```
+    pub fn log_hash(&self) -> impl fmt::Display + '_ {
+        crate::layer::LogKey(self)
+    }
+}
+
 impl fmt::Display for RecordId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.scope.is_empty() {
