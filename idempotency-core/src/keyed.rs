@@ -10,7 +10,6 @@ use http::HeaderMap;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
-use tracing::Instrument as _;
 
 use crate::binding;
 use crate::body::{Buffered, buffer};
@@ -66,23 +65,19 @@ pub(crate) fn read_key<B>(
     }
 }
 
-/// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
-/// replay or run as the owner, all in the request's span.
+/// The start of a keyed request, before anything is awaited: whose key it is (the
+/// scope), and the request's span.
 ///
 /// The span (`idempotency`) carries the key as logs show it (a short hash of scope and
 /// key, never the key: a key is what collects a response) and, once decided, the
-/// `outcome` ([`Outcome`]'s `Display`, e.g. `replayed`, `rejected:key-reused`).
-pub(crate) async fn handle<S, ReqBody, ResBody>(
-    settings: Arc<Settings>,
-    inner: S,
-    request: Request<ReqBody>,
+/// `outcome` ([`Outcome`]'s `Display`, e.g. `replayed`, `rejected:key-reused`). The
+/// [`ResponseFuture`](crate::ResponseFuture) enters it on every poll of [`handle`]'s
+/// future, which saves wrapping (and moving) that large future once more.
+pub(crate) fn begin<B>(
+    settings: &Settings,
+    request: Request<B>,
     key: String,
-) -> Answer<ResBody, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: RequestBody,
-    ResBody: AnswerBody,
-{
+) -> (Request<B>, RecordId, tracing::Span) {
     let (parts, body) = request.into_parts();
     if let Some(once) = &settings.unscoped_warning
         && policy::looks_authenticated(&parts)
@@ -92,17 +87,23 @@ where
         });
     }
     let id = RecordId::new(settings.scope.scope(&parts), key);
-    let span = tracing::info_span!(
-        "idempotency",
-        key = %settings.log_key(&id),
-        outcome = tracing::field::Empty,
-    );
-    handle_in_span(settings, inner, Request::from_parts(parts, body), id)
-        .instrument(span)
-        .await
+    // Without a `tracing` subscriber that wants INFO, no span at all: a disabled span
+    // still feeds the `log` crate fallback (on in every axum application) at each poll.
+    let span = if tracing::level_enabled!(tracing::Level::INFO) {
+        tracing::info_span!(
+            "idempotency",
+            key = %settings.log_key(&id),
+            outcome = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    };
+    (Request::from_parts(parts, body), id, span)
 }
 
-async fn handle_in_span<S, ReqBody, ResBody>(
+/// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
+/// replay or run as the owner.
+pub(crate) async fn handle<S, ReqBody, ResBody>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<ReqBody>,

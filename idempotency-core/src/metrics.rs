@@ -168,7 +168,10 @@ fn store_key(call: StoreCall, ok: bool) -> &'static Key {
 /// What the layer did with a keyed request: recorded on the request's span (`outcome`)
 /// and counted.
 pub(crate) fn outcome(settings: &Settings, outcome: Outcome) {
-    tracing::Span::current().record("outcome", tracing::field::display(outcome));
+    // The span exists only when a subscriber wants INFO (see `keyed::begin`).
+    if tracing::level_enabled!(tracing::Level::INFO) {
+        tracing::Span::current().record("outcome", tracing::field::display(outcome));
+    }
     if settings.metrics {
         count_request(outcome);
     }

@@ -12,7 +12,6 @@ use futures_util::FutureExt;
 use http::{HeaderMap, HeaderValue, Request, Response, header, response};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::Instrument as _;
 
 use crate::body::{Buffered, buffer};
 use crate::budget::Held;
@@ -59,9 +58,7 @@ where
         // caller went away.
         let _held = held;
         own(settings, inner, request, id, token, outcome).await
-    }
-    // The request's span goes along if the work moves to a task of its own.
-    .instrument(tracing::Span::current());
+    };
     FinishOnDrop::new(&tracker, work).await
 }
 
