@@ -251,34 +251,14 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// was released, expired, or its lease lapsed — or until `timeout` passes, and returns
     /// it as it then stands.
     ///
-    /// The default polls [`load`](Self::load) with a bounded backoff; stores that can
-    /// notify waiters should override it.
+    /// The default is [`wait_by_polling`]: at most [`MAX_POLLS_PER_SECOND`] loads per
+    /// second per waiter. Stores that can notify waiters should override it.
     async fn wait(
         &self,
         id: &RecordId,
         timeout: Duration,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let record = self.load(id).await?;
-            let settled = !matches!(
-                &record,
-                Some(IdempotencyRecord {
-                    state: RecordState::InFlight {
-                        lease_lapsed: false,
-                        ..
-                    },
-                    ..
-                })
-            );
-            let now = tokio::time::Instant::now();
-            if settled || now >= deadline {
-                return Ok(record);
-            }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        wait_by_polling(self, id, timeout).await
     }
 
     /// Extends the lease of the record `token` owns to `lease` from now, and its expiry to
@@ -317,6 +297,46 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// it again while it returns a full batch. A backend that deletes expired records by
     /// itself (key expiry in Redis, a TTL index) returns [`Purged::ByBackend`] instead.
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError>;
+}
+
+/// The most loads per second [`wait_by_polling`] sends for one waiter, once its backoff
+/// has grown (it starts at 5 ms and doubles).
+pub const MAX_POLLS_PER_SECOND: u32 = 5;
+
+/// [`IdempotencyStore::wait`] by polling [`load`](IdempotencyStore::load) with a backoff
+/// that starts at 5 ms and doubles up to 200 ms: a quick owner is noticed at once, and a
+/// waiter costs at most [`MAX_POLLS_PER_SECOND`] loads per second after that.
+pub async fn wait_by_polling<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    id: &RecordId,
+    timeout: Duration,
+) -> Result<Option<IdempotencyRecord>, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let record = store.load(id).await?;
+        let now = tokio::time::Instant::now();
+        if is_settled(&record) || now >= deadline {
+            return Ok(record);
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_secs(1) / MAX_POLLS_PER_SECOND);
+    }
+}
+
+/// Whether a record, as loaded, is no longer in flight under a live lease: what a waiter
+/// waits for.
+pub fn is_settled(record: &Option<IdempotencyRecord>) -> bool {
+    !matches!(
+        record,
+        Some(IdempotencyRecord {
+            state: RecordState::InFlight {
+                lease_lapsed: false,
+                ..
+            },
+            ..
+        })
+    )
 }
 
 /// What [`IdempotencyStore::purge_expired`] did.

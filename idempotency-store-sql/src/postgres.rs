@@ -5,10 +5,13 @@ use std::time::Duration;
 
 use idempotency_core::{
     Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    Reservation, StoreError, StoredResponse, async_trait,
+    Reservation, StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
 };
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgRow};
 use sqlx::{FromRow, Row};
+use tokio::sync::{OnceCell, broadcast};
+use tokio::time::Instant;
 
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
@@ -40,10 +43,77 @@ pub struct PostgresStore {
     pool: PgPool,
     table: TableName,
     sql: Arc<Statements>,
+    /// Started by the first `wait`; `None` inside when LISTEN is not available.
+    notices: Arc<OnceCell<Option<Notices>>>,
+}
+
+/// How often a waiter looks at its record although no notice came: a lapsed lease is
+/// not announced, and a notice can be lost while the listening connection reconnects.
+const SAFETY_POLL: Duration = Duration::from_secs(1);
+
+/// The announcements of settled records (finalized or released), heard on one
+/// connection per store and handed to every waiter of this process.
+#[derive(Debug)]
+struct Notices {
+    sender: broadcast::Sender<Arc<str>>,
+    _listening: AbortOnDrop,
+}
+
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Notices {
+    async fn start(pool: &PgPool, channel: &str) -> Result<Self, sqlx::Error> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(channel).await?;
+        let (sender, _) = broadcast::channel(1024);
+        let announce = sender.clone();
+        let listening = tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(notice) => {
+                        let _ = announce.send(Arc::from(notice.payload()));
+                    }
+                    // The listener reconnects on the next `recv`; waiters meanwhile
+                    // fall back on their safety poll.
+                    Err(error) => {
+                        tracing::warn!(%error, "idempotency: listening for settled records failed; retrying");
+                        tokio::time::sleep(SAFETY_POLL).await;
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            sender,
+            _listening: AbortOnDrop(listening),
+        })
+    }
+}
+
+/// What finalize and release announce for a record: a hash of its id, which says nothing
+/// of the key to whoever else listens on the database.
+fn notice_for(id: &RecordId) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update((id.scope.len() as u64).to_be_bytes());
+    hasher.update(id.scope.as_bytes());
+    hasher.update(id.key.as_bytes());
+    hex(&hasher.finalize()[..16])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 #[derive(Debug)]
 struct Statements {
+    /// The channel finalize and release notify, derived from the table name.
+    channel: String,
     migrate: String,
     reserve: String,
     replace_expired: String,
@@ -63,6 +133,7 @@ impl Statements {
             "scope = $1 AND idempotency_key = $2 AND fencing_token = $3 \
              AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
         );
+        let channel = format!("idempotency_{}", hex(&Sha256::digest(table.as_str())[..8]));
         Self {
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
@@ -139,12 +210,20 @@ impl Statements {
                  FROM (SELECT {NOW_MS} AS now_ms) AS clock
                  WHERE {owned}"
             ),
+            // Finalize and release announce the settled record to waiters (on every
+            // node) in the same statement; the notice is sent when it commits.
             finalize: format!(
-                "UPDATE {t}
-                 SET response_status = $4, response_headers = $5, response_body = $6
-                 WHERE {owned}"
+                "WITH done AS (
+                     UPDATE {t}
+                     SET response_status = $4, response_headers = $5, response_body = $6
+                     WHERE {owned}
+                     RETURNING 1)
+                 SELECT pg_notify('{channel}', $7) FROM done"
             ),
-            release: format!("DELETE FROM {t} WHERE {owned}"),
+            release: format!(
+                "WITH done AS (DELETE FROM {t} WHERE {owned} RETURNING 1)
+                 SELECT pg_notify('{channel}', $4) FROM done"
+            ),
             take_over: format!(
                 "UPDATE {t}
                  SET fencing_token = $4, lease_expires_at_ms = clock.now_ms + $5::bigint,
@@ -152,6 +231,7 @@ impl Statements {
                  FROM (SELECT {NOW_MS} AS now_ms) AS clock
                  WHERE {owned} AND lease_expires_at_ms <= clock.now_ms"
             ),
+            channel,
             purge: format!(
                 "DELETE FROM {t} AS d
                  USING (SELECT scope, idempotency_key FROM {t}
@@ -173,6 +253,7 @@ impl PostgresStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
+            notices: Arc::default(),
         }
     }
 
@@ -199,6 +280,7 @@ impl PostgresStore {
     pub fn with_table_name(mut self, name: &str) -> Result<Self, InvalidTableName> {
         self.table = TableName::new(name)?;
         self.sql = Arc::new(Statements::new(&self.table));
+        self.notices = Arc::default();
         Ok(self)
     }
 
@@ -245,6 +327,32 @@ impl PostgresStore {
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
         Ok(self)
+    }
+
+    /// Runs a fenced statement that announces what it did: the token held the record iff
+    /// it returned its one row.
+    async fn fenced_and_announced(&self, query: PgQuery<'_>) -> Result<Ownership, StoreError> {
+        let row = query.fetch_optional(&self.pool).await.map_err(backend)?;
+        Ok(ownership(u64::from(row.is_some())))
+    }
+
+    /// Hears the announcements of settled records, starting the listener on first use;
+    /// `None` when the database does not let us LISTEN (e.g. behind a pooler in
+    /// transaction mode), and waiters then poll.
+    async fn notices(&self) -> Option<broadcast::Receiver<Arc<str>>> {
+        let notices = self
+            .notices
+            .get_or_init(|| async {
+                match Notices::start(&self.pool, &self.sql.channel).await {
+                    Ok(notices) => Some(notices),
+                    Err(error) => {
+                        tracing::warn!(%error, "idempotency: cannot LISTEN for settled records; duplicates will poll instead");
+                        None
+                    }
+                }
+            })
+            .await;
+        notices.as_ref().map(|notices| notices.sender.subscribe())
     }
 
     /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
@@ -328,6 +436,46 @@ impl IdempotencyStore for PostgresStore {
         raw.map(RawRecord::into_record).transpose()
     }
 
+    /// Waits on the announcements of settled records (LISTEN/NOTIFY) instead of polling:
+    /// a waiter loads its record when its announcement comes, and otherwise once a
+    /// second (a lapsed lease is not announced).
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let Some(mut notices) = self.notices().await else {
+            return wait_by_polling(self, id, timeout).await;
+        };
+        let notice = notice_for(id);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let record = self.load(id).await?;
+            let now = Instant::now();
+            if is_settled(&record) || now >= deadline {
+                return Ok(record);
+            }
+            let look_again_at = deadline.min(now + SAFETY_POLL);
+            loop {
+                match tokio::time::timeout_at(look_again_at, notices.recv()).await {
+                    Ok(Ok(heard)) if *heard == *notice => break,
+                    Ok(Ok(_)) => {}
+                    // Missed some: this record's may be among them.
+                    Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
+                    Ok(Err(broadcast::error::RecvError::Closed)) => {
+                        return wait_by_polling(
+                            self,
+                            id,
+                            deadline.saturating_duration_since(Instant::now()),
+                        )
+                        .await;
+                    }
+                    Err(_time_to_look) => break,
+                }
+            }
+        }
+    }
+
     async fn renew(
         &self,
         id: &RecordId,
@@ -348,18 +496,22 @@ impl IdempotencyStore for PostgresStore {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
         let headers = response.encode_headers();
-        self.fenced(
+        self.fenced_and_announced(
             self.owned_query(&self.sql.finalize, id, token)
                 .bind(i32::from(response.status))
                 .bind(headers)
-                .bind(&response.body[..]),
+                .bind(&response.body[..])
+                .bind(notice_for(id)),
         )
         .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.fenced(self.owned_query(&self.sql.release, id, token))
-            .await
+        self.fenced_and_announced(
+            self.owned_query(&self.sql.release, id, token)
+                .bind(notice_for(id)),
+        )
+        .await
     }
 
     async fn take_over(

@@ -202,3 +202,75 @@ async fn reserve_sees_a_row_committed_after_its_snapshot() {
     }
     drop_table(&store).await;
 }
+
+/// Duplicates waiting for an owner are woken by its announcement (LISTEN/NOTIFY), on any
+/// node, and cost about one query a second each while they wait, not a poll every
+/// 200 ms. The store's pool counts every query a waiter sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use idempotency_core::{RecordState, Reservation};
+
+    let Some(owner) = node(&common::unique_table()).await else {
+        return;
+    };
+    let owner = owner.migrate().await.expect("migrate");
+    // The waiters' node: its own pool, counting the connections handed back to it.
+    let queries = Arc::new(AtomicUsize::new(0));
+    let counted = queries.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .after_release(move |_, _| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&url())
+        .await
+        .expect("second pool");
+    let waiters_node = PostgresStore::new(pool)
+        .with_table_name(owner.table_name().as_str())
+        .unwrap();
+
+    let id = common::id();
+    let Reservation::Reserved(token) = owner
+        .reserve(&id, &common::binding(), common::LONG, common::LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key not reserved")
+    };
+    // Start the listener first, so that the count is the waiters' alone.
+    let _ = waiters_node.wait(&common::id(), Duration::ZERO).await.unwrap();
+    let before = queries.load(Ordering::Relaxed);
+    let waiters: Vec<_> = (0..100)
+        .map(|_| {
+            let store = waiters_node.clone();
+            let id = id.clone();
+            tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let finalized_at = tokio::time::Instant::now();
+    owner
+        .finalize(&id, token, &common::response(b"done"))
+        .await
+        .unwrap();
+    for waiter in waiters {
+        let record = waiter.await.unwrap().unwrap().expect("finalized record");
+        assert_eq!(record.state, RecordState::Completed(common::response(b"done")));
+    }
+    let woken_after = finalized_at.elapsed();
+    let spent = queries.load(Ordering::Relaxed) - before;
+    assert!(
+        woken_after < Duration::from_millis(800),
+        "waiters woke {woken_after:?} after the finalize"
+    );
+    // Polling every 200 ms would be about 15 loads per waiter over 3 s; listening is
+    // one at the start, one a second, one when woken.
+    assert!(
+        spent <= 100 * 6,
+        "100 waiters sent {spent} queries in 3 s of waiting"
+    );
+    drop_table(&owner).await;
+}
