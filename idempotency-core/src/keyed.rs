@@ -236,7 +236,9 @@ where
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
-        let mut response = inner.call(request.map(ReqBody::from)).await?;
+        let mut request = request.map(ReqBody::from);
+        owner::prepare_for_inner(&settings, request.headers_mut());
+        let mut response = inner.call(request).await?;
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }

@@ -382,3 +382,29 @@ async fn with_the_credential_scope_a_stolen_key_collects_nothing() {
     );
     assert_ne!(body, first, "mallory collected alice's answer");
 }
+
+#[tokio::test]
+async fn the_inner_service_does_not_see_the_key_unless_it_is_forwarded() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let recorder = |seen: Arc<Mutex<Vec<Option<String>>>>| {
+        Router::new().route(
+            "/orders",
+            post(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let key = headers
+                        .get("idempotency-key")
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    seen.lock().unwrap().push(key);
+                    StatusCode::CREATED
+                }
+            }),
+        )
+    };
+    let hidden = recorder(seen.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    send(&hidden, keyed("/orders", "k-1", "")).await;
+    let forwarding = recorder(seen.clone())
+        .layer(IdempotencyLayer::new(MemoryStore::new()).with_forwarded_key(true));
+    send(&forwarding, keyed("/orders", "k-2", "")).await;
+    assert_eq!(*seen.lock().unwrap(), [None, Some("k-2".to_owned())]);
+}

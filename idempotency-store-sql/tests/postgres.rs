@@ -241,7 +241,10 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
         panic!("fresh key not reserved")
     };
     // Start the listener first, so that the count is the waiters' alone.
-    let _ = waiters_node.wait(&common::id(), Duration::ZERO).await.unwrap();
+    let _ = waiters_node
+        .wait(&common::id(), Duration::ZERO)
+        .await
+        .unwrap();
     let before = queries.load(Ordering::Relaxed);
     let waiters: Vec<_> = (0..100)
         .map(|_| {
@@ -258,7 +261,10 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
         .unwrap();
     for waiter in waiters {
         let record = waiter.await.unwrap().unwrap().expect("finalized record");
-        assert_eq!(record.state, RecordState::Completed(common::response(b"done")));
+        assert_eq!(
+            record.state,
+            RecordState::Completed(common::response(b"done"))
+        );
     }
     let woken_after = finalized_at.elapsed();
     let spent = queries.load(Ordering::Relaxed) - before;
