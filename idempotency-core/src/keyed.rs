@@ -230,9 +230,16 @@ where
     ReqBody: From<Bytes>,
     ResBody: From<Bytes>,
 {
-    if let StoreError::Full { .. } = error {
-        tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-        return Ok(Rejection::store_full(&settings).into_response(&settings));
+    match error {
+        StoreError::Full { retry_after, .. } => {
+            tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(Rejection::store_full(&settings, *retry_after).into_response(&settings));
+        }
+        StoreError::QuotaExceeded { retry_after, .. } => {
+            tracing::info!(outcome = "quota-exceeded", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(Rejection::quota_exceeded(&settings, *retry_after).into_response(&settings));
+        }
+        _ => {}
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
