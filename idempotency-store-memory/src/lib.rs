@@ -280,7 +280,7 @@ impl MemoryStore {
     }
 
     /// The store a properties configuration names: bounded by
-    /// `idempotency-max-entries` when set.
+    /// `idempotency-max-entries` and the scope quota when set.
     ///
     /// ```
     /// use idempotency_core::config::IdempotencyConfig;
@@ -291,10 +291,14 @@ impl MemoryStore {
     /// # Ok::<(), idempotency_core::config::ConfigError>(())
     /// ```
     pub fn from_config(config: &idempotency_core::config::IdempotencyConfig) -> Self {
-        match config.max_entries {
-            Some(max_entries) => Self::new().with_max_entries(max_entries),
-            None => Self::new(),
+        let mut store = Self::new();
+        if let Some(max_entries) = config.max_entries {
+            store = store.with_max_entries(max_entries);
         }
+        if let Some(quota) = config.scope_quota {
+            store = store.with_scope_quota(quota);
+        }
+        store
     }
 
     /// The bound on live records.
