@@ -281,14 +281,29 @@ where
     ReqBody: From<Bytes>,
     ResBody: From<Bytes>,
 {
-    if let StoreError::Full { .. } = error {
-        tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-        return Ok(refuse(&settings, Rejection::store_full(&settings)));
+    match error {
+        StoreError::Full { retry_after, .. } => {
+            tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(refuse(
+                &settings,
+                Rejection::store_full(&settings, *retry_after),
+            ));
+        }
+        StoreError::QuotaExceeded { retry_after, .. } => {
+            tracing::info!(outcome = "quota-exceeded", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(refuse(
+                &settings,
+                Rejection::quota_exceeded(&settings, *retry_after),
+            ));
+        }
+        _ => {}
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
         metrics::outcome(&settings, Outcome::RanUnprotected);
-        let mut response = inner.call(request.map(ReqBody::from)).await?;
+        let mut request = request.map(ReqBody::from);
+        owner::prepare_for_inner(&settings, request.headers_mut());
+        let mut response = inner.call(request).await?;
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }

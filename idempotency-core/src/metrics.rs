@@ -139,6 +139,7 @@ fn request_key(outcome: Outcome) -> &'static Key {
             RejectionKind::InFlight => rejected!("in-flight"),
             RejectionKind::StoreUnavailable => rejected!("store-unavailable"),
             RejectionKind::StoreFull => rejected!("store-full"),
+            RejectionKind::QuotaExceeded => rejected!("quota-exceeded"),
             RejectionKind::ResponseNotStored => rejected!("response-not-stored"),
             RejectionKind::ResponseFailed => rejected!("response-failed"),
         },
@@ -254,6 +255,7 @@ mod tests {
             RejectionKind::InFlight,
             RejectionKind::StoreUnavailable,
             RejectionKind::StoreFull,
+            RejectionKind::QuotaExceeded,
             RejectionKind::ResponseNotStored,
             RejectionKind::ResponseFailed,
         ];
