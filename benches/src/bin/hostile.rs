@@ -525,7 +525,16 @@ async fn postgres_cases(admin_url: &str) {
 
         // A 60 KB query string and a 2 MiB body the 400 echoes.
         let query = "q=".to_owned() + &"x".repeat(60_000);
-        let body = vec![b'b'; 2 * 1024 * 1024];
+        // Bytes PostgreSQL cannot compress away, as a real payload would be.
+        let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+        let body: Vec<u8> = (0..2 * 1024 * 1024)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                b'a' + (state % 26) as u8
+            })
+            .collect();
         let started = Instant::now();
         let tasks: Vec<_> = (0..16)
             .map(|worker| {
