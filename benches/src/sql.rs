@@ -132,6 +132,7 @@ fn response() -> StoredResponse {
             Bytes::from_static(b"application/json"),
         )],
         body: Bytes::from_static(crate::app::RESPONSE_BODY.as_bytes()),
+        trailers: vec![],
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -15,10 +15,9 @@ use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::owner;
 use crate::policy::is_mutation;
+use crate::profile::RequestHead;
 use crate::rejection::Rejection;
-use crate::service::{
-    Answer, AnswerBody, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner, RequestBody,
-};
+use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner};
 use crate::store::{
     Binding, IdempotencyRecord, RecordId, RecordState, Reservation, StoreError, StoredResponse,
 };
@@ -44,10 +43,10 @@ pub(crate) fn read_key<B>(
     if !has_key && !repeated && !settings.require_key {
         return Ok(None);
     }
-    let path = request.uri().path();
-    if !settings.takes_part(method, path) {
+    if !settings.takes_part(&RequestHead::of(request)) {
         return Ok(None);
     }
+    let path = request.uri().path();
     if repeated {
         return Err(Rejection::duplicate_key_header());
     }
@@ -63,16 +62,15 @@ pub(crate) fn read_key<B>(
 
 /// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
 /// replay or run as the owner.
-pub(crate) async fn handle<S, ReqBody, ResBody>(
+pub(crate) async fn handle<S, B>(
     settings: Arc<Settings>,
     inner: S,
-    request: Request<ReqBody>,
+    request: Request<B::In>,
     key: String,
-) -> Answer<ResBody, S::Error>
+) -> Answer<B, S::Error>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: RequestBody,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     let (parts, body) = request.into_parts();
     let id = RecordId::new(settings.scope.scope(&parts), key);
@@ -80,7 +78,7 @@ where
         Ok(body) => body,
         Err(rejection) => {
             tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
-            return Ok(rejection.into_response(&settings));
+            return Ok(rejection.into_response::<B>(&settings));
         }
     };
     let request = Request::from_parts(parts, body);
@@ -95,14 +93,15 @@ where
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
-                return owner::run(settings, inner, request, id, token, Outcome::Executed).await;
+                return owner::run::<S, B>(settings, inner, request, id, token, Outcome::Executed)
+                    .await;
             }
             Ok(Reservation::Exists(record)) => record,
-            Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+            Err(error) => return store_failed::<S, B>(settings, inner, request, &id, &error).await,
         };
         if record.binding != binding {
             tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
-            return Ok(Rejection::key_reused(&settings).into_response(&settings));
+            return Ok(Rejection::key_reused(&settings).into_response::<B>(&settings));
         }
         let settled = match record.state {
             RecordState::InFlight {
@@ -115,7 +114,9 @@ where
                     Ok(Some(IdempotencyRecord { state, .. })) => state,
                     // Released or expired while we waited: reserve again.
                     Ok(None) => continue,
-                    Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+                    Err(error) => {
+                        return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                    }
                 }
             }
             state => state,
@@ -123,7 +124,7 @@ where
         match settled {
             RecordState::Completed(stored) => {
                 tracing::debug!(outcome = "replayed", key = %settings.log_key(&id), status = stored.status, "idempotency: replayed the stored response");
-                return Ok(replay(&settings, inner, &request, stored).await);
+                return Ok(replay::<S, B>(&settings, inner, &request, stored).await);
             }
             RecordState::InFlight {
                 token,
@@ -131,23 +132,28 @@ where
             } => match settings.store.take_over(&id, token, settings.lease()).await {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(&id), "idempotency: took over a reservation whose owner stopped renewing its lease");
-                    return owner::run(settings, inner, request, id, token, Outcome::TookOver)
+                    return owner::run::<S, B>(settings, inner, request, id, token, Outcome::TookOver)
                         .await;
                 }
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
-                Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+                Err(error) => {
+                    return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                }
             },
             RecordState::InFlight { .. } => break,
         }
     }
     tracing::info!(outcome = "conflict", key = %settings.log_key(&id), "idempotency: the owner is still running; answered in flight");
-    Ok(Rejection::in_flight(&settings).into_response(&settings))
+    Ok(Rejection::in_flight(&settings).into_response::<B>(&settings))
 }
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
 /// service again), refusing one over the limit.
-async fn read_body<B: RequestBody>(settings: &Settings, body: B) -> Result<Bytes, Rejection> {
+async fn read_body<B>(settings: &Settings, body: B) -> Result<Bytes, Rejection>
+where
+    B: http_body::Body<Data: Send, Error: Into<crate::BoxError>>,
+{
     match Limited::new(body, settings.max_request_body)
         .collect()
         .await
@@ -173,48 +179,46 @@ fn bind(request: &Request<Bytes>) -> Binding {
 }
 
 /// The store failed before anything ran: fail closed, or run unprotected if configured.
-async fn store_failed<S, ReqBody, ResBody>(
+async fn store_failed<S, B>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<Bytes>,
     id: &RecordId,
     error: &StoreError,
-) -> Answer<ResBody, S::Error>
+) -> Answer<B, S::Error>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes>,
-    ResBody: From<Bytes>,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     if let StoreError::Full { .. } = error {
         tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-        return Ok(Rejection::store_full(&settings).into_response(&settings));
+        return Ok(Rejection::store_full(&settings).into_response::<B>(&settings));
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
-        let mut response = inner.call(request.map(ReqBody::from)).await?;
+        let mut response = inner.call(request.map(B::request)).await?.map(B::Answer::from);
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }
     tracing::error!(outcome = "store-unavailable", key = %settings.log_key(id), %error, "idempotency: store failed before the request ran");
-    Ok(Rejection::store_unavailable(&settings).into_response(&settings))
+    Ok(Rejection::store_unavailable(&settings).into_response::<B>(&settings))
 }
 
 /// Stage 7, the replay: the stored answer, with what the profile adds back. When the
 /// profile asks for a refresh, the inner service answers it first, with the retry's own
 /// headers and extensions (so with the retry's own authorization).
-async fn replay<S, ReqBody, ResBody>(
+async fn replay<S, B>(
     settings: &Settings,
     mut inner: S,
     retry: &Request<Bytes>,
     stored: StoredResponse,
-) -> Response<ResBody>
+) -> Response<B::Answer>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes>,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     let refreshed = match settings.profile.refresh(retry, &stored) {
-        Some(refresh) => match inner.call(refresh.map(ReqBody::from)).await {
+        Some(refresh) => match inner.call(refresh.map(B::request)).await {
             Ok(answer) if answer.status().is_success() => {
                 let (parts, body) = answer.into_parts();
                 match buffer(body, settings.max_response_body).await {
@@ -226,13 +230,14 @@ where
         },
         None => None,
     };
-    replay_response(settings.profile.replay(stored, refreshed))
+    replay_response::<B>(settings.profile.replay(stored, refreshed))
 }
 
-/// A stored answer as a response: same status, same stored headers, same body, plus
-/// `idempotent-replayed: true`.
-fn replay_response<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
-    let mut response = Response::new(B::from(stored.body));
+/// A stored answer as a response: same status, same stored headers, same body, same
+/// trailers, plus `idempotent-replayed: true`.
+fn replay_response<B: Bodies>(stored: StoredResponse) -> Response<B::Answer> {
+    let trailers = (!stored.trailers.is_empty()).then(|| header_map(stored.trailers));
+    let mut response = Response::new(B::made(stored.body, trailers));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
@@ -248,4 +253,18 @@ fn replay_response<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response.extensions_mut().insert(Outcome::Replayed);
     response
+}
+
+/// Stored header or trailer fields as a map; fields that are no longer valid are skipped.
+pub(crate) fn header_map(fields: Vec<(String, Bytes)>) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            map.append(name, value);
+        }
+    }
+    map
 }

@@ -58,6 +58,7 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
             bytes::Bytes::from_static(b"application/json"),
         )],
         body: bytes::Bytes::from_static(body),
+        trailers: vec![],
     }
 }
 
