@@ -141,7 +141,9 @@ where
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Buffered { data, trailers } => Poll::Ready(match data.take() {
                 Some(data) => Some(Ok(Frame::data(data))),
-                None => trailers.take().map(|trailers| Ok(Frame::trailers(trailers))),
+                None => trailers
+                    .take()
+                    .map(|trailers| Ok(Frame::trailers(trailers))),
             }),
         }
     }

@@ -132,8 +132,15 @@ where
             } => match settings.store.take_over(&id, token, settings.lease()).await {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(&id), "idempotency: took over a reservation whose owner stopped renewing its lease");
-                    return owner::run::<S, B>(settings, inner, request, id, token, Outcome::TookOver)
-                        .await;
+                    return owner::run::<S, B>(
+                        settings,
+                        inner,
+                        request,
+                        id,
+                        token,
+                        Outcome::TookOver,
+                    )
+                    .await;
                 }
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
@@ -196,7 +203,10 @@ where
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
-        let mut response = inner.call(request.map(B::request)).await?.map(B::Answer::from);
+        let mut response = inner
+            .call(request.map(B::request))
+            .await?
+            .map(B::Answer::from);
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }

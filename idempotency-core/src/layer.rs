@@ -214,7 +214,6 @@ impl IdempotencyLayer {
             }),
         }
     }
-
 }
 
 impl<M> IdempotencyLayer<M> {

@@ -190,9 +190,10 @@ async fn settle<B: Bodies>(
     };
     let outcome = match verdict {
         Verdict::Store => {
-            let stored = settings
-                .profile
-                .to_store(request, stored_response(settings, &parts, &body, trailers.as_ref()));
+            let stored = settings.profile.to_store(
+                request,
+                stored_response(settings, &parts, &body, trailers.as_ref()),
+            );
             finalize(settings, id, token, &stored).await;
             executed
         }

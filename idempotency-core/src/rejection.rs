@@ -281,9 +281,7 @@ impl Rejection {
         self,
         settings: &Settings,
     ) -> Response<B::Answer> {
-        let mut response = settings
-            .render(&self)
-            .map(|body| B::made(body, None));
+        let mut response = settings.render(&self).map(|body| B::made(body, None));
         if let Some(retry_after) = self.retry_after {
             let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
             response

@@ -133,7 +133,10 @@ impl<S, M> Idempotency<S, M> {
         S: Inner<B::Request, B::Inner> + Clone,
     {
         let settings = &self.settings;
-        if settings.profile.advertises(request.method(), request.uri().path()) {
+        if settings
+            .profile
+            .advertises(request.method(), request.uri().path())
+        {
             let answer = self.inner.call(request.map(B::pass));
             return ResponseFuture::boxed(Box::pin(advertise::amend::<B, _, _>(
                 settings.clone(),
@@ -286,7 +289,10 @@ where
     }
 
     fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> ResBody {
-        if trailers.as_ref().is_some_and(|trailers| !trailers.is_empty()) {
+        if trailers
+            .as_ref()
+            .is_some_and(|trailers| !trailers.is_empty())
+        {
             tracing::warn!(
                 "idempotency: an answer with trailers went out without them: the service's body \
                  type is built from bytes alone. Wrap bodies (IdempotencyLayer::wrap_bodies) to \

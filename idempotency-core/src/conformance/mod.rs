@@ -908,10 +908,7 @@ pub async fn trailers_round_trip(store: &Arc<dyn IdempotencyStore>) {
         body: Bytes::from_static(b"\0\0\0\0\x02\x08\x01"),
         trailers: vec![
             ("grpc-status".to_owned(), Bytes::from_static(b"0")),
-            (
-                "grpc-message".to_owned(),
-                Bytes::from_static(b"ok%3A done"),
-            ),
+            ("grpc-message".to_owned(), Bytes::from_static(b"ok%3A done")),
             (
                 "grpc-status-details-bin".to_owned(),
                 Bytes::from_static(b"CAMSBGJhZA"),

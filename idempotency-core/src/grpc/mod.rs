@@ -366,7 +366,11 @@ impl Profile for GrpcProfile {
             RejectionKind::ResponseNotStored => Code::FailedPrecondition,
             RejectionKind::ResponseFailed => Code::Internal,
         };
-        trailers_only(code, &grpc_message(&rejection.message), rejection.retry_after)
+        trailers_only(
+            code,
+            &grpc_message(&rejection.message),
+            rejection.retry_after,
+        )
     }
 }
 
@@ -374,10 +378,7 @@ impl Profile for GrpcProfile {
 /// `Idempotency-Key` header, which gRPC calls metadata.
 fn grpc_message(message: &str) -> String {
     message
-        .replace(
-            "Idempotency-Key header",
-            "idempotency-key metadata entry",
-        )
+        .replace("Idempotency-Key header", "idempotency-key metadata entry")
         .replace("Idempotency-Key", "idempotency-key metadata")
         .replace("request body", "request message")
 }
@@ -450,10 +451,7 @@ mod tests {
                 expected,
                 "code {code} in trailers"
             );
-            let head = parts(&[(
-                "grpc-status",
-                Box::leak(code.to_string().into_boxed_str()),
-            )]);
+            let head = parts(&[("grpc-status", Box::leak(code.to_string().into_boxed_str()))]);
             assert_eq!(
                 profile.classify(&head, None),
                 expected,
