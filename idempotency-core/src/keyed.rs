@@ -5,21 +5,23 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use bytes::{Buf, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use sha2::{Digest, Sha256};
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 
+use crate::binding;
 use crate::body::{Buffered, buffer};
+use crate::budget::Held;
 use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::owner;
-use crate::policy::is_mutation;
+use crate::policy::{self, is_mutation};
 use crate::profile::RequestHead;
 use crate::rejection::Rejection;
 use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner};
 use crate::store::{
-    Binding, IdempotencyRecord, RecordId, RecordState, Reservation, StoreError, StoredResponse,
+    IdempotencyRecord, RecordId, RecordState, Reservation, StoreError, StoredResponse,
 };
 
 /// Reservation attempts before a duplicate gives up: a key that keeps being released and
@@ -73,8 +75,17 @@ where
     B: Bodies,
 {
     let (parts, body) = request.into_parts();
+    if let Some(once) = &settings.unscoped_warning
+        && policy::looks_authenticated(&parts)
+    {
+        once.call_once(|| {
+            tracing::warn!("idempotency: requests carry credentials but the layer has no scope, so every caller shares one key space and one caller can collect another's answer by sending its key; set IdempotencyLayer::with_scope (e.g. from your authentication's principal, or CredentialScope)");
+        });
+    }
     let id = RecordId::new(settings.scope.scope(&parts), key);
-    let body = match read_body(&settings, body).await {
+    // The request's bytes stay taken from the memory budget until it is answered.
+    let mut held = Held::default();
+    let body = match read_body(&settings, &parts.headers, body, &mut held).await {
         Ok(body) => body,
         Err(rejection) => {
             tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
@@ -82,7 +93,7 @@ where
         }
     };
     let request = Request::from_parts(parts, body);
-    let binding = bind(&request);
+    let binding = binding::bind(&request);
 
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
@@ -93,8 +104,16 @@ where
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
-                return owner::run::<S, B>(settings, inner, request, id, token, Outcome::Executed)
-                    .await;
+                return owner::run::<S, B>(
+                    settings,
+                    inner,
+                    request,
+                    id,
+                    token,
+                    Outcome::Executed,
+                    held,
+                )
+                .await;
             }
             Ok(Reservation::Exists(record)) => record,
             Err(error) => return store_failed::<S, B>(settings, inner, request, &id, &error).await,
@@ -139,6 +158,7 @@ where
                         id,
                         token,
                         Outcome::TookOver,
+                        held,
                     )
                     .await;
                 }
@@ -156,32 +176,56 @@ where
 }
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
-/// service again), refusing one over the limit.
-async fn read_body<B>(settings: &Settings, body: B) -> Result<Bytes, Rejection>
+/// service again), within the memory budget, the size limit and the time limit. A
+/// declared `Content-Length` over the limit is refused before anything is read (so no
+/// `100 Continue` is sent). The bytes stay taken from the budget while `held` lives.
+async fn read_body<B>(
+    settings: &Settings,
+    headers: &HeaderMap,
+    body: B,
+    held: &mut Held,
+) -> Result<Bytes, Rejection>
 where
     B: http_body::Body<Data: Send, Error: Into<crate::BoxError>>,
 {
-    match Limited::new(body, settings.max_request_body)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Rejection::body_too_large(settings)),
-        Err(error) => Err(Rejection::unreadable_body(&error)),
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > settings.max_request_body as u64) {
+        return Err(Rejection::body_too_large(settings));
     }
-}
-
-/// Stage 2, the binding: what the key is used for. A retry with another binding is
-/// refused instead of replayed.
-fn bind(request: &Request<Bytes>) -> Binding {
-    let uri = request.uri();
-    Binding {
-        method: request.method().as_str().to_owned(),
-        path: uri
-            .path_and_query()
-            .map_or_else(|| uri.path(), |path| path.as_str())
-            .to_owned(),
-        body_sha256: Sha256::digest(request.body()).into(),
+    // Take what the body declares up front, so an over-budget request is refused before
+    // a byte of it is read; a body of unknown length is taken as it arrives.
+    let upfront = declared.map_or(0, |length| length as usize);
+    if !settings.memory.grow(held, upfront) {
+        return Err(Rejection::over_budget(settings));
+    }
+    let deadline = Instant::now() + settings.request_body_timeout;
+    let mut body = std::pin::pin!(body);
+    let mut bytes = BytesMut::with_capacity(upfront);
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
+            Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
+            Ok(None) => return Ok(bytes.freeze()),
+            Ok(Some(Err(error))) => return Err(Rejection::unreadable_body(&error.into())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers of a request body are not part of the binding
+        };
+        let length = bytes.len() + data.remaining();
+        if length > settings.max_request_body {
+            return Err(Rejection::body_too_large(settings));
+        }
+        if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
+            return Err(Rejection::over_budget(settings));
+        }
+        while data.has_remaining() {
+            let chunk = data.chunk();
+            bytes.extend_from_slice(chunk);
+            let read = chunk.len();
+            data.advance(read);
+        }
     }
 }
 
@@ -228,16 +272,19 @@ where
     B: Bodies,
 {
     let refreshed = match settings.profile.refresh(retry, &stored) {
-        Some(refresh) => match inner.call(refresh.map(B::request)).await {
-            Ok(answer) if answer.status().is_success() => {
-                let (parts, body) = answer.into_parts();
-                match buffer(body, settings.max_response_body).await {
-                    Buffered::Whole(bytes, _) => Some(Response::from_parts(parts, bytes)),
-                    _ => None,
+        Some(mut refresh) => {
+            owner::ask_for_identity(refresh.headers_mut());
+            match inner.call(refresh.map(B::request)).await {
+                Ok(answer) if answer.status().is_success() => {
+                    let (parts, body) = answer.into_parts();
+                    match buffer(body, settings.max_response_body).await {
+                        Buffered::Whole(bytes, _) => Some(Response::from_parts(parts, bytes)),
+                        _ => None,
+                    }
                 }
+                _ => None,
             }
-            _ => None,
-        },
+        }
         None => None,
     };
     replay_response::<B>(settings.profile.replay(stored, refreshed))

@@ -11,6 +11,7 @@ use tower_layer::Layer;
 use bytes::Bytes;
 use http::Response;
 
+use crate::budget::MemoryBudget;
 use crate::key::KeyFormat;
 use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
 use crate::profile::{HttpProfile, Profile, RequestHead};
@@ -28,6 +29,10 @@ pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 8 * 1024 * 1024;
 /// The largest response body stored for replay, by default: 8 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 8 * 1024 * 1024;
+/// All the bytes of bodies the layer holds at once, by default: 256 MiB.
+pub const DEFAULT_MEMORY_BUDGET: usize = 256 * 1024 * 1024;
+/// How long a keyed request's body may take to arrive, by default: 30 seconds.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything the service needs, shared by every clone of it.
 #[derive(Clone)]
@@ -41,6 +46,9 @@ pub(crate) struct Settings {
     /// Narrows the profile's routes.
     pub(crate) routes: Arc<dyn RouteFilter>,
     pub(crate) scope: Arc<dyn ScopeExtractor>,
+    /// Set while the scope is the default one: the layer then warns, once, when it sees
+    /// a request that carries a credential.
+    pub(crate) unscoped_warning: Option<Arc<std::sync::Once>>,
     pub(crate) lifetime: Duration,
     pub(crate) grace_period: Duration,
     pub(crate) lease: Duration,
@@ -50,12 +58,15 @@ pub(crate) struct Settings {
     pub(crate) not_stored_status: StatusCode,
     pub(crate) retry_after: Duration,
     pub(crate) max_request_body: usize,
+    pub(crate) request_body_timeout: Duration,
+    pub(crate) memory: Arc<MemoryBudget>,
     pub(crate) max_response_body: usize,
     pub(crate) release_statuses: Vec<StatusCode>,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) require_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
+    pub(crate) max_run_time: Option<Duration>,
     pub(crate) in_flight: TaskTracker,
 }
 
@@ -184,6 +195,7 @@ impl IdempotencyLayer {
                 renderer: None,
                 routes: Arc::new(AllMutations),
                 scope: Arc::new(SingleScope),
+                unscoped_warning: Some(Arc::new(std::sync::Once::new())),
                 lifetime: DEFAULT_LIFETIME,
                 grace_period: Duration::ZERO,
                 lease: DEFAULT_LEASE,
@@ -193,6 +205,8 @@ impl IdempotencyLayer {
                 not_stored_status: StatusCode::CONFLICT,
                 retry_after: Duration::from_secs(1),
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,
+                request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
+                memory: Arc::new(MemoryBudget::new(DEFAULT_MEMORY_BUDGET)),
                 max_response_body: DEFAULT_MAX_RESPONSE_BODY,
                 release_statuses: [401, 403, 408, 419, 429]
                     .into_iter()
@@ -200,16 +214,18 @@ impl IdempotencyLayer {
                     .collect(),
                 replayed_headers: vec![
                     header::CONTENT_TYPE,
-                    header::CONTENT_ENCODING,
                     header::CONTENT_LANGUAGE,
                     header::CONTENT_LOCATION,
                     header::LOCATION,
                     header::ETAG,
                     header::LAST_MODIFIED,
+                    header::CACHE_CONTROL,
+                    header::VARY,
                 ],
                 require_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
+                max_run_time: None,
                 in_flight: TaskTracker::new(),
             }),
         }
@@ -379,6 +395,34 @@ impl<M> IdempotencyLayer<M> {
         self.edit(|s| s.max_request_body = bytes)
     }
 
+    /// How long the body of a keyed request may take to arrive, whole (default 30 s).
+    /// A slower one gets 408 and its bytes are let go; nothing was reserved.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_request_body_timeout(Duration::from_secs(5));
+    /// ```
+    pub fn with_request_body_timeout(self, timeout: Duration) -> Self {
+        self.edit(|s| s.request_body_timeout = timeout)
+    }
+
+    /// The most bytes of bodies the layer holds at once, over all requests (default 256
+    /// MiB): the bodies of keyed requests (held while they run, and while a duplicate
+    /// waits) and the answers being read to be stored. A keyed request that would go
+    /// over it gets 503 with `Retry-After` before its body is read; requests without a key
+    /// are not held and never refused.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_memory_budget(64 << 20);
+    /// ```
+    pub fn with_memory_budget(self, bytes: usize) -> Self {
+        self.edit(|s| s.memory = Arc::new(MemoryBudget::new(bytes)))
+    }
+
     /// The largest response body stored for replay (default 8 MiB, which fits the
     /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is still
     /// delivered whole to its caller, never truncated (it is held in memory once, like
@@ -413,8 +457,11 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// The response headers stored and replayed (default: content-type,
-    /// content-encoding, content-language, content-location, location, etag,
-    /// last-modified). Others are dropped from replays, never from the first answer.
+    /// content-language, content-location, location, etag, last-modified, cache-control,
+    /// vary). Others are dropped from replays, never from the first answer.
+    /// `Content-Encoding` is not among them: the layer asks the inner service for an
+    /// unencoded answer and stores only such answers, so a replay never arrives in an
+    /// encoding the retry did not accept. Compression belongs outside the layer.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -466,6 +513,22 @@ impl<M> IdempotencyLayer<M> {
         self.edit(|s| s.finalize_retry_for = duration)
     }
 
+    /// How long an owner may hold its key while the inner service runs (default: as long
+    /// as it runs). After that the owner stops renewing its lease: once the lease lapses,
+    /// a retry takes the key over and runs the request again, and the stuck owner's late
+    /// answer is fenced out. For handlers that can hang; a request that is merely slow
+    /// would then run twice, so set it well above the slowest real request.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_run_time(Duration::from_secs(600));
+    /// ```
+    pub fn with_max_run_time(self, max_run_time: Duration) -> Self {
+        self.edit(|s| s.max_run_time = Some(max_run_time))
+    }
+
     /// The profile: everything that depends on the protocol (see [`Profile`]). The
     /// default is [`HttpProfile`]; [`iceberg`](Self::iceberg) installs
     /// [`IcebergProfile`](crate::iceberg::IcebergProfile).
@@ -511,7 +574,10 @@ impl<M> IdempotencyLayer<M> {
     /// });
     /// ```
     pub fn with_scope(self, scope: impl ScopeExtractor) -> Self {
-        self.edit(|s| s.scope = Arc::new(scope))
+        self.edit(|s| {
+            s.scope = Arc::new(scope);
+            s.unscoped_warning = None;
+        })
     }
 
     /// Narrows the mutations that take part: a request takes part only if the profile's
@@ -595,5 +661,28 @@ impl InFlightRequests {
         self.tracker.wait().await;
         // New requests may still arrive while a server drains; keep tracking them.
         self.tracker.reopen();
+    }
+
+    /// Waits until no keyed request is running, or `deadline` passes; returns how many
+    /// were still running then.
+    ///
+    /// What happens to those when the process then exits: each one's key stays reserved
+    /// until its lease lapses (20 s by default), during which retries are told it is in
+    /// flight; after that the next retry, on any replica, takes the key over and runs the
+    /// request again. Its caller gets no answer. A request whose mutation had committed
+    /// runs a second time unless its handler finalized inside its own transaction.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # async fn example() {
+    /// # let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let abandoned = layer.in_flight().wait_at_most(std::time::Duration::from_secs(30)).await;
+    /// assert_eq!(abandoned, 0);
+    /// # }
+    /// ```
+    pub async fn wait_at_most(&self, deadline: Duration) -> usize {
+        let _ = tokio::time::timeout(deadline, self.wait()).await;
+        self.count()
     }
 }

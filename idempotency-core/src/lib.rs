@@ -119,7 +119,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod advertise;
+mod binding;
 mod body;
+mod budget;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -138,16 +140,18 @@ mod rejection;
 mod service;
 mod store;
 
+pub use binding::MAX_KEPT_PATH;
 pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use layer::{
     DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
-    DEFAULT_MAX_RESPONSE_BODY, IdempotencyLayer, InFlightRequests,
+    DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MEMORY_BUDGET, DEFAULT_REQUEST_BODY_TIMEOUT,
+    IdempotencyLayer, InFlightRequests,
 };
 pub use outcome::Outcome;
 pub use owner::ReservationHandle;
-pub use policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+pub use policy::{AllMutations, CredentialScope, RouteFilter, ScopeExtractor, SingleScope};
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderMap, Request, Response, response};
+use http::{HeaderMap, HeaderValue, Request, Response, header, response};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::body::{Buffered, buffer};
+use crate::budget::Held;
 use crate::future::FinishOnDrop;
 use crate::layer::Settings;
 use crate::outcome::Outcome;
@@ -43,17 +44,20 @@ pub(crate) async fn run<S, B>(
     id: RecordId,
     token: FencingToken,
     outcome: Outcome,
+    held: Held,
 ) -> Answer<B, S::Error>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
     let tracker = settings.in_flight.clone();
-    FinishOnDrop::new(
-        &tracker,
-        own::<S, B>(settings, inner, request, id, token, outcome),
-    )
-    .await
+    let work = async move {
+        // The request's bytes stay taken from the budget while it runs, even after its
+        // caller went away.
+        let _held = held;
+        own::<S, B>(settings, inner, request, id, token, outcome).await
+    };
+    FinishOnDrop::new(&tracker, work).await
 }
 
 async fn own<S, B>(
@@ -102,6 +106,7 @@ where
     B: Bodies,
 {
     let mut request = request.clone().map(B::request);
+    ask_for_identity(request.headers_mut());
     request.extensions_mut().insert(ReservationHandle {
         id: id.clone(),
         token,
@@ -124,6 +129,10 @@ enum Verdict {
     /// The answer is too large to keep: retries are told the request already ran; the
     /// caller gets the answer.
     TooLargeToStore,
+    /// The answer is encoded (`Content-Encoding`) although the layer asked for none: it
+    /// cannot be inspected, nor replayed to a retry that may not accept the encoding, so
+    /// retries are told the request already ran; the caller gets the answer.
+    Encoded,
     /// The answer's body failed and its status releases the key: release it; the caller
     /// is told the body failed.
     FailedReleased,
@@ -146,6 +155,7 @@ fn classify(settings: &Settings, parts: &response::Parts, body: &Buffered) -> Ve
     match (settings.profile.classify(parts, trailers), body) {
         (Disposition::Release, _) => Verdict::Release,
         (_, Buffered::TooLarge(..)) => Verdict::TooLargeToStore,
+        _ if is_encoded(&parts.headers) => Verdict::Encoded,
         _ => Verdict::Store,
     }
 }
@@ -216,6 +226,18 @@ async fn settle<B: Bodies>(
             .await;
             Outcome::ExecutedNotStored
         }
+        Verdict::Encoded => {
+            tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), "idempotency: the response is encoded although the layer asked for none; retries will be told it already ran (put compression outside the layer)");
+            let why = "its response was encoded (Content-Encoding), and encoded responses are not kept for replay";
+            finalize_rejection(
+                settings,
+                id,
+                token,
+                Rejection::not_stored(settings, status, why),
+            )
+            .await;
+            Outcome::ExecutedNotStored
+        }
         Verdict::FailedReleased | Verdict::FailedKept => {
             unreachable!("a failed body was answered above")
         }
@@ -223,6 +245,28 @@ async fn settle<B: Bodies>(
     let mut response = Response::from_parts(parts, B::made(body, trailers));
     response.extensions_mut().insert(outcome);
     response
+}
+
+/// Asks the inner service for an answer the layer can store, inspect and replay to any
+/// retry: one without a content encoding.
+pub(crate) fn ask_for_identity(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+}
+
+/// Whether an answer carries a content encoding other than `identity`.
+fn is_encoded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            !value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"identity")
+        })
 }
 
 /// The answer as the generic rules keep it: status, the replayed headers, the body, and
@@ -304,8 +348,13 @@ async fn hold_lease<F: Future>(
 
 async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
     let lease = settings.lease();
+    let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
     loop {
         tokio::time::sleep(lease / 3).await;
+        if give_up_at.is_some_and(|at| Instant::now() >= at) {
+            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(&id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
+            return;
+        }
         match settings.store.renew(&id, token, lease).await {
             Ok(Ownership::Held) => {}
             Ok(Ownership::Lost) => {

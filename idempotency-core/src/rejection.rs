@@ -32,6 +32,10 @@ pub enum RejectionKind {
     BodyTooLarge,
     /// The request body could not be read.
     UnreadableBody,
+    /// The request body did not arrive in time.
+    BodyTimeout,
+    /// The layer holds as many bytes as its memory budget allows.
+    OverBudget,
     /// Another request with this key is still running.
     InFlight,
     /// The store could not be reached or failed.
@@ -55,6 +59,8 @@ impl RejectionKind {
             Self::KeyReused => "key-reused",
             Self::BodyTooLarge => "body-too-large",
             Self::UnreadableBody => "unreadable-body",
+            Self::BodyTimeout => "body-timeout",
+            Self::OverBudget => "over-budget",
             Self::InFlight => "in-flight",
             Self::StoreUnavailable => "store-unavailable",
             Self::StoreFull => "store-full",
@@ -178,6 +184,29 @@ impl Rejection {
                 settings.max_request_body
             ),
         )
+    }
+
+    pub(crate) fn body_timeout(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::BodyTimeout,
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s; send it again, whole and without \
+                 pauses",
+                settings.request_body_timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    /// The layer holds as much request and response data as its memory budget allows.
+    pub(crate) fn over_budget(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::OverBudget,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is holding as many requests with an Idempotency-Key as it can right \
+             now; retry later with the same key",
+        )
+        .retry_after(settings.retry_after)
     }
 
     pub(crate) fn unreadable_body(error: &crate::BoxError) -> Self {

@@ -126,7 +126,7 @@ impl<S, M> Idempotency<S, M> {
     /// Where each request's path begins, for either body mode.
     fn dispatch<B>(
         &mut self,
-        request: Request<B::In>,
+        mut request: Request<B::In>,
     ) -> ResponseFuture<S::Future, B::Answer, S::Error>
     where
         B: Bodies,
@@ -137,6 +137,8 @@ impl<S, M> Idempotency<S, M> {
             .profile
             .advertises(request.method(), request.uri().path())
         {
+            // The profile reads the answer: ask for it unencoded.
+            crate::owner::ask_for_identity(request.headers_mut());
             let answer = self.inner.call(request.map(B::pass));
             return ResponseFuture::boxed(Box::pin(advertise::amend::<B, _, _>(
                 settings.clone(),

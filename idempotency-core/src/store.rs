@@ -49,7 +49,8 @@ impl fmt::Display for RecordId {
 pub struct Binding {
     /// The HTTP method, e.g. `POST`.
     pub method: String,
-    /// The path and query, e.g. `/v1/ns/tables?x=1`.
+    /// The path in a normal form, with a fingerprint of the query when there is one,
+    /// e.g. `/v1/ns/tables?sha256:6b86b273ff34fce19d6b804eff5a3f57`; never the raw query.
     pub path: String,
     /// SHA-256 of the request body.
     pub body_sha256: [u8; 32],

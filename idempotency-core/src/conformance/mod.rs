@@ -90,7 +90,7 @@ fn binding(body: &[u8]) -> Binding {
     use sha2::Digest;
     Binding {
         method: "POST".to_owned(),
-        path: "/v1/namespaces/db/tables".to_owned(),
+        path: "/orders".to_owned(),
         body_sha256: sha2::Sha256::digest(body).into(),
     }
 }
@@ -199,7 +199,7 @@ pub async fn finalize_then_replay(store: &Arc<dyn IdempotencyStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
-    let stored = response(br#"{"metadata-location":"s3://b/t/metadata/00001.json"}"#);
+    let stored = response(br#"{"order":42,"state":"placed"}"#);
     assert_eq!(
         store.finalize(&id, token, &stored).await.unwrap(),
         Ownership::Held

@@ -44,8 +44,10 @@
 //!   `grpc-message`), each with a message that says what to do: a malformed, repeated or
 //!   missing key → `INVALID_ARGUMENT`; a key reused with another method or message →
 //!   `FAILED_PRECONDITION`; still in flight after the wait, or the store unavailable or
-//!   full → `UNAVAILABLE` (the code gRPC retry policies retry) with
-//!   `grpc-retry-pushback-ms`; a request message over the limit → `RESOURCE_EXHAUSTED`.
+//!   full, or the layer's memory budget used up → `UNAVAILABLE` (the code gRPC retry
+//!   policies retry) with `grpc-retry-pushback-ms`; a request message over the limit →
+//!   `RESOURCE_EXHAUSTED`; a request message that does not arrive in time →
+//!   `DEADLINE_EXCEEDED`.
 //!
 //! The layer's services wrap bodies ([`WrappedBodies`](crate::WrappedBodies)): they take
 //! tonic's body and answer with [`IdempotencyBody`](crate::IdempotencyBody), which tonic's
@@ -358,7 +360,9 @@ impl Profile for GrpcProfile {
             | RejectionKind::DuplicateKeyHeader => Code::InvalidArgument,
             RejectionKind::KeyReused => Code::FailedPrecondition,
             RejectionKind::BodyTooLarge => Code::ResourceExhausted,
+            RejectionKind::BodyTimeout => Code::DeadlineExceeded,
             RejectionKind::UnreadableBody
+            | RejectionKind::OverBudget
             | RejectionKind::InFlight
             | RejectionKind::StoreUnavailable
             | RejectionKind::StoreFull => Code::Unavailable,

@@ -50,6 +50,7 @@
 
 mod json;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -84,21 +85,60 @@ impl IdempotencyLayer {
     /// ```
     pub fn iceberg(store: impl IdempotencyStore) -> Self {
         Self::new(store)
-            .with_profile(IcebergProfile)
+            .with_profile(IcebergProfile::default())
             .with_in_flight_status(StatusCode::SERVICE_UNAVAILABLE)
             .with_not_stored_status(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl crate::config::IdempotencyConfig {
+    /// [`IdempotencyLayer::iceberg`] over `store`, with the configured lifetime (which it
+    /// advertises in `GET /v1/config`).
+    pub fn iceberg_layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
+        IdempotencyLayer::iceberg(store).with_lifetime(self.key_lifetime)
     }
 }
 
 /// The Iceberg REST profile: its routes, UUID keys, `ErrorModel` errors, the advertised
 /// lifetime, and vended credentials kept out of the store. See the
 /// [module docs](crate::iceberg).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct IcebergProfile;
+///
+/// Its routes are anchored at the catalog's base path: by default `/v1/…` at the root;
+/// a catalog served under `/catalog` sets [`with_base_path`](Self::with_base_path).
+#[derive(Clone, Debug, Default)]
+pub struct IcebergProfile {
+    base_path: String,
+}
+
+impl IcebergProfile {
+    /// The path the catalog's `/v1/…` routes are served under (default: none).
+    ///
+    /// ```
+    /// use http::Method;
+    /// use idempotency_core::Profile;
+    /// use idempotency_core::iceberg::IcebergProfile;
+    ///
+    /// let profile = IcebergProfile::default().with_base_path("/catalog/");
+    /// assert!(profile.takes_part(&Method::POST, "/catalog/v1/namespaces"));
+    /// assert!(!profile.takes_part(&Method::POST, "/v1/namespaces"));
+    /// assert!(!profile.takes_part(&Method::POST, "/x/catalog/v1/namespaces"));
+    /// ```
+    pub fn with_base_path(mut self, base_path: &str) -> Self {
+        self.base_path = base_path.trim_end_matches('/').to_owned();
+        self
+    }
+
+    /// The part of `path` after the base path, if `path` is under it.
+    fn under_base<'a>(&self, path: &'a str) -> Option<&'a str> {
+        let rest = path.strip_prefix(self.base_path.as_str())?;
+        (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+    }
+}
 
 impl Profile for IcebergProfile {
     fn takes_part(&self, method: &Method, path: &str) -> bool {
-        operation(method, path).is_some()
+        self.under_base(path)
+            .is_some_and(|path| operation(method, path).is_some())
     }
 
     fn key_format(&self) -> &dyn KeyFormat {
@@ -167,7 +207,10 @@ impl Profile for IcebergProfile {
     }
 
     fn advertises(&self, method: &Method, path: &str) -> bool {
-        method == Method::GET && is_config_path(path)
+        method == Method::GET
+            && self
+                .under_base(path)
+                .is_some_and(|path| path.trim_end_matches('/') == "/v1/config")
     }
 
     fn advertise(&self, mut answer: Response<Bytes>, lifetime: Duration) -> Response<Bytes> {
@@ -183,8 +226,9 @@ impl Profile for IcebergProfile {
 }
 
 /// The Iceberg operation a mutation is, by its method and path, or `None` if it is not
-/// one that takes an `Idempotency-Key`. Paths may carry a `{prefix}` after `/v1`, and
-/// anything before `/v1` (a base path) is ignored.
+/// one that takes an `Idempotency-Key`. The path starts with `/v1` (a base path is the
+/// profile's to take off first); it may carry a `{prefix}` after `/v1`, and repeated or
+/// trailing slashes do not matter.
 ///
 /// ```
 /// use http::Method;
@@ -193,11 +237,11 @@ impl Profile for IcebergProfile {
 /// assert_eq!(operation(&Method::POST, "/v1/namespaces/db/tables"), Some("createTable"));
 /// assert_eq!(operation(&Method::POST, "/v1/warehouse-1/namespaces/db/tables/t"), Some("updateTable"));
 /// assert_eq!(operation(&Method::POST, "/v1/namespaces/db/tables/t/metrics"), None);
+/// assert_eq!(operation(&Method::POST, "/x/v1/namespaces"), None);
 /// ```
 pub fn operation(method: &Method, path: &str) -> Option<&'static str> {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let v1 = segments.iter().position(|s| *s == "v1")?;
-    let rest = &segments[v1 + 1..];
+    let rest = segments.strip_prefix(&["v1"])?;
     // Without a prefix first; then with the first segment as the prefix.
     match_operation(method, rest).or_else(|| match_operation(method, rest.get(1..)?))
 }
@@ -239,13 +283,14 @@ impl ErrorRenderer for IcebergErrorModel {
             RejectionKind::MissingKey
             | RejectionKind::InvalidKey
             | RejectionKind::DuplicateKeyHeader
-            | RejectionKind::UnreadableBody => "BadRequestException",
+            | RejectionKind::UnreadableBody
+            | RejectionKind::BodyTimeout => "BadRequestException",
             RejectionKind::KeyReused => "IdempotencyKeyReusedException",
             RejectionKind::BodyTooLarge => "RequestTooLargeException",
             RejectionKind::InFlight => "IdempotencyKeyInFlightException",
-            RejectionKind::StoreUnavailable | RejectionKind::StoreFull => {
-                "ServiceUnavailableException"
-            }
+            RejectionKind::StoreUnavailable
+            | RejectionKind::StoreFull
+            | RejectionKind::OverBudget => "ServiceUnavailableException",
             // The request may have run: for a commit, its state is unknown to the client.
             RejectionKind::ResponseNotStored | RejectionKind::ResponseFailed => {
                 "CommitStateUnknownException"
@@ -281,11 +326,6 @@ pub fn advertise_lifetime(config: &mut Value, lifetime: Duration) {
             Value::String(format_duration(lifetime)),
         );
     }
-}
-
-/// Whether `path` is the catalog's config endpoint.
-fn is_config_path(path: &str) -> bool {
-    path.trim_end_matches('/').ends_with("/v1/config")
 }
 
 /// Operations whose answer is a `LoadTableResult`, which may carry vended credentials.
@@ -429,10 +469,14 @@ mod tests {
             for path in [
                 format!("/v1/{rest}"),
                 format!("/v1/my-prefix/{rest}"),
-                format!("/catalog/v1/{rest}"),
+                format!("//v1/{rest}/"),
             ] {
                 assert_eq!(operation(&method, &path), Some(expected), "{method} {path}");
             }
+            let under_base = IcebergProfile::default().with_base_path("/catalog");
+            assert!(under_base.takes_part(&method, &format!("/catalog/v1/{rest}")));
+            assert!(!under_base.takes_part(&method, &format!("/v1/{rest}")));
+            assert!(!IcebergProfile::default().takes_part(&method, &format!("/x/v1/{rest}")));
         }
     }
 

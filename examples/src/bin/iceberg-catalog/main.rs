@@ -93,6 +93,12 @@ struct Args {
     /// Serve without the idempotency layer: keys are ignored and not advertised.
     #[arg(long)]
     no_idempotency: bool,
+
+    /// How long a shutdown waits for keyed requests still running (ISO-8601). Those still
+    /// running then are abandoned: their keys are taken over by a retry once their
+    /// leases lapse.
+    #[arg(long, default_value = "PT30S", value_parser = idempotency_core::iso8601::parse_duration)]
+    shutdown_deadline: Duration,
 }
 
 #[tokio::main]
@@ -153,7 +159,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             running = in_flight.count(),
             "waiting for in-flight keyed requests"
         );
-        in_flight.wait().await;
+        let abandoned = in_flight.wait_at_most(args.shutdown_deadline).await;
+        if abandoned > 0 {
+            tracing::warn!(
+                abandoned,
+                "keyed requests still running at the shutdown deadline were abandoned; retries take them over once their leases lapse"
+            );
+        }
     }
     tracing::info!("stopped");
     Ok(())
