@@ -158,8 +158,18 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Buffered { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |data| data.len() as u64))
+            Kind::Buffered { data, trailers } => {
+                let length = data.as_ref().map_or(0, |data| data.len() as u64);
+                if trailers.is_none() {
+                    SizeHint::with_exact(length)
+                } else {
+                    // Not exact: an HTTP/1.1 server then sends the body chunked, which is
+                    // how trailers can follow it (a Content-Length body has no room for
+                    // them).
+                    let mut hint = SizeHint::new();
+                    hint.set_lower(length);
+                    hint
+                }
             }
         }
     }
@@ -175,6 +185,16 @@ mod tests {
         let body = IdempotencyBody::<Full<Bytes>>::buffered(Bytes::new(), None);
         assert!(body.is_end_stream());
         assert_eq!(body.size_hint().exact(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn a_body_with_trailers_does_not_claim_an_exact_length() {
+        let body = IdempotencyBody::<Full<Bytes>>::buffered(
+            Bytes::from_static(b"abc"),
+            Some(HeaderMap::new()),
+        );
+        assert_eq!(body.size_hint().exact(), None);
+        assert_eq!(body.size_hint().lower(), 3);
     }
 
     #[tokio::test]
