@@ -104,11 +104,11 @@ impl<B> IdempotencyBody<B> {
         }
     }
 
-    /// The wrapped body, if this is one (`Err(self)` for a body the layer holds).
-    pub fn into_inner(self) -> Result<B, Self> {
+    /// The wrapped body, if this is one (`None` for a body the layer holds).
+    pub fn into_inner(self) -> Option<B> {
         match self.kind {
-            Kind::Inner { body } => Ok(body),
-            kind => Err(Self { kind }),
+            Kind::Inner { body } => Some(body),
+            Kind::Buffered { .. } => None,
         }
     }
 }
