@@ -49,7 +49,7 @@
 //!   `RESOURCE_EXHAUSTED`; a request message that does not arrive in time →
 //!   `DEADLINE_EXCEEDED`.
 //!
-//! The layer's services wrap bodies ([`WrappedBodies`](crate::WrappedBodies)): they take
+//! The layer's services wrap bodies ([`WrappedBodies`]): they take
 //! tonic's body and answer with [`IdempotencyBody`](crate::IdempotencyBody), which tonic's
 //! server accepts, so trailers reach the client on first answers and replays alike.
 //!
