@@ -138,7 +138,11 @@ impl<S> App for S where
 fn layer() -> IdempotencyLayer {
     // The default bound (10,000 live records) would fill up during the fresh-key benchmark
     // and answer 503; the benchmark measures the steady state, not the bound.
-    IdempotencyLayer::new(MemoryStore::new().with_max_entries(100_000_000))
+    IdempotencyLayer::new(
+        MemoryStore::new()
+            .with_max_entries(100_000_000)
+            .with_max_bytes(u64::MAX),
+    )
 }
 
 fn row(name: &str, result: Paired, baseline: &str, target: &str, verdict: Verdict) -> Row {

@@ -241,16 +241,24 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    if let StoreError::Full { .. } = error {
-        tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-        return Ok(Rejection::store_full(&settings).into_response::<B>(&settings));
+    match error {
+        StoreError::Full { retry_after, .. } => {
+            tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(Rejection::store_full(&settings, *retry_after).into_response::<B>(&settings));
+        }
+        StoreError::QuotaExceeded { retry_after, .. } => {
+            tracing::info!(outcome = "quota-exceeded", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(
+                Rejection::quota_exceeded(&settings, *retry_after).into_response::<B>(&settings)
+            );
+        }
+        _ => {}
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
-        let mut response = inner
-            .call(request.map(B::request))
-            .await?
-            .map(B::Answer::from);
+        let mut request = request.map(B::request);
+        owner::prepare_for_inner(&settings, request.headers_mut());
+        let mut response = inner.call(request).await?.map(B::Answer::from);
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }

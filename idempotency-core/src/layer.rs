@@ -64,6 +64,7 @@ pub(crate) struct Settings {
     pub(crate) release_statuses: Vec<StatusCode>,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) require_key: bool,
+    pub(crate) forward_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
     pub(crate) max_run_time: Option<Duration>,
@@ -223,6 +224,7 @@ impl IdempotencyLayer {
                     header::VARY,
                 ],
                 require_key: false,
+                forward_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
                 max_run_time: None,
@@ -485,6 +487,25 @@ impl<M> IdempotencyLayer<M> {
     /// ```
     pub fn with_require_key(self, require: bool) -> Self {
         self.edit(|s| s.require_key = require)
+    }
+
+    /// Whether the inner service sees the `Idempotency-Key` header (default: no).
+    ///
+    /// The layer alone decides what a key means. A wrapped service with key handling of
+    /// its own (an existing catalog may cache answers by key, with another lifetime and
+    /// no check of the body) would otherwise answer in the layer's place, and a key the
+    /// layer let run again could get the inner cache's stale answer. A handler that needs
+    /// the reservation reads it from the [`ReservationHandle`](crate::ReservationHandle)
+    /// request extension; set this only for a service that must pass the key on (e.g.
+    /// to a payment provider) and does nothing else with it.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_forwarded_key(true);
+    /// ```
+    pub fn with_forwarded_key(self, forward: bool) -> Self {
+        self.edit(|s| s.forward_key = forward)
     }
 
     /// When the store fails before the inner service ran: fail closed (the default: 503

@@ -156,9 +156,9 @@ pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};
 pub use store::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership,
-    PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, StoreError, StoredResponse,
-    purge_all_expired, spawn_purge_task,
+    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, MAX_POLLS_PER_SECOND,
+    Ownership, PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, ScopeQuota,
+    StoreError, StoredResponse, is_settled, purge_all_expired, spawn_purge_task, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

@@ -20,7 +20,7 @@ use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::profile::Disposition;
 use crate::rejection::Rejection;
-use crate::service::{Answer, Bodies, Inner};
+use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, Inner};
 use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 
 /// The reservation a keyed request runs under, added to the request's extensions for
@@ -106,7 +106,7 @@ where
     B: Bodies,
 {
     let mut request = request.clone().map(B::request);
-    ask_for_identity(request.headers_mut());
+    prepare_for_inner(settings, request.headers_mut());
     request.extensions_mut().insert(ReservationHandle {
         id: id.clone(),
         token,
@@ -245,6 +245,15 @@ async fn settle<B: Bodies>(
     let mut response = Response::from_parts(parts, B::made(body, trailers));
     response.extensions_mut().insert(outcome);
     response
+}
+
+/// The headers a keyed request reaches the inner service with: asking for an unencoded
+/// answer, and without the key unless the layer forwards it.
+pub(crate) fn prepare_for_inner(settings: &Settings, headers: &mut HeaderMap) {
+    ask_for_identity(headers);
+    if !settings.forward_key {
+        headers.remove(IDEMPOTENCY_KEY);
+    }
 }
 
 /// Asks the inner service for an answer the layer can store, inspect and replay to any

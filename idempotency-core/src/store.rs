@@ -170,13 +170,23 @@ pub enum Ownership {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The store holds as many live records as it may; nothing was evicted to make room.
-    #[error(
-        "the idempotency store is full ({max_entries} live records); retry later, or raise max_entries"
-    )]
+    /// The store holds as many live records, or bytes, as it may; nothing was evicted to
+    /// make room.
+    #[error("the idempotency store is full ({bound}); retry later, or raise the bound")]
     Full {
-        /// The configured bound.
-        max_entries: usize,
+        /// Which bound was reached, e.g. `10000 live records`.
+        bound: String,
+        /// When room is expected (the next record's expiry), if the store knows.
+        retry_after: Option<Duration>,
+    },
+    /// The caller's scope holds as many live records, or bytes, as its
+    /// [`ScopeQuota`] allows; other scopes are not affected.
+    #[error("this scope holds as much as its quota allows ({bound}); retry later")]
+    QuotaExceeded {
+        /// Which part of the quota was reached, e.g. `100 records`.
+        bound: String,
+        /// When room is expected in this scope, if the store knows.
+        retry_after: Option<Duration>,
     },
     /// The backend failed (connection lost, query error, timeout); the source is kept.
     #[error("the idempotency store backend failed: {0}")]
@@ -272,34 +282,14 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// was released, expired, or its lease lapsed — or until `timeout` passes, and returns
     /// it as it then stands.
     ///
-    /// The default polls [`load`](Self::load) with a bounded backoff; stores that can
-    /// notify waiters should override it.
+    /// The default is [`wait_by_polling`]: at most [`MAX_POLLS_PER_SECOND`] loads per
+    /// second per waiter. Stores that can notify waiters should override it.
     async fn wait(
         &self,
         id: &RecordId,
         timeout: Duration,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let record = self.load(id).await?;
-            let settled = !matches!(
-                &record,
-                Some(IdempotencyRecord {
-                    state: RecordState::InFlight {
-                        lease_lapsed: false,
-                        ..
-                    },
-                    ..
-                })
-            );
-            let now = tokio::time::Instant::now();
-            if settled || now >= deadline {
-                return Ok(record);
-            }
-            tokio::time::sleep(pause.min(deadline - now)).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        wait_by_polling(self, id, timeout).await
     }
 
     /// Extends the lease of the record `token` owns to `lease` from now, and its expiry to
@@ -338,6 +328,117 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// it again while it returns a full batch. A backend that deletes expired records by
     /// itself (key expiry in Redis, a TTL index) returns [`Purged::ByBackend`] instead.
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError>;
+}
+
+/// How much one scope (one tenant, one caller) may hold in a store at once, so that no
+/// scope can fill a shared store and lock the others out. A reservation that would go
+/// over gets [`StoreError::QuotaExceeded`] (the layer answers 429 with `Retry-After`).
+///
+/// Bytes are what a record holds: its scope, key and binding, and once finalized its
+/// stored answer. A record is counted from its reservation until it expires or is
+/// released; a finalize never fails for the quota (the request already ran), so a scope
+/// can go over its byte quota by one answer, and then reserves nothing more until it is
+/// back under.
+///
+/// ```
+/// use idempotency_core::ScopeQuota;
+/// let quota = ScopeQuota::default().with_max_records(1_000).with_max_bytes(64 << 20);
+/// assert_eq!(quota.max_records, Some(1_000));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScopeQuota {
+    /// The most live records a scope may hold.
+    pub max_records: Option<u64>,
+    /// The most bytes a scope's live records may hold.
+    pub max_bytes: Option<u64>,
+}
+
+impl ScopeQuota {
+    /// Limits the live records of a scope.
+    pub fn with_max_records(mut self, records: u64) -> Self {
+        self.max_records = Some(records);
+        self
+    }
+
+    /// Limits the bytes of a scope's live records.
+    pub fn with_max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// Whether a scope holding `records` records and `bytes` bytes may reserve one more,
+    /// and if not, which bound it reached.
+    pub fn refuses(&self, records: u64, bytes: u64) -> Option<String> {
+        if self.max_records.is_some_and(|max| records >= max) {
+            return Some(format!("{} records", self.max_records.unwrap_or_default()));
+        }
+        if self.max_bytes.is_some_and(|max| bytes >= max) {
+            return Some(format!("{} bytes", self.max_bytes.unwrap_or_default()));
+        }
+        None
+    }
+}
+
+impl RecordId {
+    /// The bytes a record of this id with `binding` holds before it is finalized, as
+    /// [`ScopeQuota`] counts them.
+    pub fn reserved_bytes(&self, binding: &Binding) -> u64 {
+        (self.scope.len() + self.key.len() + binding.method.len() + binding.path.len() + 32) as u64
+    }
+}
+
+impl StoredResponse {
+    /// The bytes this answer adds to its record once finalized, as [`ScopeQuota`]
+    /// counts them.
+    pub fn stored_bytes(&self) -> u64 {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 2)
+            .sum();
+        (2 + headers + self.body.len()) as u64
+    }
+}
+
+/// The most loads per second [`wait_by_polling`] sends for one waiter, once its backoff
+/// has grown (it starts at 5 ms and doubles).
+pub const MAX_POLLS_PER_SECOND: u32 = 5;
+
+/// [`IdempotencyStore::wait`] by polling [`load`](IdempotencyStore::load) with a backoff
+/// that starts at 5 ms and doubles up to 200 ms: a quick owner is noticed at once, and a
+/// waiter costs at most [`MAX_POLLS_PER_SECOND`] loads per second after that.
+pub async fn wait_by_polling<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    id: &RecordId,
+    timeout: Duration,
+) -> Result<Option<IdempotencyRecord>, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let record = store.load(id).await?;
+        let now = tokio::time::Instant::now();
+        if is_settled(&record) || now >= deadline {
+            return Ok(record);
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_secs(1) / MAX_POLLS_PER_SECOND);
+    }
+}
+
+/// Whether a record, as loaded, is no longer in flight under a live lease: what a waiter
+/// waits for.
+pub fn is_settled(record: &Option<IdempotencyRecord>) -> bool {
+    !matches!(
+        record,
+        Some(IdempotencyRecord {
+            state: RecordState::InFlight {
+                lease_lapsed: false,
+                ..
+            },
+            ..
+        })
+    )
 }
 
 /// What [`IdempotencyStore::purge_expired`] did.

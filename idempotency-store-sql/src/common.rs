@@ -230,6 +230,45 @@ impl PoolSettings {
     }
 }
 
+/// What a scope holds, as the quota check reads it, and when its next record expires.
+pub(crate) struct ScopeUsage {
+    /// The reserving key already has a live record: a replay or a duplicate, which the
+    /// quota never refuses.
+    pub(crate) key_live: bool,
+    pub(crate) records: i64,
+    pub(crate) bytes: i64,
+    pub(crate) next_expiry_in_ms: Option<i64>,
+}
+
+impl ScopeUsage {
+    /// The quota's refusal of a new record in this scope, if any.
+    pub(crate) fn refusal(&self, quota: &idempotency_core::ScopeQuota) -> Option<StoreError> {
+        if self.key_live {
+            return None;
+        }
+        let bound = quota.refuses(self.records.max(0) as u64, self.bytes.max(0) as u64)?;
+        Some(StoreError::QuotaExceeded {
+            bound,
+            retry_after: self
+                .next_expiry_in_ms
+                .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        })
+    }
+}
+
+/// The SQL expression for the bytes the row `row` (a table alias) holds, as
+/// `ScopeQuota` counts them; `length` is the byte-length function (`octet_length` on
+/// PostgreSQL and MySQL, `length` on SQLite, whose text and blobs it measures in bytes
+/// once cast to blobs).
+pub(crate) fn row_bytes(length: &str, row: &str) -> String {
+    format!(
+        "{length}({row}.scope) + {length}({row}.idempotency_key) + {length}({row}.method) \
+         + {length}({row}.path) + 32 + COALESCE({length}({row}.response_headers), 0) \
+         + COALESCE({length}({row}.response_body), 0) \
+         + CASE WHEN {row}.response_status IS NULL THEN 0 ELSE 2 END"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use idempotency_core::{
     Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    Reservation, StoreError, StoredResponse, async_trait,
+    Reservation, ScopeQuota, StoreError, StoredResponse, async_trait,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool};
 use sqlx::{FromRow, Row};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races, trailers_column,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, ScopeUsage, backend, millis, new_token,
+    new_token_other_than, ownership, row_bytes, too_many_races, trailers_column,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -43,11 +43,15 @@ pub struct SqliteStore {
     pool: SqlitePool,
     table: TableName,
     sql: Arc<Statements>,
+    quota: Option<ScopeQuota>,
 }
 
 #[derive(Debug)]
 struct Statements {
     migrate: String,
+    /// What a scope holds, read inside the reserving write transaction when a quota is
+    /// set.
+    scope_usage: String,
     reserve: String,
     replace_expired: String,
     load: String,
@@ -73,6 +77,17 @@ impl Statements {
              response_trailers"
         );
         Self {
+            scope_usage: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} AS k
+                                WHERE k.scope = ?1 AND k.idempotency_key = ?2
+                                  AND k.expires_at_ms > {NOW_MS}) AS key_live,
+                        count(*) AS records,
+                        COALESCE(sum({bytes}), 0) AS bytes,
+                        min(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
+                 FROM {t} AS r
+                 WHERE r.scope = ?1 AND r.expires_at_ms > {NOW_MS}",
+                bytes = row_bytes("octet_length", "r"),
+            ),
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
                     scope               TEXT    NOT NULL,
@@ -165,6 +180,7 @@ impl SqliteStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
+            quota: None,
         }
     }
 
@@ -211,6 +227,24 @@ impl SqliteStore {
         self.table = TableName::new(name)?;
         self.sql = Arc::new(Statements::new(&self.table));
         Ok(self)
+    }
+
+    /// Bounds what each scope may hold (see [`ScopeQuota`]). Reservations of a new key
+    /// then run in a write transaction (`BEGIN IMMEDIATE`) that reads the scope's usage
+    /// and claims its room at once: a quota costs a scan of the scope's live records per
+    /// new key.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_sql::SqliteStore;
+    ///
+    /// let store = SqliteStore::new(pool).with_scope_quota(ScopeQuota::default().with_max_records(10_000));
+    /// # drop(store); }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
     }
 
     /// The pool the store runs on.
@@ -272,6 +306,57 @@ impl SqliteStore {
         Ok(self)
     }
 
+    /// Reserves on one connection (a write transaction's, when a quota is checked).
+    async fn reserve_on(
+        &self,
+        connection: &mut SqliteConnection,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        // The upsert returns the row as it stands after it ran: ours if it inserted
+        // (tokens are 64 random bits, so a live row holding the very token we just drew
+        // is a 1-in-2^64 chance), else the existing row, untouched. A live one is the
+        // answer; an expired one is replaced by a second, conditional statement, unless
+        // another request replaced (or purge removed) it first, and then we look again.
+        for _ in 0..MAX_ATTEMPTS {
+            let token = new_token();
+            let bind = |sql| {
+                sqlx::query(sql)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(&binding.method)
+                    .bind(&binding.path)
+                    .bind(&binding.body_sha256[..])
+                    .bind(token.0)
+                    .bind(millis(lease))
+                    // In flight under a live lease, a record never expires.
+                    .bind(millis(lifetime.max(lease)))
+            };
+            let row = bind(&self.sql.reserve)
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(backend)?;
+            let raw = RawRecord::from_row(&row).map_err(backend)?;
+            if raw.fencing_token == token.0 {
+                return Ok(Reservation::Reserved(token));
+            }
+            let expires_at_ms: i64 = row.try_get("expires_at_ms").map_err(backend)?;
+            if expires_at_ms > raw.now_ms {
+                return Ok(Reservation::Exists(raw.into_record()?));
+            }
+            let replaced = bind(&self.sql.replace_expired)
+                .execute(&mut *connection)
+                .await
+                .map_err(backend)?;
+            if replaced.rows_affected() == 1 {
+                return Ok(Reservation::Reserved(token));
+            }
+        }
+        Err(too_many_races("reserve"))
+    }
+
     /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
     async fn fenced(&self, query: SqliteQuery<'_>) -> Result<Ownership, StoreError> {
         let done = query.execute(&self.pool).await.map_err(backend)?;
@@ -298,46 +383,40 @@ impl IdempotencyStore for SqliteStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        // The upsert returns the row as it stands after it ran: ours if it inserted
-        // (tokens are 64 random bits, so a live row holding the very token we just drew
-        // is a 1-in-2^64 chance), else the existing row, untouched. A live one is the
-        // answer; an expired one is replaced by a second, conditional statement, unless
-        // another request replaced (or purge removed) it first, and then we look again.
-        for _ in 0..MAX_ATTEMPTS {
-            let token = new_token();
-            let bind = |sql| {
-                sqlx::query(sql)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lease))
-                    // In flight under a live lease, a record never expires.
-                    .bind(millis(lifetime.max(lease)))
-            };
-            let row = bind(&self.sql.reserve)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(backend)?;
-            let raw = RawRecord::from_row(&row).map_err(backend)?;
-            if raw.fencing_token == token.0 {
-                return Ok(Reservation::Reserved(token));
-            }
-            let expires_at_ms: i64 = row.try_get("expires_at_ms").map_err(backend)?;
-            if expires_at_ms > raw.now_ms {
-                return Ok(Reservation::Exists(raw.into_record()?));
-            }
-            let replaced = bind(&self.sql.replace_expired)
-                .execute(&self.pool)
-                .await
-                .map_err(backend)?;
-            if replaced.rows_affected() == 1 {
-                return Ok(Reservation::Reserved(token));
-            }
+        let Some(quota) = self.quota else {
+            let mut connection = self.pool.acquire().await.map_err(backend)?;
+            return self
+                .reserve_on(&mut connection, id, binding, lease, lifetime)
+                .await;
+        };
+        // One write transaction reads the scope's usage and claims its room: SQLite lets
+        // one writer in at a time, so nothing changes the scope in between. A replay is
+        // never refused.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(backend)?;
+        let usage = sqlx::query(&self.sql.scope_usage)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = ScopeUsage {
+            key_live: usage.try_get("key_live").map_err(backend)?,
+            records: usage.try_get("records").map_err(backend)?,
+            bytes: usage.try_get("bytes").map_err(backend)?,
+            next_expiry_in_ms: usage.try_get("next_expiry_in_ms").map_err(backend)?,
+        };
+        if let Some(refusal) = usage.refusal(&quota) {
+            return Err(refusal);
         }
-        Err(too_many_races("reserve"))
+        let reservation = self
+            .reserve_on(&mut tx, id, binding, lease, lifetime)
+            .await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(reservation)
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {

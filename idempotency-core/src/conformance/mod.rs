@@ -992,3 +992,55 @@ pub async fn scope_and_key_never_run_together(store: &Arc<dyn IdempotencyStore>)
         );
     }
 }
+
+/// For a store built with a [`ScopeQuota`](crate::ScopeQuota) of `max_records` records per
+/// scope (and no smaller store-wide bound): many concurrent reservations in one scope win
+/// exactly `max_records` times and the rest get `QuotaExceeded`; another scope is not
+/// affected; a released record gives its room back.
+pub async fn scope_quota_holds_under_concurrency(
+    store: &Arc<dyn IdempotencyStore>,
+    max_records: u64,
+) {
+    let scope = format!("quota-{}", uuid::Uuid::new_v4());
+    let mut tasks = JoinSet::new();
+    for i in 0..(max_records * 2 + 8) {
+        let store = store.clone();
+        let id = RecordId::new(scope.clone(), format!("k{i}"));
+        tasks.spawn(async move {
+            let answer = store.reserve(&id, &binding(b"{}"), LONG, LONG).await;
+            (id, answer)
+        });
+    }
+    let mut winners = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined.unwrap() {
+            (id, Ok(Reservation::Reserved(token))) => winners.push((id, token)),
+            (_, Err(crate::StoreError::QuotaExceeded { .. })) => {}
+            (_, other) => panic!("a reserve over the quota answered {other:?}"),
+        }
+    }
+    assert_eq!(
+        winners.len() as u64,
+        max_records,
+        "a scope with a quota of {max_records} records won {} reservations",
+        winners.len()
+    );
+    let other = RecordId::new(format!("{scope}-other"), "k0");
+    assert!(
+        matches!(
+            store.reserve(&other, &binding(b"{}"), LONG, LONG).await,
+            Ok(Reservation::Reserved(_))
+        ),
+        "a scope at its quota locked another scope out"
+    );
+    let (id, token) = &winners[0];
+    assert_eq!(store.release(id, *token).await.unwrap(), Ownership::Held);
+    let again = RecordId::new(scope.clone(), "after-release");
+    assert!(
+        matches!(
+            store.reserve(&again, &binding(b"{}"), LONG, LONG).await,
+            Ok(Reservation::Reserved(_))
+        ),
+        "a released record did not give its room back to its scope"
+    );
+}

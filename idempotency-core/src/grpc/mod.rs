@@ -46,7 +46,8 @@
 //!   `FAILED_PRECONDITION`; still in flight after the wait, or the store unavailable or
 //!   full, or the layer's memory budget used up → `UNAVAILABLE` (the code gRPC retry
 //!   policies retry) with `grpc-retry-pushback-ms`; a request message over the limit →
-//!   `RESOURCE_EXHAUSTED`; a request message that does not arrive in time →
+//!   `RESOURCE_EXHAUSTED`, as is a caller over its scope's quota; a request message that
+//!   does not arrive in time →
 //!   `DEADLINE_EXCEEDED`.
 //!
 //! The layer's services wrap bodies ([`WrappedBodies`]): they take
@@ -359,7 +360,7 @@ impl Profile for GrpcProfile {
             | RejectionKind::InvalidKey
             | RejectionKind::DuplicateKeyHeader => Code::InvalidArgument,
             RejectionKind::KeyReused => Code::FailedPrecondition,
-            RejectionKind::BodyTooLarge => Code::ResourceExhausted,
+            RejectionKind::BodyTooLarge | RejectionKind::QuotaExceeded => Code::ResourceExhausted,
             RejectionKind::BodyTimeout => Code::DeadlineExceeded,
             RejectionKind::UnreadableBody
             | RejectionKind::OverBudget
