@@ -113,6 +113,7 @@ mod binding;
 mod body;
 mod budget;
 pub mod config;
+mod encoding;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod future;
