@@ -155,7 +155,11 @@ mod tests {
         let bomb = Bytes::from(gzip(&vec![b'a'; 10_000]));
         let mut bomb_headers = headers("gzip", bomb.len());
         let unreadable = decode(&mut bomb_headers, &bomb, 1024).unwrap_err();
-        assert!(unreadable.why.contains("more than 1024"), "{}", unreadable.why);
+        assert!(
+            unreadable.why.contains("more than 1024"),
+            "{}",
+            unreadable.why
+        );
 
         let mut garbage = headers("gzip", 3);
         assert!(decode(&mut garbage, &Bytes::from_static(b"abc"), 1024).is_err());

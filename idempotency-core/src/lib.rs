@@ -113,9 +113,9 @@ mod binding;
 mod body;
 mod budget;
 pub mod config;
-mod encoding;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod encoding;
 mod future;
 pub mod iceberg;
 pub mod iso8601;

@@ -99,7 +99,13 @@ async fn send(app: &Router, request: Request<Body>) -> Answer {
     }
 }
 
-fn request(method: &str, uri: &str, key: Option<&str>, accept: Option<&str>, body: Value) -> Request<Body> {
+fn request(
+    method: &str,
+    uri: &str,
+    key: Option<&str>,
+    accept: Option<&str>,
+    body: Value,
+) -> Request<Body> {
     let mut builder = Request::builder()
         .method(method)
         .uri(uri)
@@ -164,7 +170,10 @@ fn orders(calls: Arc<AtomicUsize>) -> Router {
                 (
                     StatusCode::CREATED,
                     [("content-type", "text/plain")],
-                    format!("order {n}, accepted {accepted:?}; {}", "line item; ".repeat(50)),
+                    format!(
+                        "order {n}, accepted {accepted:?}; {}",
+                        "line item; ".repeat(50)
+                    ),
                 )
             }
         }),
@@ -181,17 +190,36 @@ async fn plain_http_compression_inside_is_asked_for_identity_and_replays_suit_ev
     );
 
     // Unkeyed requests are the service's own business: it compresses them.
-    let unkeyed = send(&app, request("POST", "/orders", None, Some("gzip"), Value::Null)).await;
+    let unkeyed = send(
+        &app,
+        request("POST", "/orders", None, Some("gzip"), Value::Null),
+    )
+    .await;
     assert_eq!(unkeyed.encoding(), Some("gzip"));
 
-    let first = send(&app, request("POST", "/orders", Some("k-1"), Some("gzip"), Value::Null)).await;
-    assert_eq!((first.status, first.outcome), (StatusCode::CREATED, Some(Outcome::Executed)));
+    let first = send(
+        &app,
+        request("POST", "/orders", Some("k-1"), Some("gzip"), Value::Null),
+    )
+    .await;
+    assert_eq!(
+        (first.status, first.outcome),
+        (StatusCode::CREATED, Some(Outcome::Executed))
+    );
     assert_eq!(first.encoding(), None, "the service was asked for identity");
-    assert!(first.plain().contains(r#"accepted "identity""#), "{}", first.plain());
+    assert!(
+        first.plain().contains(r#"accepted "identity""#),
+        "{}",
+        first.plain()
+    );
     assert!(!is_gzip(&stored_body(&store, "k-1").await));
 
     for accept in [None, Some("gzip"), Some("br;q=1, gzip;q=0.5")] {
-        let retry = send(&app, request("POST", "/orders", Some("k-1"), accept, Value::Null)).await;
+        let retry = send(
+            &app,
+            request("POST", "/orders", Some("k-1"), accept, Value::Null),
+        )
+        .await;
         assert_eq!(retry.outcome, Some(Outcome::Replayed), "{accept:?}");
         assert_eq!(retry.encoding(), None, "{accept:?}");
         assert_eq!(retry.raw, first.raw, "{accept:?}");
@@ -209,18 +237,30 @@ async fn plain_http_compression_outside_the_layer_compresses_answers_and_replays
         .fallback_service(IdempotencyLayer::new(store.clone()).layer(orders(calls.clone())))
         .layer(CompressionLayer::new());
 
-    let first = send(&app, request("POST", "/orders", Some("k-2"), Some("gzip"), Value::Null)).await;
+    let first = send(
+        &app,
+        request("POST", "/orders", Some("k-2"), Some("gzip"), Value::Null),
+    )
+    .await;
     assert_eq!(first.encoding(), Some("gzip"));
     let plain_first = first.plain();
     assert!(plain_first.contains("order 1"), "{plain_first}");
     assert!(!is_gzip(&stored_body(&store, "k-2").await));
 
-    let gzip_retry = send(&app, request("POST", "/orders", Some("k-2"), Some("gzip"), Value::Null)).await;
+    let gzip_retry = send(
+        &app,
+        request("POST", "/orders", Some("k-2"), Some("gzip"), Value::Null),
+    )
+    .await;
     assert_eq!(gzip_retry.outcome, Some(Outcome::Replayed));
     assert_eq!(gzip_retry.encoding(), Some("gzip"));
     assert_eq!(gzip_retry.plain(), plain_first);
 
-    let plain_retry = send(&app, request("POST", "/orders", Some("k-2"), None, Value::Null)).await;
+    let plain_retry = send(
+        &app,
+        request("POST", "/orders", Some("k-2"), None, Value::Null),
+    )
+    .await;
     assert_eq!(plain_retry.outcome, Some(Outcome::Replayed));
     assert_eq!(plain_retry.encoding(), None);
     assert_eq!(plain_retry.plain(), plain_first);
@@ -236,20 +276,36 @@ async fn plain_http_a_service_that_compresses_unasked_is_not_stored_and_never_re
             .layer(compressed(orders(calls.clone()), Compressing::Always)),
     );
 
-    let first = send(&app, request("POST", "/orders", Some("k-3"), Some("gzip"), Value::Null)).await;
+    let first = send(
+        &app,
+        request("POST", "/orders", Some("k-3"), Some("gzip"), Value::Null),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.outcome, Some(Outcome::ExecutedNotStored));
-    assert_eq!(first.encoding(), Some("gzip"), "its caller gets the answer as it came");
+    assert_eq!(
+        first.encoding(),
+        Some("gzip"),
+        "its caller gets the answer as it came"
+    );
     let stored = stored_body(&store, "k-3").await;
     assert!(!is_gzip(&stored), "an encoded body was stored");
     assert!(!String::from_utf8_lossy(&stored).contains("line item"));
 
-    let retry = send(&app, request("POST", "/orders", Some("k-3"), None, Value::Null)).await;
+    let retry = send(
+        &app,
+        request("POST", "/orders", Some("k-3"), None, Value::Null),
+    )
+    .await;
     assert_eq!(retry.outcome, Some(Outcome::Replayed));
     assert_eq!(retry.status, StatusCode::CONFLICT);
     assert_eq!(retry.encoding(), None);
     assert!(retry.plain().contains("already ran"), "{}", retry.plain());
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the retry did not run it again");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the retry did not run it again"
+    );
 }
 
 // ------------------------------------------------------------------------------------------
@@ -269,16 +325,27 @@ fn catalog(loads: Arc<AtomicUsize>) -> Router {
                                      "config": {"s3.access-key-id": "AKIATEST", "s3.secret-access-key": secret}}]
         })
     }
-    async fn create(State(loads): State<Arc<AtomicUsize>>, Json(request): Json<Value>) -> Json<Value> {
+    async fn create(
+        State(loads): State<Arc<AtomicUsize>>,
+        Json(request): Json<Value>,
+    ) -> Json<Value> {
         let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
-        Json(load_result(request["name"].as_str().unwrap(), format!("secret-{n}")))
+        Json(load_result(
+            request["name"].as_str().unwrap(),
+            format!("secret-{n}"),
+        ))
     }
-    async fn load(State(loads): State<Arc<AtomicUsize>>, Path((_ns, table)): Path<(String, String)>) -> Json<Value> {
+    async fn load(
+        State(loads): State<Arc<AtomicUsize>>,
+        Path((_ns, table)): Path<(String, String)>,
+    ) -> Json<Value> {
         let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
         Json(load_result(&table, format!("secret-{n}")))
     }
     async fn config() -> Json<Value> {
-        Json(json!({"defaults": {"padding": "x".repeat(300)}, "overrides": {}, "idempotency-key-lifetime": "PT24H"}))
+        Json(
+            json!({"defaults": {"padding": "x".repeat(300)}, "overrides": {}, "idempotency-key-lifetime": "PT24H"}),
+        )
     }
     Router::new()
         .route("/v1/config", get(config))
@@ -288,7 +355,13 @@ fn catalog(loads: Arc<AtomicUsize>) -> Router {
 }
 
 fn create_table(accept: Option<&str>) -> Request<Body> {
-    request("POST", "/v1/namespaces/db/tables", Some(KEY), accept, json!({"name": "events"}))
+    request(
+        "POST",
+        "/v1/namespaces/db/tables",
+        Some(KEY),
+        accept,
+        json!({"name": "events"}),
+    )
 }
 
 fn secret(answer: &Answer) -> String {
@@ -311,22 +384,38 @@ async fn iceberg_compression_inside_keeps_secrets_out_and_the_advertisement_righ
         }
         let gzip_if_outside = outside.then_some("gzip");
 
-        let config = send(&app, request("GET", "/v1/config", None, Some("gzip"), Value::Null)).await;
+        let config = send(
+            &app,
+            request("GET", "/v1/config", None, Some("gzip"), Value::Null),
+        )
+        .await;
         assert_eq!(config.encoding(), gzip_if_outside, "outside: {outside}");
-        assert_eq!(config.json()["idempotency-key-lifetime"], "PT30M", "outside: {outside}");
+        assert_eq!(
+            config.json()["idempotency-key-lifetime"],
+            "PT30M",
+            "outside: {outside}"
+        );
 
         let first = send(&app, create_table(Some("gzip"))).await;
         assert_eq!(first.outcome, Some(Outcome::Executed));
         assert_eq!(first.encoding(), gzip_if_outside, "outside: {outside}");
         assert_eq!(secret(&first), "secret-1");
-        let stored = String::from_utf8(stored_body(&store, KEY).await.to_vec()).expect("plain JSON");
-        assert!(!stored.contains("secret-1") && !stored.contains("AKIATEST"), "{stored}");
+        let stored =
+            String::from_utf8(stored_body(&store, KEY).await.to_vec()).expect("plain JSON");
+        assert!(
+            !stored.contains("secret-1") && !stored.contains("AKIATEST"),
+            "{stored}"
+        );
 
         for (n, accept) in [(2, None), (3, Some("gzip"))] {
             let retry = send(&app, create_table(accept)).await;
             assert_eq!(retry.outcome, Some(Outcome::Replayed), "outside: {outside}");
             let expected_encoding = accept.and(gzip_if_outside);
-            assert_eq!(retry.encoding(), expected_encoding, "outside: {outside}, {accept:?}");
+            assert_eq!(
+                retry.encoding(),
+                expected_encoding,
+                "outside: {outside}, {accept:?}"
+            );
             assert_eq!(secret(&retry), format!("secret-{n}"), "fresh credentials");
             assert_eq!(retry.json()["metadata"], first.json()["metadata"]);
         }
@@ -344,15 +433,26 @@ async fn iceberg_a_catalog_that_compresses_unasked_stores_no_secret_and_is_still
 
     // The layer decodes the config answer it amends, and sends it unencoded.
     for accept in [None, Some("gzip")] {
-        let config = send(&app, request("GET", "/v1/config", None, accept, Value::Null)).await;
+        let config = send(
+            &app,
+            request("GET", "/v1/config", None, accept, Value::Null),
+        )
+        .await;
         assert_eq!(config.status, StatusCode::OK);
         assert_eq!(config.encoding(), None, "{accept:?}");
         let body = config.json();
-        assert_eq!(body["idempotency-key-lifetime"], "PT30M", "{accept:?}: {body}");
+        assert_eq!(
+            body["idempotency-key-lifetime"], "PT30M",
+            "{accept:?}: {body}"
+        );
         assert_eq!(body["defaults"]["padding"], "x".repeat(300));
     }
     // Unaffected: a read the layer does not amend goes out as the catalog sent it.
-    let read = send(&app, request("GET", "/v1/namespaces/db/tables/t", None, None, Value::Null)).await;
+    let read = send(
+        &app,
+        request("GET", "/v1/namespaces/db/tables/t", None, None, Value::Null),
+    )
+    .await;
     assert_eq!(read.encoding(), Some("gzip"));
 
     let first = send(&app, create_table(Some("gzip"))).await;
@@ -362,7 +462,10 @@ async fn iceberg_a_catalog_that_compresses_unasked_stores_no_secret_and_is_still
     let stored = stored_body(&store, KEY).await;
     assert!(!is_gzip(&stored));
     let stored = String::from_utf8(stored.to_vec()).unwrap();
-    assert!(!stored.contains("secret-") && !stored.contains("AKIATEST"), "{stored}");
+    assert!(
+        !stored.contains("secret-") && !stored.contains("AKIATEST"),
+        "{stored}"
+    );
 
     let retry = send(&app, create_table(None)).await;
     assert_eq!(retry.outcome, Some(Outcome::Replayed));

@@ -120,9 +120,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .with_catalog_url(catalog)
         .with_warehouse_location(warehouse.clone());
     if args.vend_test_credentials {
-        builder = builder.with_credential_provider(Arc::new(credentials::TestCredentials::new(
-            &warehouse,
-        )));
+        builder = builder
+            .with_credential_provider(Arc::new(credentials::TestCredentials::new(&warehouse)));
     }
     let rustberg = builder.build().await.map_err(|error| {
         format!(

@@ -337,7 +337,15 @@ async fn keyed_requests_with_and_without_gzip_are_replayed_in_the_encoding_each_
     // rustberg advertises its own cache's PT24H; the layer's lifetime replaces it, in
     // whatever encoding the client accepts.
     for gzip in [false, true] {
-        let config = get(&client, server.url("/v1/config"), With { gzip, ..With::default() }).await;
+        let config = get(
+            &client,
+            server.url("/v1/config"),
+            With {
+                gzip,
+                ..With::default()
+            },
+        )
+        .await;
         assert_eq!(config.status, 200, "{}", config.text());
         assert_eq!(config.encoding(), gzip.then_some("gzip"), "gzip: {gzip}");
         assert_eq!(
@@ -362,26 +370,42 @@ async fn keyed_requests_with_and_without_gzip_are_replayed_in_the_encoding_each_
         let first = post(
             &client,
             server.url(path),
-            With { key: Some(key), gzip: true, ..With::default() },
+            With {
+                key: Some(key),
+                gzip: true,
+                ..With::default()
+            },
             body,
         )
         .await;
         assert_eq!(first.status, 200, "{path}: {}", first.text());
         assert!(!first.replayed());
-        assert_eq!(first.encoding(), Some("gzip"), "{path}: compressed outside the layer");
+        assert_eq!(
+            first.encoding(),
+            Some("gzip"),
+            "{path}: compressed outside the layer"
+        );
         let first_text = first.text();
         for gzip in [false, true, false] {
             let retry = post(
                 &client,
                 server.url(path),
-                With { key: Some(key), gzip, ..With::default() },
+                With {
+                    key: Some(key),
+                    gzip,
+                    ..With::default()
+                },
                 body,
             )
             .await;
             assert_eq!(retry.status, 200, "{path}: {}", retry.text());
             assert!(retry.replayed(), "{path}, gzip {gzip}: not a replay");
             assert!(!retry.answered_by_rustbergs_cache(), "{path}");
-            assert_eq!(retry.encoding(), gzip.then_some("gzip"), "{path}, gzip {gzip}");
+            assert_eq!(
+                retry.encoding(),
+                gzip.then_some("gzip"),
+                "{path}, gzip {gzip}"
+            );
             assert_eq!(retry.text(), first_text, "{path}, gzip {gzip}");
             // rustberg's security headers come back with the replay.
             assert_eq!(retry.headers["x-content-type-options"], "nosniff");
@@ -390,8 +414,16 @@ async fn keyed_requests_with_and_without_gzip_are_replayed_in_the_encoding_each_
 
     // Each ran once.
     assert_eq!(namespaces(&client, &server).await, ["enc"]);
-    let tables = get(&client, server.url("/v1/namespaces/enc/tables"), With::default()).await;
-    assert_eq!(tables.json()["identifiers"].as_array().map(Vec::len), Some(1));
+    let tables = get(
+        &client,
+        server.url("/v1/namespaces/enc/tables"),
+        With::default(),
+    )
+    .await;
+    assert_eq!(
+        tables.json()["identifiers"].as_array().map(Vec::len),
+        Some(1)
+    );
 
     let rows = store_rows(&server).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
@@ -421,7 +453,10 @@ async fn sent_and_replayed(
     };
     let first = send(client, method.clone(), url.clone(), gzip, body).await;
     let retry = send(client, method.clone(), url.clone(), plain, body).await;
-    assert!(!first.replayed(), "{method} {url}: the first answer is a replay");
+    assert!(
+        !first.replayed(),
+        "{method} {url}: the first answer is a replay"
+    );
     assert!(
         retry.replayed(),
         "{method} {url}: the retry was not replayed: {} {}",
@@ -510,8 +545,10 @@ async fn every_keyed_operation_is_replayed_byte_for_byte() {
         &client,
         post.clone(),
         server.url("/v1/tables/rename"),
-        Some(&json!({"source": {"namespace": ["replays"], "name": "events"},
-                     "destination": {"namespace": ["replays"], "name": "events_renamed"}})),
+        Some(
+            &json!({"source": {"namespace": ["replays"], "name": "events"},
+                     "destination": {"namespace": ["replays"], "name": "events_renamed"}}),
+        ),
     )
     .await;
     // The spec says 204; rustberg 0.3.0 answers 200. Either way, the replay is the same.
@@ -547,12 +584,18 @@ async fn every_keyed_operation_is_replayed_byte_for_byte() {
         &client,
         post.clone(),
         server.url("/v1/views/rename"),
-        Some(&json!({"source": {"namespace": ["replays"], "name": "recent"},
-                     "destination": {"namespace": ["replays"], "name": "older"}})),
+        Some(
+            &json!({"source": {"namespace": ["replays"], "name": "recent"},
+                     "destination": {"namespace": ["replays"], "name": "older"}}),
+        ),
     )
     .await;
     // The spec says 204; rustberg 0.3.0 answers 200. Either way, the replay is the same.
-    assert!(matches!(view_renamed.status, 200 | 204), "{}", view_renamed.text());
+    assert!(
+        matches!(view_renamed.status, 200 | 204),
+        "{}",
+        view_renamed.text()
+    );
     let dropped = sent_and_replayed(
         &client,
         Method::DELETE,
@@ -638,24 +681,44 @@ async fn vended_credentials_never_reach_the_store_and_every_replay_gets_fresh_on
         gzip,
         vended_credentials: true,
     };
-    let first = post(&client, server.url("/v1/namespaces/creds/tables"), with(true), &body).await;
+    let first = post(
+        &client,
+        server.url("/v1/namespaces/creds/tables"),
+        with(true),
+        &body,
+    )
+    .await;
     assert_eq!(first.status, 200, "{}", first.text());
     assert_eq!(first.encoding(), Some("gzip"));
     let mut secrets = vec![vended_secret(&first)];
 
     for gzip in [false, true] {
-        let retry =
-            post(&client, server.url("/v1/namespaces/creds/tables"), with(gzip), &body).await;
+        let retry = post(
+            &client,
+            server.url("/v1/namespaces/creds/tables"),
+            with(gzip),
+            &body,
+        )
+        .await;
         assert_eq!(retry.status, 200, "{}", retry.text());
         assert!(retry.replayed(), "gzip {gzip}");
         assert_eq!(retry.encoding(), gzip.then_some("gzip"));
         let secret = vended_secret(&retry);
-        assert!(!secrets.contains(&secret), "a stale credential was replayed: {secret}");
+        assert!(
+            !secrets.contains(&secret),
+            "a stale credential was replayed: {secret}"
+        );
         secrets.push(secret);
         // Everything but the credentials is the first answer.
         let (mut replayed, mut original) = (retry.json(), first.json());
-        replayed.as_object_mut().unwrap().remove("storage-credentials");
-        original.as_object_mut().unwrap().remove("storage-credentials");
+        replayed
+            .as_object_mut()
+            .unwrap()
+            .remove("storage-credentials");
+        original
+            .as_object_mut()
+            .unwrap()
+            .remove("storage-credentials");
         assert_eq!(replayed, original);
     }
 
@@ -673,8 +736,16 @@ async fn vended_credentials_never_reach_the_store_and_every_replay_gets_fresh_on
             assert!(files.is_empty(), "{needle} is written in {files:?}");
         }
     }
-    for needle in ["test-secret-", "test-session-", "AKIATEST", "storage-credentials"] {
-        assert!(!stored.contains(needle), "the stored answer holds {needle}: {stored}");
+    for needle in [
+        "test-secret-",
+        "test-session-",
+        "AKIATEST",
+        "storage-credentials",
+    ] {
+        assert!(
+            !stored.contains(needle),
+            "the stored answer holds {needle}: {stored}"
+        );
     }
 }
 
@@ -691,12 +762,29 @@ async fn reuse_a_key_after_the_lifetime(server: &Server) -> (Answer, Answer, Ans
         key: Some(&key),
         ..With::default()
     };
-    let first = post(&client, server.url("/v1/namespaces"), with, &namespace_body("first")).await;
+    let first = post(
+        &client,
+        server.url("/v1/namespaces"),
+        with,
+        &namespace_body("first"),
+    )
+    .await;
     assert_eq!(first.status, 200, "{}", first.text());
-    let within =
-        post(&client, server.url("/v1/namespaces"), with, &namespace_body("second")).await;
+    let within = post(
+        &client,
+        server.url("/v1/namespaces"),
+        with,
+        &namespace_body("second"),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let after = post(&client, server.url("/v1/namespaces"), with, &namespace_body("second")).await;
+    let after = post(
+        &client,
+        server.url("/v1/namespaces"),
+        with,
+        &namespace_body("second"),
+    )
+    .await;
     (first, within, after)
 }
 
@@ -728,7 +816,11 @@ async fn forwarding_the_key_lets_rustbergs_cache_answer_in_the_layers_place() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Server::start(
         dir.path(),
-        &["--idempotency-lifetime", "PT3S", "--forward-idempotency-key"],
+        &[
+            "--idempotency-lifetime",
+            "PT3S",
+            "--forward-idempotency-key",
+        ],
     );
     let (_, _, after) = reuse_a_key_after_the_lifetime(&server).await;
     assert_eq!(after.status, 200, "{}", after.text());
@@ -746,8 +838,8 @@ async fn forwarding_the_key_lets_rustbergs_cache_answer_in_the_layers_place() {
 /// and reused while the requirements are unchanged. `None` (outside CI) when it cannot
 /// be set up.
 fn pyiceberg_python() -> Option<PathBuf> {
-    let requirements_file = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/pyiceberg-requirements.txt");
+    let requirements_file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/pyiceberg-requirements.txt");
     let requirements = fs::read_to_string(&requirements_file).expect("requirements file");
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pyiceberg-venv");
     let python = venv.join("bin/python");
@@ -831,7 +923,11 @@ fn pyiceberg_end_to_end_with_every_mutation_keyed_and_sent_twice() {
         summary["rows"],
         json!([{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 3, "name": "c"}])
     );
-    assert_eq!(summary["snapshots"], json!(2), "two appends, each committed once");
+    assert_eq!(
+        summary["snapshots"],
+        json!(2),
+        "two appends, each committed once"
+    );
     assert_eq!(summary["columns"], json!(["id", "name", "score"]));
     assert_eq!(summary["renamed_rows"], json!(3));
     assert_eq!(summary["after_drop"], json!("NoSuchTableError"));
@@ -846,7 +942,11 @@ fn pyiceberg_end_to_end_with_every_mutation_keyed_and_sent_twice() {
         "PyIceberg accepts gzip, and some answers should have been compressed: {summary}"
     );
     // A table creation replayed with a credential other than the first answer's.
-    assert_eq!(summary["fresh_credentials_on_replay"], json!(true), "{summary}");
+    assert_eq!(
+        summary["fresh_credentials_on_replay"],
+        json!(true),
+        "{summary}"
+    );
 
     // Nothing PyIceberg was vended is in the layer's database.
     for needle in ["test-secret-", "test-session-"] {
