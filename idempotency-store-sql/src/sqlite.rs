@@ -11,6 +11,7 @@ use idempotency_core::{
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool};
 use sqlx::{FromRow, Row};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
@@ -45,6 +46,9 @@ pub struct SqliteStore {
     table: TableName,
     sql: Arc<Statements>,
     quota: Option<ScopeQuota>,
+    /// The turn to write, shared by clones: one writing statement (or transaction) of
+    /// this store at a time, in the order they asked.
+    writes: Arc<Semaphore>,
 }
 
 #[derive(Debug)]
@@ -191,6 +195,7 @@ impl SqliteStore {
             sql: Arc::new(Statements::new(&table)),
             table,
             quota: None,
+            writes: Arc::new(Semaphore::new(1)),
         }
     }
 
@@ -346,8 +351,24 @@ impl SqliteStore {
         Err(too_many_races("reserve"))
     }
 
+    /// Waits for this store's turn to write.
+    ///
+    /// SQLite lets one writer into a database at a time. Left to itself, every
+    /// connection that finds the write lock taken sleeps in SQLite's busy handler and
+    /// tries again, with sleeps that grow: under a few concurrent writers some requests
+    /// wait hundreds of milliseconds while the lock is free. Queueing this store's writers
+    /// here instead hands the lock on at once, in order. (Writers in other processes on
+    /// the same file still meet the busy handler.)
+    async fn turn_to_write(&self) -> SemaphorePermit<'_> {
+        self.writes
+            .acquire()
+            .await
+            .expect("the write gate is never closed")
+    }
+
     /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
     async fn fenced(&self, query: SqliteQuery<'_>) -> Result<Ownership, StoreError> {
+        let _turn = self.turn_to_write().await;
         let done = query.execute(&self.pool).await.map_err(backend)?;
         Ok(ownership(done.rows_affected()))
     }
@@ -372,6 +393,7 @@ impl IdempotencyStore for SqliteStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
+        let _turn = self.turn_to_write().await;
         let Some(quota) = self.quota else {
             let mut connection = self.pool.acquire().await.map_err(backend)?;
             return self
@@ -471,6 +493,7 @@ impl IdempotencyStore for SqliteStore {
 
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let _turn = self.turn_to_write().await;
         let done = sqlx::query(&self.sql.purge)
             .bind(limit)
             .execute(&self.pool)
@@ -495,6 +518,7 @@ impl IdempotencyStore for SqliteStore {
                 Ok(inspected) => inspected,
                 Err(refused) => return Ok(refused),
             };
+            let _turn = self.turn_to_write().await;
             let done = self
                 .owned_query(&self.sql.evict, id, FencingToken(raw.fencing_token))
                 .bind(raw.in_flight())
