@@ -897,21 +897,35 @@ fn pyiceberg_end_to_end_with_every_mutation_keyed_and_sent_twice() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = Server::start(dir.path(), &["--vend-test-credentials"]);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg_keyed.py");
-    let output = Command::new(python)
+    let (stdout_path, stderr_path) = (dir.path().join("py.out"), dir.path().join("py.err"));
+    let mut child = Command::new(python)
         .arg(script)
         .arg(&server.base)
         .arg("py_ns")
         .current_dir(dir.path())
         .stdin(Stdio::null())
-        .output()
+        .stdout(fs::File::create(&stdout_path).expect("stdout file"))
+        .stderr(fs::File::create(&stderr_path).expect("stderr file"))
+        .spawn()
         .expect("run python");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for python") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stdout = fs::read_to_string(&stdout_path).unwrap_or_default();
+    let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
     assert!(
-        output.status.success(),
-        "PyIceberg script failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        status.is_some_and(|status| status.success()),
+        "PyIceberg script failed or ran over 300 s ({status:?}):\n{stdout}\n{stderr}"
     );
-    let stdout = String::from_utf8(output.stdout).expect("UTF-8");
     let summary: Value = serde_json::from_str(stdout.lines().last().expect("summary line"))
         .unwrap_or_else(|e| panic!("summary is not JSON ({e}): {stdout}"));
     eprintln!("PyIceberg summary: {summary}");
