@@ -9,7 +9,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{IntoConnectionInfo, RedisError, Value};
 
-use crate::connection::RedisConnection;
+use crate::connection::{Link, RedisConnection};
 use crate::options::{RedisOptions, Target, UnsupportedUrl};
 
 /// Why [`RedisStore::connect`](crate::RedisStore::connect) failed. Every message says what
@@ -124,15 +124,20 @@ pub enum ConnectError {
 /// (503) while a server is down, instead of queueing behind reconnection attempts.
 const RECONNECT_ATTEMPTS: usize = 1;
 
+/// How many times the cluster client retries a command: after a redirection (`MOVED`,
+/// `ASK`) as well as after a lost connection, so it needs a few more than a single
+/// server. The operation timeout still bounds the whole.
+const CLUSTER_RETRIES: u32 = 4;
+
 /// Opens the connection `options` describe and runs the connect-time checks.
-pub(crate) async fn open(options: &RedisOptions) -> Result<RedisConnection, ConnectError> {
+pub(crate) async fn open(options: &RedisOptions) -> Result<Link, ConnectError> {
     match &options.target {
         Target::Server(url) => open_server(url, options).await,
         Target::Cluster(nodes) => open_cluster(nodes, options).await,
     }
 }
 
-async fn open_server(url: &str, options: &RedisOptions) -> Result<RedisConnection, ConnectError> {
+async fn open_server(url: &str, options: &RedisOptions) -> Result<Link, ConnectError> {
     let target = redact(url);
     let client = redis::Client::open(url).map_err(|source| ConnectError::InvalidUrl {
         url: target.clone(),
@@ -151,7 +156,7 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<RedisConnectio
         client.get_connection_manager_with_config(config),
     )
     .await?;
-    let connection = RedisConnection::Server(manager);
+    let connection = RedisConnection::Server(manager.clone());
     let info = info_of_each_primary(&connection, &target, options).await?;
     for (_, info) in &info {
         if field(info, "cluster_enabled") == Some("1") {
@@ -159,13 +164,10 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<RedisConnectio
         }
     }
     check_servers(&info, options)?;
-    Ok(connection)
+    Ok(Link::Server(manager))
 }
 
-async fn open_cluster(
-    nodes: &[String],
-    options: &RedisOptions,
-) -> Result<RedisConnection, ConnectError> {
+async fn open_cluster(nodes: &[String], options: &RedisOptions) -> Result<Link, ConnectError> {
     let target = nodes
         .iter()
         .map(|n| redact(n))
@@ -189,25 +191,26 @@ async fn open_cluster(
     let client = ClusterClientBuilder::new(nodes.to_vec())
         .connection_timeout(options.connect_timeout)
         .response_timeout(options.operation_timeout)
-        .retries(RECONNECT_ATTEMPTS as u32)
+        .retries(CLUSTER_RETRIES)
         .build()
         .map_err(|source| ConnectError::InvalidUrl {
             url: target.clone(),
             source,
         })?;
     let budget = options.connect_timeout + options.operation_timeout;
-    let connection = match within(&target, budget, client.get_async_connection()).await {
+    let cluster = match within(&target, budget, client.get_async_connection()).await {
         Err(ConnectError::Refused { source, .. })
             if source.to_string().contains("cluster support disabled") =>
         {
             return Err(ConnectError::NotACluster { target });
         }
-        other => RedisConnection::Cluster(other?),
+        other => other?,
     };
+    let connection = RedisConnection::Cluster(cluster.clone());
     check_slots(&connection, &target, options).await?;
     let info = info_of_each_primary(&connection, &target, options).await?;
     check_servers(&info, options)?;
-    Ok(connection)
+    Ok(Link::cluster(client, cluster, budget))
 }
 
 /// Awaits `connecting` for at most `budget`, sorting its failure into unreachable (no

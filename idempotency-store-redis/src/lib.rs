@@ -198,7 +198,7 @@ const MAX_TOKEN_DRAWS: usize = 4;
 /// See the [crate docs](crate) for the record layout, the scripts and the guarantees.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: RedisConnection,
+    link: connection::Link,
     prefix: KeyPrefix,
     operation_timeout: Duration,
     target: String,
@@ -225,7 +225,7 @@ impl RedisStore {
     /// Connects as `options` say, and checks the server(s): see
     /// [Checks at connect](crate#checks-at-connect).
     pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
-        let connection = connect::open(&options).await?;
+        let link = connect::open(&options).await?;
         let target = match &options.target {
             Target::Server(url) => connect::redact(url),
             Target::Cluster(nodes) => format!(
@@ -238,7 +238,7 @@ impl RedisStore {
             ),
         };
         Ok(Self {
-            connection,
+            link,
             prefix: options.prefix,
             operation_timeout: options.operation_timeout,
             target,
@@ -246,8 +246,8 @@ impl RedisStore {
     }
 
     /// The connection the store runs on, for your own commands beside it.
-    pub fn connection(&self) -> &RedisConnection {
-        &self.connection
+    pub fn connection(&self) -> RedisConnection {
+        self.link.connection()
     }
 
     /// The prefix of every key the store writes.
@@ -273,18 +273,27 @@ impl RedisStore {
         args: impl Fn(&mut Cmd),
     ) -> Result<Value, StoreError> {
         let key = self.record_key(id);
-        let running = self.connection.run(operation.script(), &key, args);
+        let connection = self.link.connection();
+        let running = connection.run(operation.script(), &key, args);
         match tokio::time::timeout(self.operation_timeout, running).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(source)) => Err(StoreError::backend(OperationError::Failed {
-                operation: operation.name(),
-                hint: hint(&source),
-                source,
-            })),
-            Err(_) => Err(StoreError::backend(OperationError::TimedOut {
-                operation: operation.name(),
-                timeout: self.operation_timeout,
-            })),
+            Ok(Err(source)) => {
+                if source.is_timeout() || source.is_io_error() || source.is_connection_dropped() {
+                    self.link.suspect();
+                }
+                Err(StoreError::backend(OperationError::Failed {
+                    operation: operation.name(),
+                    hint: hint(&source),
+                    source,
+                }))
+            }
+            Err(_) => {
+                self.link.suspect();
+                Err(StoreError::backend(OperationError::TimedOut {
+                    operation: operation.name(),
+                    timeout: self.operation_timeout,
+                }))
+            }
         }
     }
 
@@ -332,7 +341,17 @@ impl IdempotencyStore for RedisStore {
             match (parts.first().and_then(as_bytes), record) {
                 (Some(b"reserved"), None) => return Ok(Reservation::Reserved(token)),
                 (Some(b"exists"), Some(record)) => {
-                    return Ok(Reservation::Exists(decode_record(record)?));
+                    let record = decode_record(record)?;
+                    // The cluster client re-sends a command whose connection dropped; a
+                    // re-sent reservation whose first run went through finds the record
+                    // in flight under the token it proposed (63 random bits: nobody
+                    // else's), and it is this caller's.
+                    if let RecordState::InFlight { token: held, .. } = record.state
+                        && held == token
+                    {
+                        return Ok(Reservation::Reserved(token));
+                    }
+                    return Ok(Reservation::Exists(record));
                 }
                 (Some(b"token-taken"), None) => continue,
                 _ => return Err(unexpected(Operation::Reserve, &Value::Array(parts))),

@@ -346,7 +346,7 @@ async fn purge_reports_nothing_to_do(store: &dyn IdempotencyStore) {
 /// Redis-specific: records carry a native TTL that matches their expiry, renew and
 /// take-over move it out, and an expired record's key is gone from the server.
 pub async fn expiry_is_native(store: &RedisStore) {
-    let mut connection = store.connection().clone();
+    let mut connection = store.connection();
     let id = id();
     let key = store.record_key(&id);
     let token = reserve_new(store, &id, Duration::from_secs(5), Duration::from_secs(30)).await;

@@ -173,17 +173,7 @@ impl RedisServer {
 
     /// Runs `redis-cli` against this server and returns what it printed.
     pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("run redis-cli");
-        assert!(
-            output.status.success(),
-            "redis-cli {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        redis_cli(self.port, args)
     }
 
     pub fn log(&self) -> String {
@@ -207,6 +197,21 @@ impl Drop for RedisServer {
             );
         }
     }
+}
+
+/// Runs `redis-cli` against the server on `port` and returns what it printed.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(
+        output.status.success(),
+        "redis-cli {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn ping(port: u16) -> bool {
