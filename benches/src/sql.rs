@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyLayer, IdempotencyStore, Ownership, RecordId, RecordState,
-    Reservation, StoredResponse, store::purge_all_expired,
+    Binding, FencingToken, IdempotencyLayer, IdempotencyStore, Ownership, Purged, RecordId,
+    RecordState, Reservation, StoredResponse, store::purge_all_expired,
 };
 use idempotency_store_sql::sqlx::{self, Row as _};
 use idempotency_store_sql::{MySqlStore, Operation, PoolSettings, PostgresStore, SqliteStore};
@@ -714,7 +714,10 @@ async fn purge_phase(
     let started = Instant::now();
     // The helper `spawn_purge_task` runs: batches, paced, until one comes back short.
     let purge = tokio::spawn(async move {
-        let deleted = purge_all_expired(&purger, batch).await?;
+        let deleted = match purge_all_expired(&purger, batch).await? {
+            Purged::Deleted(deleted) => deleted,
+            _ => 0,
+        };
         Ok::<_, idempotency_core::StoreError>((deleted, started.elapsed()))
     });
     let deadline = Instant::now() + Duration::from_secs(600);

@@ -53,6 +53,20 @@ pub(crate) struct Settings {
     pub(crate) in_flight: TaskTracker,
 }
 
+impl Settings {
+    /// The lease the owner holds: never longer than the time a record is kept, so that a
+    /// record lives its lifetime and no longer (a store keeps a record at least until the
+    /// lease it granted ends).
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+            .min(self.lifetime + self.grace_period)
+            .max(MIN_LEASE)
+    }
+}
+
+/// The shortest lease: shorter ones would be renewed more often than a store can answer.
+const MIN_LEASE: Duration = Duration::from_millis(30);
+
 /// A `tower::Layer` that makes mutations carrying an `Idempotency-Key` header run at most
 /// once per key, and replays the first answer to every retry.
 ///
@@ -168,8 +182,9 @@ impl IdempotencyLayer {
         self.edit(|s| s.grace_period = grace_period)
     }
 
-    /// How long an owner's lease lasts (default 20 s). The owner renews it every third of
-    /// that while the inner service runs; a crashed owner's record is taken over after it.
+    /// How long an owner's lease lasts (default 20 s, and never longer than the lifetime).
+    /// The owner renews it every third of that while the inner service runs; a crashed
+    /// owner's record is taken over after it.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -178,7 +193,7 @@ impl IdempotencyLayer {
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_lease(Duration::from_secs(5));
     /// ```
     pub fn with_lease(self, lease: Duration) -> Self {
-        self.edit(|s| s.lease = lease.max(Duration::from_millis(30)))
+        self.edit(|s| s.lease = lease.max(MIN_LEASE))
     }
 
     /// How long a duplicate waits for an in-flight owner before it is answered with the

@@ -112,9 +112,13 @@ pub use layer::{
 pub use policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, Outcome, ReservationHandle};
 pub use store::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId,
-    RecordState, Reservation, StoreError, StoredResponse,
+    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged,
+    RecordId, RecordState, Reservation, StoreError, StoredResponse,
 };
+
+// What a store implementation needs, so that it can depend on this crate alone.
+pub use async_trait::async_trait;
+pub use bytes::Bytes;
 
 /// The README's usage snippet, compiled as a doctest.
 #[cfg(doctest)]

@@ -384,7 +384,7 @@ where
     for _ in 0..MAX_ATTEMPTS {
         let reservation = settings
             .store
-            .reserve(&id, &binding, settings.lease, kept_for)
+            .reserve(&id, &binding, settings.lease(), kept_for)
             .await;
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
@@ -427,7 +427,7 @@ where
             RecordState::InFlight {
                 token,
                 lease_lapsed: true,
-            } => match settings.store.take_over(&id, token, settings.lease).await {
+            } => match settings.store.take_over(&id, token, settings.lease()).await {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "taken-over", key = %id, "idempotency: took over a reservation whose owner stopped renewing its lease");
                     return run_as_owner(settings, inner, request, id, token, Outcome::TookOver)
@@ -798,8 +798,8 @@ async fn hold_lease<F: Future>(
 
 async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
     loop {
-        tokio::time::sleep(settings.lease / 3).await;
-        match settings.store.renew(&id, token, settings.lease).await {
+        tokio::time::sleep(settings.lease() / 3).await;
+        match settings.store.renew(&id, token, settings.lease()).await {
             Ok(Ownership::Held) => {}
             Ok(Ownership::Lost) => {
                 tracing::warn!(outcome = "lost-ownership", key = %id, "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");

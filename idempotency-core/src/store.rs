@@ -11,9 +11,45 @@
 //!                          +--lease lapses--> take_over(T) --> in flight (token T')
 //! ```
 //!
-//! Every operation is atomic on its own. Stores shared by several processes take "now"
-//! from one clock (the database's), which is why the trait passes durations, never
-//! instants: the store adds them to its own clock.
+//! # The rules every store keeps
+//!
+//! The [conformance suite](crate::conformance) checks each of them.
+//!
+//! - **One clock.** "Now" is the store's own clock (the database's, for a store shared by
+//!   several processes), which is why the trait passes durations, never instants: the
+//!   store adds them to its clock, so clock skew between nodes cannot cause a double
+//!   execution.
+//! - **Deadlines.** A lease or a lifetime that ends at `t` has lapsed (or expired) at
+//!   `t`: `now >= deadline` is lapsed.
+//! - **Expiry.** A record expires `lifetime` after it was first reserved, or at the end
+//!   of the last lease it was granted if that is later. An expired record counts as
+//!   absent everywhere (load, reserve, the fenced operations), even before
+//!   [`purge_expired`](IdempotencyStore::purge_expired) removes it. So **a record in
+//!   flight under a live lease never expires**, however old: reserve, renew and take_over
+//!   each extend the expiry to at least the end of the lease they grant, and a slow owner
+//!   that keeps renewing can never be run a second time beside itself. (The layer keeps
+//!   its lease no longer than the lifetime, so a quick request's record lives exactly
+//!   its lifetime.)
+//! - **Identity.** A record is found by its whole [`RecordId`]: scope and key are
+//!   separate values, and no two different pairs may share a record, whatever bytes they
+//!   hold (scope `a:b` with key `c` is not scope `a` with key `b:c`).
+//! - **Fencing.** Every reservation and every takeover issues a new [`FencingToken`],
+//!   never one the key had before. Renew, finalize and release take effect only while
+//!   the record exists, has not expired, is in flight and holds the given token; so an
+//!   owner whose lease lapsed may still renew, finalize or release until someone takes
+//!   over, and never after.
+//! - **Takeover** keeps the record's binding, creation time and expiry (extended to the
+//!   end of the new lease if it would end sooner) and replaces only the token and lease.
+//! - **Round trips.** A finalized [`StoredResponse`] comes back exactly as stored: any
+//!   status, no headers or many, header values that are not UTF-8, an empty body or a
+//!   body of several megabytes.
+//!
+//! # Writing a store
+//!
+//! A store depends on this crate alone: it re-exports [`async_trait`](crate::async_trait)
+//! and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`] and run the public
+//! [`conformance`](crate::conformance) suite against it (feature `conformance`); the
+//! `custom_store` example in this crate is a skeleton that does both.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -200,8 +236,10 @@ impl StoreError {
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Inserts an in-flight record if no live one exists (an expired one is replaced).
     ///
-    /// The record expires `lifetime` after now and its lease lapses `lease` after now,
-    /// both by the store's clock. On conflict, returns the existing record.
+    /// The lease lapses `lease` after now and the record expires `lifetime` after now (or
+    /// when the lease lapses, if that is later), both by the store's clock. The new token
+    /// must differ from every token the key had before. On conflict, returns the existing
+    /// record.
     async fn reserve(
         &self,
         id: &RecordId,
@@ -247,7 +285,8 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         }
     }
 
-    /// Extends the lease of the record `token` owns to `lease` from now.
+    /// Extends the lease of the record `token` owns to `lease` from now, and its expiry to
+    /// the end of that lease if it would end sooner.
     async fn renew(
         &self,
         id: &RecordId,
@@ -267,8 +306,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError>;
 
     /// Takes over an in-flight record whose lease has lapsed while `lapsed` still owns it:
-    /// issues a new token and a new lease of `lease` from now. Returns `None` when the
-    /// lease is live, the token changed, or the record is gone or completed.
+    /// issues a new token (one the key never had) and a new lease of `lease` from now,
+    /// extending the expiry to the end of that lease if it would end sooner; the binding,
+    /// creation time and expiry are otherwise kept. Returns `None` when the lease is live,
+    /// the token changed, or the record is gone, expired or completed.
     async fn take_over(
         &self,
         id: &RecordId,
@@ -276,9 +317,20 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<Option<FencingToken>, StoreError>;
 
-    /// Deletes at most `batch_size` expired records and returns how many it deleted.
-    /// Call it again while it returns `batch_size`.
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError>;
+    /// Deletes at most `batch_size` expired records and says how many it deleted; call
+    /// it again while it returns a full batch. A backend that deletes expired records by
+    /// itself (key expiry in Redis, a TTL index) returns [`Purged::ByBackend`] instead.
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError>;
+}
+
+/// What [`IdempotencyStore::purge_expired`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Purged {
+    /// It deleted this many expired records (never more than the batch size).
+    Deleted(u64),
+    /// The backend deletes expired records on its own; there was nothing to do.
+    ByBackend,
 }
 
 #[async_trait]
@@ -336,7 +388,7 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
         (**self).take_over(id, lapsed, lease).await
     }
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         (**self).purge_expired(batch_size).await
     }
 }
@@ -353,8 +405,9 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 /// Most of what is left comes from the size of each batch, so keep batches small.
 pub const PURGE_REST_FACTOR: u32 = 3;
 
-/// Runs [`IdempotencyStore::purge_expired`] until a batch comes back short, returning the
-/// total deleted.
+/// Runs [`IdempotencyStore::purge_expired`] until a batch comes back short, and says how
+/// many records it deleted in all (or [`Purged::ByBackend`] for a store that expires
+/// records by itself).
 ///
 /// Each batch is its own short statement, and after each full batch the purge rests for
 /// [`PURGE_REST_FACTOR`] times as long as the batch took, so a large backlog is worked off
@@ -366,15 +419,18 @@ pub const PURGE_REST_FACTOR: u32 = 3;
 pub async fn purge_all_expired(
     store: &dyn IdempotencyStore,
     batch_size: usize,
-) -> Result<u64, StoreError> {
+) -> Result<Purged, StoreError> {
     let batch_size = batch_size.max(1);
     let mut total = 0;
     loop {
         let started = tokio::time::Instant::now();
-        let deleted = store.purge_expired(batch_size).await?;
+        let deleted = match store.purge_expired(batch_size).await? {
+            Purged::Deleted(deleted) => deleted,
+            Purged::ByBackend => return Ok(Purged::ByBackend),
+        };
         total += deleted;
         if deleted < batch_size as u64 {
-            return Ok(total);
+            return Ok(Purged::Deleted(total));
         }
         let rest = started.elapsed() * PURGE_REST_FACTOR;
         if rest < Duration::from_millis(1) {
@@ -387,7 +443,8 @@ pub async fn purge_all_expired(
 
 /// Starts a tokio task that purges expired records every `interval`, in batches of
 /// `batch_size`, paced as [`purge_all_expired`] paces them. Errors are logged and the task
-/// carries on; abort the returned handle to stop it.
+/// carries on; abort the returned handle to stop it. For a store that expires records by
+/// itself the task ends after its first round.
 pub fn spawn_purge_task(
     store: std::sync::Arc<dyn IdempotencyStore>,
     interval: Duration,
@@ -399,8 +456,16 @@ pub fn spawn_purge_task(
         loop {
             ticker.tick().await;
             match purge_all_expired(store.as_ref(), batch_size).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::debug!(deleted, "purged expired idempotency records"),
+                Ok(Purged::Deleted(0)) => {}
+                Ok(Purged::Deleted(deleted)) => {
+                    tracing::debug!(deleted, "purged expired idempotency records")
+                }
+                Ok(Purged::ByBackend) => {
+                    tracing::debug!(
+                        "the idempotency store expires records by itself; no purge task needed"
+                    );
+                    return;
+                }
                 Err(error) => tracing::warn!(%error, "purging expired idempotency records failed"),
             }
         }

@@ -15,7 +15,8 @@ use axum::routing::{get, post};
 use http_body_util::BodyExt;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyLayer, IdempotencyRecord, IdempotencyStore, Outcome,
-    Ownership, RecordId, RecordState, Reservation, ReservationHandle, StoreError, StoredResponse,
+    Ownership, Purged, RecordId, RecordState, Reservation, ReservationHandle, StoreError,
+    StoredResponse,
 };
 use idempotency_store_memory::MemoryStore;
 use tower::ServiceExt;
@@ -638,6 +639,32 @@ async fn the_lease_is_renewed_while_a_slow_handler_runs() {
     assert_eq!(calls.count(), 1);
 }
 
+/// A handler that runs longer than the key's lifetime is never run a second time beside
+/// itself: its record stays in flight under its renewed lease, a duplicate waits for it
+/// and gets the replay.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_that_outlives_the_lifetime_is_not_run_again_by_a_duplicate() {
+    let calls = Calls::default();
+    let app = layered(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_lifetime(Duration::from_millis(200))
+            .with_in_flight_wait(Duration::from_secs(5)),
+        &calls,
+    );
+    let owner = spawn_send(&app, slow_keyed("overrun", 900));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let duplicate = send(&app, slow_keyed("overrun", 900)).await;
+    let owner = owner.await.unwrap();
+    assert_eq!(owner.3, Some(Outcome::Executed));
+    assert_eq!(
+        calls.count(),
+        1,
+        "a duplicate past the lifetime ran the handler again while the first still ran"
+    );
+    assert_eq!(duplicate.3, Some(Outcome::Replayed));
+    assert_eq!(duplicate.2, owner.2);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn in_flight_requests_can_be_drained_for_shutdown() {
     let calls = Calls::default();
@@ -720,7 +747,7 @@ impl IdempotencyStore for FailingStore {
         self.check()?;
         self.inner.take_over(id, lapsed, lease).await
     }
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         self.check()?;
         self.inner.purge_expired(batch_size).await
     }

@@ -26,12 +26,11 @@ use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, RecordState,
-    Reservation, StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
+    RecordState, Reservation, StoreError, StoredResponse, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -112,6 +111,13 @@ impl Record {
     fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
         self.is_live(now)
             && matches!(self.state, State::InFlight { token: owner, .. } if owner == token)
+    }
+
+    /// Puts the record in flight under `token` until `lease_until`, and keeps it from
+    /// expiring before then.
+    fn lease(&mut self, token: FencingToken, lease_until: Instant) {
+        self.state = State::InFlight { token, lease_until };
+        self.expires_at = self.expires_at.max(lease_until);
     }
 
     fn wake_waiters(&self) {
@@ -252,7 +258,8 @@ impl IdempotencyStore for MemoryStore {
                 token,
                 lease_until: now + lease,
             },
-            expires_at: now + lifetime,
+            // In flight under a live lease, a record never expires.
+            expires_at: now + lifetime.max(lease),
             waiters,
         };
         // A second pass only after making room by dropping expired records, which must
@@ -350,10 +357,7 @@ impl IdempotencyStore for MemoryStore {
         let (hash, mut table) = self.shard_of(id);
         match find(&mut table, hash, id) {
             Some(record) if record.owned_by(token, now) => {
-                record.state = State::InFlight {
-                    token,
-                    lease_until: now + lease,
-                };
+                record.lease(token, now + lease);
                 Ok(Ownership::Held)
             }
             _ => Ok(Ownership::Lost),
@@ -411,16 +415,15 @@ impl IdempotencyStore for MemoryStore {
             return Ok(None);
         }
         let token = self.new_token();
-        record.state = State::InFlight {
-            token,
-            lease_until: now + lease,
-        };
+        record.lease(token, now + lease);
         record.wake_waiters();
         Ok(Some(token))
     }
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
-        Ok(self.drop_expired(Instant::now(), batch_size) as u64)
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        Ok(Purged::Deleted(
+            self.drop_expired(Instant::now(), batch_size) as u64,
+        ))
     }
 }
 

@@ -8,7 +8,8 @@ use idempotency_store_memory::MemoryStore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_the_conformance_suite() {
-    idempotency_core::conformance::run_all(Arc::new(MemoryStore::new())).await;
+    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    idempotency_core::conformance::run_all(&store).await;
 }
 
 fn binding() -> Binding {
@@ -57,7 +58,7 @@ async fn full_store_makes_room_by_dropping_expired_records() {
     let long = Duration::from_secs(60);
     for key in ["a", "b"] {
         store
-            .reserve(&RecordId::new("", key), &binding(), long, short)
+            .reserve(&RecordId::new("", key), &binding(), short, short)
             .await
             .unwrap();
     }
@@ -74,7 +75,7 @@ async fn full_store_makes_room_by_dropping_expired_records() {
 
 #[tokio::test]
 async fn matches_the_reference_model_on_random_sequences() {
-    let store = MemoryStore::new();
+    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
     idempotency_core::conformance::model::check_random_sequences(&store, 1_000, 300, 80).await;
 }
 

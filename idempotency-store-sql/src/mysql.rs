@@ -4,10 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
-    StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
+    Reservation, StoreError, StoredResponse, async_trait,
 };
 use sqlx::Row;
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlRow};
@@ -193,7 +192,14 @@ impl Statements {
                  FROM {t}
                  WHERE scope = ? AND idempotency_key = ? AND expires_at_ms > {NOW_MS}"
             ),
-            renew: format!("UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + ? WHERE {owned}"),
+            // The expiry moves with the lease, so a record in flight under a live lease
+            // never expires. The lease is bound twice rather than read back from the
+            // first assignment, which MariaDB's SIMULTANEOUS_ASSIGNMENT mode would change.
+            renew: format!(
+                "UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + ?,
+                     expires_at_ms = GREATEST(expires_at_ms, {NOW_MS} + ?)
+                 WHERE {owned}"
+            ),
             finalize: format!(
                 "UPDATE {t}
                  SET response_status = ?, response_headers = ?, response_body = ?
@@ -202,7 +208,8 @@ impl Statements {
             release: format!("DELETE FROM {t} WHERE {owned}"),
             take_over: format!(
                 "UPDATE {t}
-                 SET fencing_token = ?, lease_expires_at_ms = {NOW_MS} + ?
+                 SET fencing_token = ?, lease_expires_at_ms = {NOW_MS} + ?,
+                     expires_at_ms = GREATEST(expires_at_ms, {NOW_MS} + ?)
                  WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
             ),
             purge: format!("DELETE FROM {t} WHERE expires_at_ms <= {NOW_MS} LIMIT ?"),
@@ -483,7 +490,8 @@ fn reserve_query<'q>(
         .bind(&binding.path)
         .bind(&binding.body_sha256[..])
         .bind(token.0)
-        .bind(millis(lifetime))
+        // In flight under a live lease, a record never expires.
+        .bind(millis(lifetime.max(lease)))
         .bind(millis(lease))
 }
 
@@ -523,6 +531,7 @@ impl IdempotencyStore for MySqlStore {
     ) -> Result<Ownership, StoreError> {
         let done = retry_deadlocks(|| {
             sqlx::query(&self.sql.renew)
+                .bind(millis(lease))
                 .bind(millis(lease))
                 .bind(&id.scope)
                 .bind(&id.key)
@@ -580,6 +589,7 @@ impl IdempotencyStore for MySqlStore {
             sqlx::query(&self.sql.take_over)
                 .bind(token.0)
                 .bind(millis(lease))
+                .bind(millis(lease))
                 .bind(&id.scope)
                 .bind(&id.key)
                 .bind(lapsed.0)
@@ -590,12 +600,12 @@ impl IdempotencyStore for MySqlStore {
         Ok((ownership(done.rows_affected()) == Ownership::Held).then_some(token))
     }
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         let limit = u64::try_from(batch_size).unwrap_or(u64::MAX);
         let done = retry_deadlocks(|| sqlx::query(&self.sql.purge).bind(limit).execute(&self.pool))
             .await
             .map_err(backend)?;
-        Ok(done.rows_affected())
+        Ok(Purged::Deleted(done.rows_affected()))
     }
 }
 
@@ -657,7 +667,8 @@ mod tests {
         store.flavor.set(Flavor::MySql).unwrap();
         let store = store.migrate().await.unwrap();
         assert!(!store.sql(Operation::Reserve).contains("RETURNING"));
-        idempotency_core::conformance::run_all(Arc::new(store.clone())).await;
+        let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
+        idempotency_core::conformance::run_all(&shared).await;
         drop_table(&store).await;
     }
 }

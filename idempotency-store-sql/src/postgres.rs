@@ -3,10 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
-    StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
+    Reservation, StoreError, StoredResponse, async_trait,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
 use sqlx::{FromRow, Row};
@@ -132,8 +131,13 @@ impl Statements {
                  WHERE r.scope = $1 AND r.idempotency_key = $2
                    AND r.expires_at_ms > clock.now_ms"
             ),
+            // The expiry moves with the lease, so a record in flight under a live lease
+            // never expires; one clock reading serves both.
             renew: format!(
-                "UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + $4::bigint WHERE {owned}"
+                "UPDATE {t} SET lease_expires_at_ms = clock.now_ms + $4::bigint,
+                     expires_at_ms = GREATEST(expires_at_ms, clock.now_ms + $4::bigint)
+                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
+                 WHERE {owned}"
             ),
             finalize: format!(
                 "UPDATE {t}
@@ -143,8 +147,10 @@ impl Statements {
             release: format!("DELETE FROM {t} WHERE {owned}"),
             take_over: format!(
                 "UPDATE {t}
-                 SET fencing_token = $4, lease_expires_at_ms = {NOW_MS} + $5::bigint
-                 WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
+                 SET fencing_token = $4, lease_expires_at_ms = clock.now_ms + $5::bigint,
+                     expires_at_ms = GREATEST(expires_at_ms, clock.now_ms + $5::bigint)
+                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
+                 WHERE {owned} AND lease_expires_at_ms <= clock.now_ms"
             ),
             purge: format!(
                 "DELETE FROM {t} AS d
@@ -273,7 +279,8 @@ impl IdempotencyStore for PostgresStore {
                     .bind(&binding.body_sha256[..])
                     .bind(token.0)
                     .bind(millis(lease))
-                    .bind(millis(lifetime))
+                    // In flight under a live lease, a record never expires.
+                    .bind(millis(lifetime.max(lease)))
             };
             let row: Option<PgRow> = bind(&self.sql.reserve)
                 .fetch_optional(&self.pool)
@@ -372,13 +379,13 @@ impl IdempotencyStore for PostgresStore {
         Ok((outcome == Ownership::Held).then_some(token))
     }
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
         let done = sqlx::query(&self.sql.purge)
             .bind(limit)
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        Ok(done.rows_affected())
+        Ok(Purged::Deleted(done.rows_affected()))
     }
 }

@@ -4,10 +4,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, Reservation,
-    StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
+    Reservation, StoreError, StoredResponse, async_trait,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 use sqlx::{FromRow, Row};
@@ -122,7 +121,13 @@ impl Statements {
                  FROM {t}
                  WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {NOW_MS}"
             ),
-            renew: format!("UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + ?4 WHERE {owned}"),
+            // The expiry moves with the lease, so a record in flight under a live lease
+            // never expires. SQLite reads 'now' once per statement.
+            renew: format!(
+                "UPDATE {t} SET lease_expires_at_ms = {NOW_MS} + ?4,
+                     expires_at_ms = MAX(expires_at_ms, {NOW_MS} + ?4)
+                 WHERE {owned}"
+            ),
             finalize: format!(
                 "UPDATE {t}
                  SET response_status = ?4, response_headers = ?5, response_body = ?6
@@ -131,7 +136,8 @@ impl Statements {
             release: format!("DELETE FROM {t} WHERE {owned}"),
             take_over: format!(
                 "UPDATE {t}
-                 SET fencing_token = ?4, lease_expires_at_ms = {NOW_MS} + ?5
+                 SET fencing_token = ?4, lease_expires_at_ms = {NOW_MS} + ?5,
+                     expires_at_ms = MAX(expires_at_ms, {NOW_MS} + ?5)
                  WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
             ),
             purge: format!(
@@ -281,7 +287,8 @@ impl IdempotencyStore for SqliteStore {
                     .bind(&binding.body_sha256[..])
                     .bind(token.0)
                     .bind(millis(lease))
-                    .bind(millis(lifetime))
+                    // In flight under a live lease, a record never expires.
+                    .bind(millis(lifetime.max(lease)))
             };
             let row = bind(&self.sql.reserve)
                 .fetch_one(&self.pool)
@@ -367,13 +374,13 @@ impl IdempotencyStore for SqliteStore {
         Ok((outcome == Ownership::Held).then_some(token))
     }
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<u64, StoreError> {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
         let done = sqlx::query(&self.sql.purge)
             .bind(limit)
             .execute(&self.pool)
             .await
             .map_err(backend)?;
-        Ok(done.rows_affected())
+        Ok(Purged::Deleted(done.rows_affected()))
     }
 }

@@ -34,7 +34,7 @@ async fn passes_the_conformance_suite() {
         .migrate()
         .await
         .expect("migrate");
-    idempotency_core::conformance::run_all(Arc::new(store)).await;
+    idempotency_core::conformance::run_all(&common::shared(store)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -71,10 +71,7 @@ async fn two_pools_share_keys_leases_and_takeovers() {
         .expect("migrate");
     let b = node(&path, "records").await;
     let (a, b): (Arc<dyn IdempotencyStore>, Arc<dyn IdempotencyStore>) = (Arc::new(a), Arc::new(b));
-    common::two_nodes_race_one_winner(a.clone(), b.clone()).await;
-    common::takeover_across_nodes(a.clone(), b).await;
-    common::tokens_are_not_reused(a.as_ref()).await;
-    common::renew_and_finalize_edge_cases(a.as_ref()).await;
+    idempotency_core::conformance::run_multi_node(&a, &b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -89,7 +86,8 @@ async fn three_pools_purge_at_once() {
     for _ in 0..2 {
         nodes.push(Arc::new(node(&path, "records").await));
     }
-    common::concurrent_purges(nodes).await;
+    idempotency_core::conformance::concurrent_purges(&nodes[0], &nodes[1]).await;
+    idempotency_core::conformance::concurrent_purges(&nodes[2], &nodes[0]).await;
 }
 
 #[tokio::test]
@@ -134,17 +132,20 @@ async fn in_memory_database_keeps_its_records() {
         .migrate()
         .await
         .expect("migrate");
-    common::tokens_are_not_reused(&store).await;
-    common::renew_and_finalize_edge_cases(&store).await;
+    idempotency_core::conformance::tokens_are_never_reused(&common::shared(store.clone())).await;
+    idempotency_core::conformance::lapsed_owner_may_finish_until_taken_over(&common::shared(
+        store.clone(),
+    ))
+    .await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    idempotency_core::conformance::finalize_then_replay(&store).await;
+    idempotency_core::conformance::finalize_then_replay(&common::shared(store)).await;
 }
 
 #[tokio::test]
 async fn quoted_mixed_case_table_name_works() {
     let (_dir, path) = temp_db();
     let store = node(&path, "Order").await.migrate().await.expect("migrate");
-    common::tokens_are_not_reused(&store).await;
+    idempotency_core::conformance::tokens_are_never_reused(&common::shared(store.clone())).await;
 }
 
 #[tokio::test]

@@ -2,22 +2,34 @@
 //!
 //! Every store in this workspace runs it, and so can yours: enable the `conformance`
 //! feature in your dev-dependencies and call [`run_all`] from a test with a fresh store
-//! (multi-threaded runtime recommended, since the races are real):
+//! (multi-threaded runtime recommended, since the races are real). A store shared by
+//! several processes should also run [`run_multi_node`] with two handles on one backend
+//! (two pools, two connections), as two replicas would hold them:
 //!
 //! ```no_run
-//! # async fn example(my_store: std::sync::Arc<dyn idempotency_core::IdempotencyStore>) {
-//! idempotency_core::conformance::run_all(my_store).await;
+//! # use std::sync::Arc;
+//! # use idempotency_core::IdempotencyStore;
+//! # async fn example(store: Arc<dyn IdempotencyStore>, second_handle: Arc<dyn IdempotencyStore>) {
+//! idempotency_core::conformance::run_all(&store).await;
+//! idempotency_core::conformance::run_multi_node(&store, &second_handle).await;
 //! # }
 //! ```
 //!
-//! Each check is also a public `async fn` taking the store, so a backend can run them one
-//! by one. [`model`] compares random sequences of operations from several owners with a
-//! reference model. Checks panic with a message that says what the store did wrong. They use random
-//! keys and scopes, so they can run against a shared database, in parallel, and repeatedly.
-//! Timing checks use leases and lifetimes of a few hundred milliseconds and tolerate a
-//! slow machine.
+//! Each check is also a public `async fn` taking the store as `&Arc<dyn IdempotencyStore>`,
+//! so a backend can run them one by one. [`model`] compares random sequences of
+//! operations from several owners with a reference model. Checks panic with a message
+//! that says what the store did wrong. They use random keys and scopes, so they can run
+//! against a shared database, in parallel, and repeatedly. Timing checks use leases and
+//! lifetimes of a few hundred milliseconds and tolerate a slow machine.
+//!
+//! The rules they check are written on the [store module](crate::store#the-rules-every-store-keeps).
 
 pub mod model;
+mod multi_node;
+
+pub use multi_node::{
+    concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
+};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,17 +38,16 @@ use bytes::Bytes;
 use tokio::task::JoinSet;
 
 use crate::store::{
-    Binding, IdempotencyStore, Ownership, RecordId, RecordState, Reservation, StoredResponse,
-    purge_all_expired,
+    Binding, FencingToken, IdempotencyStore, Ownership, Purged, RecordId, RecordState, Reservation,
+    StoredResponse, purge_all_expired,
 };
 
 const LONG: Duration = Duration::from_secs(60);
 const SHORT: Duration = Duration::from_millis(300);
 
-/// Runs every check in this module, one after another.
-pub async fn run_all(store: Arc<dyn IdempotencyStore>) {
-    concurrent_reserves_from_tasks(store.clone()).await;
-    let store = store.as_ref();
+/// Runs every single-store check in this module and the [`model`], one after another.
+pub async fn run_all(store: &Arc<dyn IdempotencyStore>) {
+    concurrent_reserves_from_tasks(store).await;
     reserve_then_load(store).await;
     concurrent_reserves_have_one_winner(store).await;
     finalize_then_replay(store).await;
@@ -44,17 +55,26 @@ pub async fn run_all(store: Arc<dyn IdempotencyStore>) {
     release_frees_the_key(store).await;
     release_is_fenced(store).await;
     renew_extends_the_lease(store).await;
+    repeated_renewals_are_held(store).await;
+    lapsed_owner_may_finish_until_taken_over(store).await;
     lapsed_lease_is_taken_over_once(store).await;
+    takeover_keeps_the_binding(store).await;
     live_lease_is_not_taken_over(store).await;
     completed_record_is_not_taken_over(store).await;
+    tokens_are_never_reused(store).await;
     expired_record_counts_as_absent(store).await;
+    in_flight_record_outlives_its_lifetime_under_a_live_lease(store).await;
+    renewals_keep_a_record_alive_past_its_lifetime(store).await;
     purge_removes_expired_in_batches(store).await;
     wait_returns_when_the_owner_finalizes(store).await;
     wait_returns_when_the_owner_releases(store).await;
     wait_returns_when_the_lease_lapses(store).await;
     wait_gives_up_after_the_timeout(store).await;
     multi_megabyte_body_round_trips(store).await;
+    empty_response_without_headers_round_trips(store).await;
+    header_values_that_are_not_utf8_round_trip(store).await;
     scopes_are_isolated(store).await;
+    scope_and_key_never_run_together(store).await;
     model::check_random_sequences(store, 0, 20, 60).await;
 }
 
@@ -93,7 +113,7 @@ async fn reserve_new(
     id: &RecordId,
     lease: Duration,
     lifetime: Duration,
-) -> crate::FencingToken {
+) -> FencingToken {
     match store
         .reserve(id, &binding(b"{}"), lease, lifetime)
         .await
@@ -107,7 +127,8 @@ async fn reserve_new(
 }
 
 /// A reserved key is in flight under a live lease and keeps its binding.
-pub async fn reserve_then_load(store: &dyn IdempotencyStore) {
+pub async fn reserve_then_load(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     assert!(
         store.load(&id).await.unwrap().is_none(),
@@ -139,7 +160,8 @@ pub async fn reserve_then_load(store: &dyn IdempotencyStore) {
 }
 
 /// Many tasks reserving one key at once: exactly one wins, all others see its record.
-pub async fn concurrent_reserves_have_one_winner(store: &dyn IdempotencyStore) {
+pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     // Joined futures on one task: the store's own I/O interleaves. The variant with
     // spawned tasks on several threads is `concurrent_reserves_from_tasks`.
     let id = fresh_id();
@@ -171,7 +193,8 @@ pub async fn concurrent_reserves_have_one_winner(store: &dyn IdempotencyStore) {
 }
 
 /// A finalized record is replayed exactly as stored, and a retry cannot reserve it.
-pub async fn finalize_then_replay(store: &dyn IdempotencyStore) {
+pub async fn finalize_then_replay(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     let stored = response(br#"{"metadata-location":"s3://b/t/metadata/00001.json"}"#);
@@ -206,10 +229,11 @@ pub async fn finalize_then_replay(store: &dyn IdempotencyStore) {
 }
 
 /// Finalize with a token that does not own the record changes nothing.
-pub async fn finalize_is_fenced(store: &dyn IdempotencyStore) {
+pub async fn finalize_is_fenced(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
-    let stranger = crate::FencingToken(token.0.wrapping_add(1));
+    let stranger = FencingToken(token.0.wrapping_add(1));
     assert_eq!(
         store
             .finalize(&id, stranger, &response(b"x"))
@@ -233,7 +257,8 @@ pub async fn finalize_is_fenced(store: &dyn IdempotencyStore) {
 }
 
 /// Release deletes the reservation; the key can then be reserved again.
-pub async fn release_frees_the_key(store: &dyn IdempotencyStore) {
+pub async fn release_frees_the_key(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     assert_eq!(store.release(&id, token).await.unwrap(), Ownership::Held);
@@ -254,10 +279,11 @@ pub async fn release_frees_the_key(store: &dyn IdempotencyStore) {
 }
 
 /// Release with a foreign token, or of a completed record, changes nothing.
-pub async fn release_is_fenced(store: &dyn IdempotencyStore) {
+pub async fn release_is_fenced(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
-    let stranger = crate::FencingToken(token.0.wrapping_add(1));
+    let stranger = FencingToken(token.0.wrapping_add(1));
     assert_eq!(store.release(&id, stranger).await.unwrap(), Ownership::Lost);
     assert!(store.load(&id).await.unwrap().is_some());
     store
@@ -276,7 +302,8 @@ pub async fn release_is_fenced(store: &dyn IdempotencyStore) {
 }
 
 /// Renew keeps a short lease from lapsing; a foreign token cannot renew.
-pub async fn renew_extends_the_lease(store: &dyn IdempotencyStore) {
+pub async fn renew_extends_the_lease(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
     assert_eq!(
@@ -292,7 +319,7 @@ pub async fn renew_extends_the_lease(store: &dyn IdempotencyStore) {
         },
         "a renewed lease must still be live"
     );
-    let stranger = crate::FencingToken(token.0.wrapping_add(1));
+    let stranger = FencingToken(token.0.wrapping_add(1));
     assert_eq!(
         store.renew(&id, stranger, LONG).await.unwrap(),
         Ownership::Lost
@@ -300,7 +327,8 @@ pub async fn renew_extends_the_lease(store: &dyn IdempotencyStore) {
 }
 
 /// After the lease lapses, exactly one of many takeovers wins; the old owner is fenced out.
-pub async fn lapsed_lease_is_taken_over_once(store: &dyn IdempotencyStore) {
+pub async fn lapsed_lease_is_taken_over_once(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let old = reserve_new(store, &id, SHORT, LONG).await;
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
@@ -340,7 +368,8 @@ pub async fn lapsed_lease_is_taken_over_once(store: &dyn IdempotencyStore) {
 }
 
 /// A record under a live lease cannot be taken over.
-pub async fn live_lease_is_not_taken_over(store: &dyn IdempotencyStore) {
+pub async fn live_lease_is_not_taken_over(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     assert_eq!(store.take_over(&id, token, LONG).await.unwrap(), None);
@@ -352,7 +381,8 @@ pub async fn live_lease_is_not_taken_over(store: &dyn IdempotencyStore) {
 }
 
 /// A completed record cannot be taken over, even long after its lease would have lapsed.
-pub async fn completed_record_is_not_taken_over(store: &dyn IdempotencyStore) {
+pub async fn completed_record_is_not_taken_over(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
     store
@@ -363,10 +393,12 @@ pub async fn completed_record_is_not_taken_over(store: &dyn IdempotencyStore) {
     assert_eq!(store.take_over(&id, token, LONG).await.unwrap(), None);
 }
 
-/// A record past its lifetime is absent to load and reserve, and fences its old owner.
-pub async fn expired_record_counts_as_absent(store: &dyn IdempotencyStore) {
+/// A record past its lifetime (and its last lease) is absent to load and reserve, and
+/// fences its old owner.
+pub async fn expired_record_counts_as_absent(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
-    let token = reserve_new(store, &id, LONG, SHORT).await;
+    let token = reserve_new(store, &id, SHORT, SHORT).await;
     store.finalize(&id, token, &response(b"old")).await.unwrap();
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
     assert!(
@@ -376,9 +408,11 @@ pub async fn expired_record_counts_as_absent(store: &dyn IdempotencyStore) {
     let fresh = reserve_new(store, &id, LONG, LONG).await;
     assert_ne!(fresh, token);
 
+    // Only a reservation whose lease lapsed too can expire.
     let in_flight = fresh_id();
-    let owner = reserve_new(store, &in_flight, LONG, SHORT).await;
+    let owner = reserve_new(store, &in_flight, SHORT, SHORT).await;
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
+    assert!(store.load(&in_flight).await.unwrap().is_none());
     assert_eq!(
         store
             .finalize(&in_flight, owner, &response(b"late"))
@@ -390,26 +424,43 @@ pub async fn expired_record_counts_as_absent(store: &dyn IdempotencyStore) {
 }
 
 /// Purge deletes expired records in batches no larger than asked, and nothing live.
-pub async fn purge_removes_expired_in_batches(store: &dyn IdempotencyStore) {
+pub async fn purge_removes_expired_in_batches(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let scope = format!("purge-{}", uuid::Uuid::new_v4());
     let expiring: Vec<RecordId> = (0..25)
         .map(|i| RecordId::new(scope.clone(), format!("expiring-{i}")))
         .collect();
     let live = RecordId::new(scope.clone(), "live");
     for id in &expiring {
-        reserve_new(store, id, LONG, SHORT).await;
+        reserve_new(store, id, SHORT, SHORT).await;
     }
     let live_token = reserve_new(store, &live, LONG, LONG).await;
     tokio::time::sleep(SHORT + Duration::from_millis(100)).await;
 
-    let first = store.purge_expired(10).await.expect("purge failed");
-    assert!(
-        first <= 10,
-        "purge_expired(10) deleted {first} records, more than its batch"
-    );
-    let total = first + purge_all_expired(store, 10).await.expect("purge failed");
-    // Other tests sharing the store may add expired records of their own.
-    assert!(total >= 25, "purge deleted {total} records, expected >= 25");
+    // Expired records are absent before any purge.
+    for id in &expiring {
+        assert!(store.load(id).await.unwrap().is_none());
+    }
+    match store.purge_expired(10).await.expect("purge failed") {
+        Purged::Deleted(first) => {
+            assert!(
+                first <= 10,
+                "purge_expired(10) deleted {first} records, more than its batch"
+            );
+            let Purged::Deleted(rest) = purge_all_expired(store, 10).await.expect("purge failed")
+            else {
+                panic!("purge_expired said it deleted records, then that the backend does it")
+            };
+            // Other tests sharing the store may add expired records of their own.
+            assert!(
+                first + rest >= 25,
+                "purge deleted {} records, expected >= 25",
+                first + rest
+            );
+        }
+        // A backend with native expiry has nothing to delete: the records are gone.
+        Purged::ByBackend => {}
+    }
     for id in &expiring {
         assert!(store.load(id).await.unwrap().is_none());
         // A purged key is really gone: it can be reserved again.
@@ -444,7 +495,8 @@ async fn wait_in_background(
 }
 
 /// A waiter wakes up with the response when the owner finalizes.
-pub async fn wait_returns_when_the_owner_finalizes(store: &dyn IdempotencyStore) {
+pub async fn wait_returns_when_the_owner_finalizes(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     let waited = wait_in_background(store, &id, Duration::from_secs(10), async {
@@ -461,7 +513,8 @@ pub async fn wait_returns_when_the_owner_finalizes(store: &dyn IdempotencyStore)
 }
 
 /// A waiter wakes up with `None` when the owner releases.
-pub async fn wait_returns_when_the_owner_releases(store: &dyn IdempotencyStore) {
+pub async fn wait_returns_when_the_owner_releases(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     let waited = wait_in_background(store, &id, Duration::from_secs(10), async {
@@ -472,7 +525,8 @@ pub async fn wait_returns_when_the_owner_releases(store: &dyn IdempotencyStore) 
 }
 
 /// A waiter wakes up when the owner's lease lapses, seeing it lapsed.
-pub async fn wait_returns_when_the_lease_lapses(store: &dyn IdempotencyStore) {
+pub async fn wait_returns_when_the_lease_lapses(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
     let waited = wait_in_background(store, &id, Duration::from_secs(10), async {}).await;
@@ -486,7 +540,8 @@ pub async fn wait_returns_when_the_lease_lapses(store: &dyn IdempotencyStore) {
 }
 
 /// A waiter returns the in-flight record when its timeout passes first.
-pub async fn wait_gives_up_after_the_timeout(store: &dyn IdempotencyStore) {
+pub async fn wait_gives_up_after_the_timeout(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     let started = tokio::time::Instant::now();
@@ -509,7 +564,8 @@ pub async fn wait_gives_up_after_the_timeout(store: &dyn IdempotencyStore) {
 }
 
 /// A 6 MiB binary body (real Iceberg metadata can be this large) round-trips byte for byte.
-pub async fn multi_megabyte_body_round_trips(store: &dyn IdempotencyStore) {
+pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
     let body: Vec<u8> = (0..6 * 1024 * 1024u32)
@@ -545,7 +601,8 @@ pub async fn multi_megabyte_body_round_trips(store: &dyn IdempotencyStore) {
 }
 
 /// One key in many scopes is many independent records, reserved concurrently.
-pub async fn scopes_are_isolated(store: &dyn IdempotencyStore) {
+pub async fn scopes_are_isolated(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
     let key = uuid::Uuid::new_v4().to_string();
     let ids: Vec<RecordId> = (0..50)
         .map(|i| RecordId::new(format!("tenant-{i}-{}", uuid::Uuid::new_v4()), key.clone()))
@@ -580,7 +637,7 @@ pub async fn scopes_are_isolated(store: &dyn IdempotencyStore) {
 
 /// 64 reserves of one key from spawned tasks (several threads on a multi-threaded
 /// runtime): exactly one wins.
-pub async fn concurrent_reserves_from_tasks(store: Arc<dyn IdempotencyStore>) {
+pub async fn concurrent_reserves_from_tasks(store: &Arc<dyn IdempotencyStore>) {
     let id = fresh_id();
     let mut tasks = JoinSet::new();
     for _ in 0..64 {
@@ -595,4 +652,292 @@ pub async fn concurrent_reserves_from_tasks(store: Arc<dyn IdempotencyStore>) {
         }
     }
     assert_eq!(winners, 1, "exactly one of 64 spawned reserves must win");
+}
+
+/// Renewing several times in a row, within one millisecond, is held every time (a
+/// backend that counts changed rows rather than matched rows would say "lost").
+pub async fn repeated_renewals_are_held(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    for _ in 0..3 {
+        assert_eq!(
+            store.renew(&id, token, LONG).await.unwrap(),
+            Ownership::Held,
+            "renewing a held lease again must be held"
+        );
+    }
+}
+
+/// An owner whose lease lapsed still owns the record until someone takes it over: it may
+/// renew and finalize. Once finalized, a second finalize is refused.
+pub async fn lapsed_owner_may_finish_until_taken_over(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let token = reserve_new(store, &id, Duration::from_millis(50), LONG).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        store
+            .renew(&id, token, Duration::from_millis(50))
+            .await
+            .unwrap(),
+        Ownership::Held,
+        "an owner whose lease lapsed, not taken over, may renew"
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        store
+            .finalize(&id, token, &response(b"late but still the owner"))
+            .await
+            .unwrap(),
+        Ownership::Held,
+        "an owner whose lease lapsed, not taken over, may finalize"
+    );
+    assert_eq!(
+        store
+            .finalize(&id, token, &response(b"again"))
+            .await
+            .unwrap(),
+        Ownership::Lost,
+        "a record is finalized once"
+    );
+}
+
+/// A takeover replaces the token and the lease, and keeps what the key was bound to.
+pub async fn takeover_keeps_the_binding(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let bound = binding(b"the first request");
+    let Reservation::Reserved(old) = store
+        .reserve(&id, &bound, Duration::from_millis(50), LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("reserve of a fresh key did not win")
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let new = store
+        .take_over(&id, old, LONG)
+        .await
+        .unwrap()
+        .expect("a lapsed lease must be taken over");
+    let record = store
+        .load(&id)
+        .await
+        .unwrap()
+        .expect("taken-over record lost");
+    assert_eq!(record.binding, bound, "a takeover must keep the binding");
+    assert_eq!(
+        record.state,
+        RecordState::InFlight {
+            token: new,
+            lease_lapsed: false
+        }
+    );
+}
+
+/// Every reservation of a key gets a token the key never had, however often it is
+/// released and reserved again.
+pub async fn tokens_are_never_reused(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let mut tokens = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let token = reserve_new(store, &id, LONG, LONG).await;
+        assert!(
+            tokens.insert(token),
+            "token {token:?} was issued twice for one key"
+        );
+        assert_eq!(store.release(&id, token).await.unwrap(), Ownership::Held);
+    }
+}
+
+/// A record in flight under a live lease never expires, however old: it stays visible,
+/// cannot be reserved again, survives a purge and can still be finalized.
+pub async fn in_flight_record_outlives_its_lifetime_under_a_live_lease(
+    store: &Arc<dyn IdempotencyStore>,
+) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let token = reserve_new(store, &id, LONG, SHORT).await;
+    tokio::time::sleep(SHORT * 2).await;
+    let in_flight = RecordState::InFlight {
+        token,
+        lease_lapsed: false,
+    };
+    assert_eq!(
+        store.load(&id).await.unwrap().map(|r| r.state),
+        Some(in_flight.clone()),
+        "a record in flight under a live lease must not expire with its lifetime"
+    );
+    match store
+        .reserve(&id, &binding(b"{}"), LONG, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Exists(record) => assert_eq!(record.state, in_flight),
+        Reservation::Reserved(_) => {
+            panic!(
+                "a record in flight under a live lease was replaced after its lifetime: the request would run twice"
+            )
+        }
+    }
+    purge_all_expired(store, 100).await.expect("purge failed");
+    assert!(
+        store.load(&id).await.unwrap().is_some(),
+        "purge deleted a record in flight under a live lease"
+    );
+    assert_eq!(
+        store
+            .finalize(&id, token, &response(b"slow"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+}
+
+/// A slow owner that keeps renewing keeps its record past the lifetime; once it stops,
+/// the record expires when both the lease and the lifetime are over.
+pub async fn renewals_keep_a_record_alive_past_its_lifetime(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let lease = Duration::from_millis(800);
+    let token = reserve_new(store, &id, lease, SHORT).await;
+    for _ in 0..4 {
+        tokio::time::sleep(lease / 3).await;
+        assert_eq!(
+            store.renew(&id, token, lease).await.unwrap(),
+            Ownership::Held
+        );
+    }
+    // Three lifetimes have passed.
+    match store
+        .reserve(&id, &binding(b"{}"), LONG, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Exists(record) => assert!(
+            matches!(record.state, RecordState::InFlight { token: t, .. } if t == token),
+            "a renewed record must still be in flight under its owner"
+        ),
+        Reservation::Reserved(_) => panic!("a renewed record expired with its lifetime"),
+    }
+    tokio::time::sleep(lease + Duration::from_millis(150)).await;
+    assert!(
+        store.load(&id).await.unwrap().is_none(),
+        "once the lease lapsed past the lifetime, the record must expire"
+    );
+    let fresh = reserve_new(store, &id, LONG, LONG).await;
+    assert_ne!(fresh, token);
+}
+
+/// A 204 with no headers and an empty body comes back as exactly that.
+pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    let empty = StoredResponse {
+        status: 204,
+        headers: vec![],
+        body: Bytes::new(),
+    };
+    assert_eq!(
+        store.finalize(&id, token, &empty).await.unwrap(),
+        Ownership::Held
+    );
+    assert_eq!(
+        store.load(&id).await.unwrap().map(|r| r.state),
+        Some(RecordState::Completed(empty)),
+        "an empty 204 without headers must round-trip as such"
+    );
+}
+
+/// Header values are bytes, not text: values that are not UTF-8, values holding `:`
+/// and repeated names come back as they went in, in order.
+pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![
+            (
+                "x-latin1".to_owned(),
+                Bytes::from_static(b"caf\xe9 \xff\x80"),
+            ),
+            (
+                "link".to_owned(),
+                Bytes::from_static(b"<https://a.example:8443/x>; rel=a"),
+            ),
+            (
+                "link".to_owned(),
+                Bytes::from_static(b"<https://b.example/y>; rel=b"),
+            ),
+            ("etag".to_owned(), Bytes::from_static(b"\"\"")),
+        ],
+        body: Bytes::from_static(b"{}"),
+    };
+    assert_eq!(
+        store.finalize(&id, token, &stored).await.unwrap(),
+        Ownership::Held
+    );
+    assert_eq!(
+        store.load(&id).await.unwrap().map(|r| r.state),
+        Some(RecordState::Completed(stored)),
+        "header values must round-trip byte for byte, in order"
+    );
+}
+
+/// Scope and key are two values, not one string: pairs that would read the same when
+/// joined (`a:b` + `c` and `a` + `b:c`) are different records, whatever separator,
+/// brace or escape they hold.
+pub async fn scope_and_key_never_run_together(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let unique = uuid::Uuid::new_v4();
+    let pairs = [
+        (format!("{unique}:a:b"), "c".to_owned()),
+        (format!("{unique}:a"), "b:c".to_owned()),
+        (format!("{unique}:a/b"), "c".to_owned()),
+        (format!("{unique}:a"), "b/c".to_owned()),
+        (format!("{unique}:ab"), "c".to_owned()),
+        (format!("{unique}:a"), "bc".to_owned()),
+        (format!("{unique}:{{a}}"), "{b}".to_owned()),
+        (format!("{unique}:{{a"), "}{b}".to_owned()),
+        (format!("{unique}:a\\"), "\\b".to_owned()),
+        (format!("{unique}:a\n"), "b".to_owned()),
+        (format!("{unique}:é"), "ü".to_owned()),
+        (String::new(), format!("{unique}:a:b:c")),
+        (format!("{unique}:a:b:c"), String::new()),
+    ];
+    let mut tokens = Vec::new();
+    for (scope, key) in &pairs {
+        let id = RecordId::new(scope.clone(), key.clone());
+        tokens.push(reserve_new(store, &id, LONG, LONG).await);
+    }
+    for (i, (scope, key)) in pairs.iter().enumerate() {
+        let id = RecordId::new(scope.clone(), key.clone());
+        let body = Bytes::from(format!("answer {i}"));
+        let answer = StoredResponse {
+            status: 200,
+            headers: vec![],
+            body,
+        };
+        assert_eq!(
+            store.finalize(&id, tokens[i], &answer).await.unwrap(),
+            Ownership::Held,
+            "scope {scope:?} with key {key:?} lost its own record"
+        );
+    }
+    for (i, (scope, key)) in pairs.iter().enumerate() {
+        let id = RecordId::new(scope.clone(), key.clone());
+        let Some(RecordState::Completed(answer)) = store.load(&id).await.unwrap().map(|r| r.state)
+        else {
+            panic!("scope {scope:?} with key {key:?} lost its record")
+        };
+        assert_eq!(
+            answer.body,
+            format!("answer {i}"),
+            "scope {scope:?} with key {key:?} got another pair's answer: a replay across callers"
+        );
+    }
 }

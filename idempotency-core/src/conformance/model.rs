@@ -2,9 +2,13 @@
 //! each answer compared with what a simple reference model says it must be.
 //!
 //! Time is made deterministic by using only two lengths for leases and lifetimes: zero
-//! (lapsed or expired at once, by any clock) and an hour (never within a run).
+//! (lapsed or expired at once, by any clock: `now >= deadline` is lapsed) and an hour
+//! (never within a run). The model follows the rules of the
+//! [store module](crate::store#the-rules-every-store-keeps): a reservation under a live
+//! lease does not expire, and fencing is by token alone.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{
@@ -149,7 +153,8 @@ fn binding() -> Binding {
 
 /// Runs `steps` against `store` and against the model, panicking at the first answer
 /// that differs, with the step number and the whole sequence so far.
-pub async fn check_steps(store: &dyn IdempotencyStore, steps: &[Step]) {
+pub async fn check_steps(store: &Arc<dyn IdempotencyStore>, steps: &[Step]) {
+    let store = store.as_ref();
     let scope = format!("model-{}", uuid::Uuid::new_v4());
     let ids: Vec<RecordId> = (0..3)
         .map(|k| RecordId::new(scope.clone(), format!("key-{k}")))
@@ -183,7 +188,8 @@ pub async fn check_steps(store: &dyn IdempotencyStore, steps: &[Step]) {
                             Model::InFlight {
                                 owner,
                                 lease_lapsed,
-                                expired,
+                                // A record under a live lease never expires.
+                                expired: expired && lease_lapsed,
                             },
                         );
                     }
@@ -378,7 +384,7 @@ fn assert_state(actual: &RecordState, expected: &Model, context: &dyn Fn() -> St
 
 /// Runs `runs` random sequences of `len` steps, seeds `first_seed..`, against `store`.
 pub async fn check_random_sequences(
-    store: &dyn IdempotencyStore,
+    store: &Arc<dyn IdempotencyStore>,
     first_seed: u64,
     runs: u64,
     len: usize,
