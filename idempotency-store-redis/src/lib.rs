@@ -103,8 +103,9 @@
 //! never reuses the token of the expired record it replaces.
 //!
 //! **Expiry** is native: the key's TTL ends with the record's lifetime, and the server
-//! deletes it then. [`IdempotencyStore::purge_expired`] therefore deletes nothing and says
-//! so; there is no purge task to run.
+//! deletes it then. [`IdempotencyStore::purge_expired`] therefore deletes nothing and
+//! answers [`Purged::ByBackend`]; there is no purge task to run (`spawn_purge_task` ends
+//! after its first round on this store).
 //!
 //! # Connections, failures, timeouts
 //!
@@ -166,11 +167,9 @@ mod scripts;
 
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, RecordId, RecordState,
-    Reservation, StoreError, StoredResponse,
+    Binding, Bytes, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
+    RecordState, Reservation, StoreError, StoredResponse, async_trait,
 };
 use redis::{Cmd, RedisError, Value};
 
@@ -421,11 +420,9 @@ impl IdempotencyStore for RedisStore {
     }
 
     /// Records expire natively (the key's TTL ends with the record's life, and the server
-    /// deletes it), so there is nothing to purge: deletes nothing and returns 0.
-    async fn purge_expired(&self, _batch_size: usize) -> Result<u64, StoreError> {
-        // TODO(store contract): return `Purged::ByBackend` once `purge_expired` returns
-        // `Purged` (the profiles change on main).
-        Ok(0)
+    /// deletes it), so there is nothing to purge: deletes nothing and says so.
+    async fn purge_expired(&self, _batch_size: usize) -> Result<Purged, StoreError> {
+        Ok(Purged::ByBackend)
     }
 }
 

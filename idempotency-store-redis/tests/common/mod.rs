@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 pub mod checks;
 
-use idempotency_core::{Binding, RecordId, StoredResponse};
+use idempotency_core::{Binding, Bytes, RecordId, StoredResponse};
 
 pub const LONG: Duration = Duration::from_secs(60);
 
@@ -329,8 +329,8 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
         status: 201,
         headers: vec![(
             "content-type".to_owned(),
-            bytes::Bytes::from_static(b"application/json"),
+            Bytes::from_static(b"application/json"),
         )],
-        body: bytes::Bytes::from_static(body),
+        body: Bytes::from_static(body),
     }
 }
