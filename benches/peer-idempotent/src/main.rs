@@ -8,9 +8,9 @@
 use std::net::SocketAddr;
 
 use axum::extract::Request;
-use axum::{Router, ServiceExt};
 use axum::http::StatusCode;
 use axum::routing::post;
+use axum::{Router, ServiceExt};
 use idempotent::memory::MemoryStore;
 use idempotent::middleware::IdempotencyLayer;
 use idempotent::valkey::ValkeyStore;
