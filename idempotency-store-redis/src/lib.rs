@@ -113,10 +113,27 @@
 //! ([`redis::aio::ConnectionManager`]) and a cluster through the cluster client's
 //! connection, which routes every script to the primary of its record's slot and follows
 //! `MOVED`/`ASK`. Both reconnect by themselves: after a restart, a failover or a killed
-//! connection, the first operations fail (the layer answers 503 with `Retry-After`) and
-//! the following ones go through, without restarting the application. Every operation
-//! is bounded by [`RedisOptions::operation_timeout`] (2 s by default), reconnecting
-//! included, so a dead server fails requests fast instead of holding them.
+//! connection, the operations caught in it fail (the layer answers 503 with
+//! `Retry-After`) and the following ones go through, without restarting the application.
+//! Every operation is bounded by [`RedisOptions::operation_timeout`] (2 s by default),
+//! reconnecting included, so a dead server fails requests fast instead of holding them.
+//!
+//! Two details make this hold on a cluster too:
+//!
+//! - The cluster client re-sends a command whose connection dropped, so a script may run
+//!   twice. Every script is safe to run twice: a re-sent reservation finds the record in
+//!   flight under the very token it proposed (63 random bits, nobody else's) and reports
+//!   it reserved; a re-sent takeover finds the record already under its new token; renew
+//!   is idempotent; a re-sent finalize or release finds the record no longer in flight
+//!   and reports the ownership lost, which the layer only logs (the record holds the
+//!   answer, or is gone, as intended).
+//! - After every connection to every node was killed at once under load, the cluster
+//!   client's connection was seen to stop answering for good. So an operation that times
+//!   out or loses its connection also makes a fresh cluster connection in the background
+//!   (one at a time), which replaces the old one once it is up.
+//!
+//! Duplicates waiting for an in-flight owner poll the record (the trait's default `wait`:
+//! 5 ms, doubling to 200 ms); they are not notified.
 //!
 //! # Checks at connect
 //!
