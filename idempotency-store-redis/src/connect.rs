@@ -58,6 +58,12 @@ pub enum ConnectError {
         #[source]
         source: RedisError,
     },
+    /// Cluster options without a single node to start from.
+    #[error(
+        "RedisOptions::cluster was given no node; list at least one redis://host:port of the \
+         cluster"
+    )]
+    NoClusterNodes,
     /// Cluster options, but the server is not a cluster node.
     #[error(
         "Redis at {target} is not a Redis Cluster node (cluster support disabled); \
@@ -174,11 +180,7 @@ async fn open_cluster(nodes: &[String], options: &RedisOptions) -> Result<Link, 
         .collect::<Vec<_>>()
         .join(", ");
     if nodes.is_empty() {
-        return Err(ConnectError::Unreachable {
-            target: "a cluster".to_owned(),
-            timeout: Duration::ZERO,
-            reason: "no node was given".to_owned(),
-        });
+        return Err(ConnectError::NoClusterNodes);
     }
     for node in nodes {
         node.as_str()

@@ -51,6 +51,11 @@ async fn a_url_that_does_not_parse_says_how_to_write_one() {
     );
     assert!(error.to_string().contains("nonsense"), "{error}");
 
+    let error = RedisStore::connect_with(RedisOptions::cluster(Vec::<String>::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ConnectError::NoClusterNodes), "{error:?}");
+
     let error = RedisOptions::server("redis://127.0.0.1:6379")
         .key_prefix("app:{tag}:")
         .unwrap_err();
