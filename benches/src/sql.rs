@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyLayer, IdempotencyStore, Ownership, Purged, RecordId,
-    RecordState, Reservation, StoredResponse, store::purge_all_expired,
+    RecordState, Reservation, StoredResponse, purge_all_expired,
 };
 use idempotency_store_sql::sqlx::{self, Row as _};
 use idempotency_store_sql::{MySqlStore, Operation, PoolSettings, PostgresStore, SqliteStore};

@@ -143,7 +143,7 @@ async fn killed_before_the_side_effect_the_retry_takes_over_and_runs_once() {
 
     let retry = b.post("create-order", &key).send().await.unwrap();
     assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["x-idempotency-outcome"], "tookover");
+    assert_eq!(retry.headers()["x-idempotency-outcome"], "took-over");
     assert_eq!(side_effects(&pool, &table, "create-order").await, 1);
 
     let again = b.post("create-order", &key).send().await.unwrap();
@@ -206,7 +206,7 @@ async fn killed_between_side_effect_and_finalize_the_retry_runs_again() {
 
     let retry = b.post("ship-parcel", &key).send().await.unwrap();
     assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["x-idempotency-outcome"], "tookover");
+    assert_eq!(retry.headers()["x-idempotency-outcome"], "took-over");
     assert_eq!(
         side_effects(&pool, &table, "ship-parcel").await,
         2,

@@ -319,16 +319,18 @@ async fn create_table_retried_with_a_key_is_replayed_and_runs_once() {
     assert_eq!(created["metadata"]["format-version"], json!(2));
 
     // The client lost the answer and retries with the same key: the stored answer comes
-    // back, and the table is not created again. (A table-loading answer is stored with any
-    // vended credentials taken out, which are reloaded on replay, so it is the same JSON
-    // rather than the same bytes; createNamespace above is replayed byte for byte.)
+    // back byte for byte (this catalog vends no credentials, so nothing was taken out of
+    // it), and the table is not created again.
     let retry = post(&client, url.clone(), Some(&key), &body).await;
     assert_eq!(retry.status, 200, "retry: {}", retry.body);
     assert!(
         retry.replayed,
         "the retry carries idempotent-replayed: true"
     );
-    assert_eq!(retry.json(), first.json(), "the replay is the first answer");
+    assert_eq!(
+        retry.body, first.body,
+        "the replay is the first answer, byte for byte"
+    );
     assert!(dir.path().join("iceberg-catalog.db").exists());
     assert_eq!(table_names(&client, &server, "db").await, ["orders"]);
     assert_eq!(
@@ -509,6 +511,197 @@ async fn config_advertises_the_key_lifetime_only_when_enabled() {
     assert_eq!(retry.status, 409, "{}", retry.body);
     assert!(!retry.replayed);
     assert!(off.log_text().contains("idempotency=passed-through"));
+}
+
+/// Sends a keyed request, then the same request with the same key, as a client that
+/// lost the first answer would: the retry must be a replay of the first answer, byte for
+/// byte. Returns the first answer.
+async fn sent_and_replayed(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    body: Option<&Value>,
+) -> Answer {
+    let key = key();
+    let first = send(client, method.clone(), url.clone(), Some(&key), body).await;
+    let retry = send(client, method.clone(), url.clone(), Some(&key), body).await;
+    assert!(
+        !first.replayed,
+        "{method} {url}: the first answer is not a replay"
+    );
+    assert!(
+        retry.replayed,
+        "{method} {url}: the retry was not replayed: {}",
+        retry.body
+    );
+    assert_eq!(
+        (retry.status, &retry.body),
+        (first.status, &first.body),
+        "{method} {url}: the replay differs from the first answer"
+    );
+    first
+}
+
+#[tokio::test]
+async fn every_keyed_operation_is_replayed_byte_for_byte() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Server::start(dir.path(), &[]);
+    let client = client();
+    let post = Method::POST;
+
+    let namespace = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces"),
+        Some(&json!({"namespace": ["replays"], "properties": {"owner": "ann"}})),
+    )
+    .await;
+    assert_eq!(namespace.status, 200, "{}", namespace.body);
+    let properties = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/prefix/namespaces/replays/properties"),
+        Some(&json!({"removals": ["owner"], "updates": {"team": "bi"}})),
+    )
+    .await;
+    assert_eq!(properties.status, 200, "{}", properties.body);
+    let table = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/tables"),
+        Some(&create_table_body("events")),
+    )
+    .await;
+    assert_eq!(table.status, 200, "{}", table.body);
+    let created = table.json();
+    let commit = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/tables/events"),
+        Some(&json!({
+            "requirements": [{"type": "assert-table-uuid", "uuid": created["metadata"]["table-uuid"]}],
+            "updates": [{"action": "set-properties", "updates": {"k": "v"}}]
+        })),
+    )
+    .await;
+    assert_eq!(commit.status, 200, "{}", commit.body);
+    // A deterministic failure is stored and replayed too.
+    let stale = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/tables/events"),
+        Some(&json!({
+            "requirements": [{"type": "assert-last-assigned-field-id", "last-assigned-field-id": 99}],
+            "updates": [{"action": "set-properties", "updates": {"k": "w"}}]
+        })),
+    )
+    .await;
+    assert_eq!(stale.status, 409, "{}", stale.body);
+    let transaction = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/transactions/commit"),
+        Some(&json!({"table-changes": [
+            {"identifier": {"namespace": ["replays"], "name": "events"},
+             "requirements": [], "updates": [{"action": "set-properties", "updates": {"tx": "1"}}]}
+        ]})),
+    )
+    .await;
+    assert_eq!(transaction.status, 204, "{}", transaction.body);
+    let registered = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/register"),
+        Some(&json!({"name": "events_copy", "metadata-location": commit.json()["metadata-location"]})),
+    )
+    .await;
+    assert_eq!(registered.status, 200, "{}", registered.body);
+    let renamed = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/tables/rename"),
+        Some(
+            &json!({"source": {"namespace": ["replays"], "name": "events_copy"},
+                     "destination": {"namespace": ["replays"], "name": "copy"}}),
+        ),
+    )
+    .await;
+    assert_eq!(renamed.status, 204, "{}", renamed.body);
+    let view = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/views"),
+        Some(&json!({
+            "name": "recent",
+            "schema": {"type": "struct", "schema-id": 0,
+                       "fields": [{"id": 1, "name": "id", "required": true, "type": "long"}]},
+            "view-version": {
+                "version-id": 1, "schema-id": 0, "timestamp-ms": 1_700_000_000_000_i64,
+                "summary": {"engine-name": "test"},
+                "representations": [{"type": "sql", "sql": "SELECT id FROM replays.events", "dialect": "spark"}],
+                "default-namespace": ["replays"]
+            },
+            "properties": {}
+        })),
+    )
+    .await;
+    assert_eq!(view.status, 200, "{}", view.body);
+    let replaced = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/views/recent"),
+        Some(&json!({"requirements": [], "updates": [{"action": "set-properties", "updates": {"k": "v"}}]})),
+    )
+    .await;
+    assert_eq!(replaced.status, 200, "{}", replaced.body);
+    let view_registered = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/namespaces/replays/register-view"),
+        Some(&json!({"name": "recent_copy", "metadata-location": replaced.json()["metadata-location"]})),
+    )
+    .await;
+    assert_eq!(view_registered.status, 200, "{}", view_registered.body);
+    let view_renamed = sent_and_replayed(
+        &client,
+        post.clone(),
+        server.url("/v1/views/rename"),
+        Some(
+            &json!({"source": {"namespace": ["replays"], "name": "recent_copy"},
+                     "destination": {"namespace": ["replays"], "name": "older"}}),
+        ),
+    )
+    .await;
+    assert_eq!(view_renamed.status, 204, "{}", view_renamed.body);
+    for view in ["recent", "older"] {
+        let dropped = sent_and_replayed(
+            &client,
+            Method::DELETE,
+            server.url(&format!("/v1/namespaces/replays/views/{view}")),
+            None,
+        )
+        .await;
+        assert_eq!(dropped.status, 204, "{}", dropped.body);
+    }
+    for table in ["events", "copy"] {
+        let dropped = sent_and_replayed(
+            &client,
+            Method::DELETE,
+            server.url(&format!("/v1/namespaces/replays/tables/{table}")),
+            None,
+        )
+        .await;
+        assert_eq!(dropped.status, 204, "{}", dropped.body);
+    }
+    let dropped = sent_and_replayed(
+        &client,
+        Method::DELETE,
+        server.url("/v1/namespaces/replays"),
+        None,
+    )
+    .await;
+    assert_eq!(dropped.status, 204, "{}", dropped.body);
 }
 
 #[tokio::test]

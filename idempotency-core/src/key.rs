@@ -82,20 +82,20 @@ pub struct UuidKey {
 
 impl UuidKey {
     /// Accepts any UUID version.
-    pub fn any_version() -> Self {
+    pub const fn any_version() -> Self {
         Self { require_v7: false }
     }
 
     /// Accepts version 7 UUIDs only, as the Iceberg REST spec recommends clients send.
     ///
     /// ```
-    /// use idempotency_core::key::{KeyFormat, UuidKey};
+    /// use idempotency_core::{KeyFormat, UuidKey};
     ///
     /// let v7 = UuidKey::v7_only();
     /// assert!(v7.parse(b"01890a5d-ac96-774b-bcce-b302099a8057").is_ok());
     /// assert!(v7.parse(b"f47ac10b-58cc-4372-a567-0e02b2c3d479").is_err()); // v4
     /// ```
-    pub fn v7_only() -> Self {
+    pub const fn v7_only() -> Self {
         Self { require_v7: true }
     }
 }

@@ -7,11 +7,16 @@ use http::{HeaderName, StatusCode, header};
 use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
-use crate::error::{ErrorRenderer, ProblemJson};
-use crate::key::{KeyFormat, OpaqueKey};
+use bytes::Bytes;
+use http::{Method, Response};
+
+use crate::budget::MemoryBudget;
+use crate::key::KeyFormat;
 use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+use crate::profile::{HttpProfile, Profile};
+use crate::rejection::{ErrorRenderer, Rejection};
 use crate::service::Idempotency;
-use crate::store::IdempotencyStore;
+use crate::store::{IdempotencyStore, RecordId};
 
 /// How long a record is kept, from its first submission, by default: 30 minutes.
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -23,15 +28,26 @@ pub const DEFAULT_IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 8 * 1024 * 1024;
 /// The largest response body stored for replay, by default: 8 MiB.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 8 * 1024 * 1024;
+/// All the bytes of bodies the layer holds at once, by default: 256 MiB.
+pub const DEFAULT_MEMORY_BUDGET: usize = 256 * 1024 * 1024;
+/// How long a keyed request's body may take to arrive, by default: 30 seconds.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything the service needs, shared by every clone of it.
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn IdempotencyStore>,
-    pub(crate) key_format: Arc<dyn KeyFormat>,
-    pub(crate) scope: Arc<dyn ScopeExtractor>,
+    pub(crate) profile: Arc<dyn Profile>,
+    /// Replaces the profile's key format when set.
+    pub(crate) key_format: Option<Arc<dyn KeyFormat>>,
+    /// Replaces the profile's rendering when set.
+    pub(crate) renderer: Option<Arc<dyn ErrorRenderer>>,
+    /// Narrows the profile's routes.
     pub(crate) routes: Arc<dyn RouteFilter>,
-    pub(crate) renderer: Arc<dyn ErrorRenderer>,
+    pub(crate) scope: Arc<dyn ScopeExtractor>,
+    /// Set while the scope is the default one: the layer then warns, once, when it sees
+    /// a request that carries a credential.
+    pub(crate) unscoped_warning: Option<Arc<std::sync::Once>>,
     pub(crate) lifetime: Duration,
     pub(crate) grace_period: Duration,
     pub(crate) lease: Duration,
@@ -41,26 +57,73 @@ pub(crate) struct Settings {
     pub(crate) not_stored_status: StatusCode,
     pub(crate) retry_after: Duration,
     pub(crate) max_request_body: usize,
+    pub(crate) request_body_timeout: Duration,
+    pub(crate) memory: Arc<MemoryBudget>,
     pub(crate) max_response_body: usize,
     pub(crate) release_statuses: Vec<StatusCode>,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) require_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
-    /// The Iceberg profile: advertise the lifetime in `GET /v1/config` and keep vended
-    /// credentials out of the store.
-    pub(crate) iceberg: bool,
+    pub(crate) max_run_time: Option<Duration>,
     pub(crate) in_flight: TaskTracker,
 }
 
 impl Settings {
+    /// Whether a mutation of `path` takes part: the profile's routes, narrowed by the
+    /// layer's.
+    pub(crate) fn takes_part(&self, method: &Method, path: &str) -> bool {
+        self.profile.takes_part(method, path) && self.routes.takes_part(method, path)
+    }
+
+    pub(crate) fn key_format(&self) -> &dyn KeyFormat {
+        match &self.key_format {
+            Some(format) => format.as_ref(),
+            None => self.profile.key_format(),
+        }
+    }
+
+    pub(crate) fn render(&self, rejection: &Rejection) -> Response<Bytes> {
+        match &self.renderer {
+            Some(renderer) => renderer.render(rejection),
+            None => self.profile.render(rejection),
+        }
+    }
+
+    /// How long a record is kept: the lifetime plus the grace period.
+    pub(crate) fn kept_for(&self) -> Duration {
+        self.lifetime + self.grace_period
+    }
+
+    /// A key as logs show it: a short hash of scope and key, never the key itself (a key
+    /// is what collects a response, and a client-chosen string must not forge log fields).
+    pub(crate) fn log_key<'a>(&self, id: &'a RecordId) -> LogKey<'a> {
+        LogKey(id)
+    }
+
     /// The lease the owner holds: never longer than the time a record is kept, so that a
     /// record lives its lifetime and no longer (a store keeps a record at least until the
     /// lease it granted ends).
     pub(crate) fn lease(&self) -> Duration {
-        self.lease
-            .min(self.lifetime + self.grace_period)
-            .max(MIN_LEASE)
+        self.lease.min(self.kept_for()).max(MIN_LEASE)
+    }
+}
+
+/// See [`Settings::log_key`].
+pub(crate) struct LogKey<'a>(&'a RecordId);
+
+impl std::fmt::Display for LogKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        hasher.update((self.0.scope.len() as u64).to_be_bytes());
+        hasher.update(self.0.scope.as_bytes());
+        hasher.update(self.0.key.as_bytes());
+        let digest = hasher.finalize();
+        for byte in &digest[..6] {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
     }
 }
 
@@ -98,8 +161,10 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` with the defaults: opaque keys, one scope, every mutation,
-    /// a 30-minute lifetime, 409 while in flight, 422 on key reuse, fail-closed.
+    /// A layer over `store` for plain HTTP ([`HttpProfile`]) with the defaults: opaque
+    /// keys, one scope, every mutation, a 30-minute lifetime, 409 while in flight, 422 on
+    /// key reuse, fail-closed. A store shared with other code (a purge task) can be
+    /// passed as an `Arc`.
     pub fn new(store: impl IdempotencyStore) -> Self {
         Self::from_shared_store(Arc::new(store))
     }
@@ -109,10 +174,12 @@ impl IdempotencyLayer {
         Self {
             settings: Arc::new(Settings {
                 store,
-                key_format: Arc::new(OpaqueKey),
-                scope: Arc::new(SingleScope),
+                profile: Arc::new(HttpProfile),
+                key_format: None,
+                renderer: None,
                 routes: Arc::new(AllMutations),
-                renderer: Arc::new(ProblemJson),
+                scope: Arc::new(SingleScope),
+                unscoped_warning: Some(Arc::new(std::sync::Once::new())),
                 lifetime: DEFAULT_LIFETIME,
                 grace_period: Duration::ZERO,
                 lease: DEFAULT_LEASE,
@@ -122,6 +189,8 @@ impl IdempotencyLayer {
                 not_stored_status: StatusCode::CONFLICT,
                 retry_after: Duration::from_secs(1),
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,
+                request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
+                memory: Arc::new(MemoryBudget::new(DEFAULT_MEMORY_BUDGET)),
                 max_response_body: DEFAULT_MAX_RESPONSE_BODY,
                 release_statuses: [401, 403, 408, 419, 429]
                     .into_iter()
@@ -129,17 +198,18 @@ impl IdempotencyLayer {
                     .collect(),
                 replayed_headers: vec![
                     header::CONTENT_TYPE,
-                    header::CONTENT_ENCODING,
                     header::CONTENT_LANGUAGE,
                     header::CONTENT_LOCATION,
                     header::LOCATION,
                     header::ETAG,
                     header::LAST_MODIFIED,
+                    header::CACHE_CONTROL,
+                    header::VARY,
                 ],
                 require_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
-                iceberg: false,
+                max_run_time: None,
                 in_flight: TaskTracker::new(),
             }),
         }
@@ -273,6 +343,34 @@ impl IdempotencyLayer {
         self.edit(|s| s.max_request_body = bytes)
     }
 
+    /// How long the body of a keyed request may take to arrive, whole (default 30 s).
+    /// A slower one gets 408 and its bytes are let go; nothing was reserved.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_request_body_timeout(Duration::from_secs(5));
+    /// ```
+    pub fn with_request_body_timeout(self, timeout: Duration) -> Self {
+        self.edit(|s| s.request_body_timeout = timeout)
+    }
+
+    /// The most bytes of bodies the layer holds at once, over all requests (default 256
+    /// MiB): the bodies of keyed requests (held while they run, and while a duplicate
+    /// waits) and the answers being read to be stored. A keyed request that would go
+    /// over it gets 503 with `Retry-After` before its body is read; requests without a key
+    /// are not held and never refused.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_memory_budget(64 << 20);
+    /// ```
+    pub fn with_memory_budget(self, bytes: usize) -> Self {
+        self.edit(|s| s.memory = Arc::new(MemoryBudget::new(bytes)))
+    }
+
     /// The largest response body stored for replay (default 8 MiB, which fits the
     /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is still
     /// delivered whole to its caller, never truncated (it is held in memory once, like
@@ -307,8 +405,11 @@ impl IdempotencyLayer {
     }
 
     /// The response headers stored and replayed (default: content-type,
-    /// content-encoding, content-language, content-location, location, etag,
-    /// last-modified). Others are dropped from replays, never from the first answer.
+    /// content-language, content-location, location, etag, last-modified, cache-control,
+    /// vary). Others are dropped from replays, never from the first answer.
+    /// `Content-Encoding` is not among them: the layer asks the inner service for an
+    /// unencoded answer and stores only such answers, so a replay never arrives in an
+    /// encoding the retry did not accept. Compression belongs outside the layer.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -360,32 +461,75 @@ impl IdempotencyLayer {
         self.edit(|s| s.finalize_retry_for = duration)
     }
 
-    /// How keys are parsed (default [`OpaqueKey`]).
+    /// How long an owner may hold its key while the inner service runs (default: as long
+    /// as it runs). After that the owner stops renewing its lease: once the lease lapses,
+    /// a retry takes the key over and runs the request again, and the stuck owner's late
+    /// answer is fenced out. For handlers that can hang; a request that is merely slow
+    /// would then run twice, so set it well above the slowest real request.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::key::UuidKey;
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_key_format(UuidKey::v7_only());
+    /// # use std::time::Duration;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_run_time(Duration::from_secs(600));
     /// ```
-    pub fn with_key_format(self, format: impl KeyFormat) -> Self {
-        self.edit(|s| s.key_format = Arc::new(format))
+    pub fn with_max_run_time(self, max_run_time: Duration) -> Self {
+        self.edit(|s| s.max_run_time = Some(max_run_time))
     }
 
-    /// How callers are told apart (default: one scope for all). See [`ScopeExtractor`].
+    /// The profile: everything that depends on the protocol (see [`Profile`]). The
+    /// default is [`HttpProfile`]; [`iceberg`](Self::iceberg) installs
+    /// [`IcebergProfile`](crate::iceberg::IcebergProfile).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::HttpProfile;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_profile(HttpProfile);
+    /// ```
+    pub fn with_profile(self, profile: impl Profile) -> Self {
+        self.edit(|s| s.profile = Arc::new(profile))
+    }
+
+    /// How keys are parsed, instead of the profile's format ([`OpaqueKey`] for plain
+    /// HTTP, [`UuidKey`] for Iceberg).
+    ///
+    /// [`OpaqueKey`]: crate::OpaqueKey
+    /// [`UuidKey`]: crate::UuidKey
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::UuidKey;
+    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new()).with_key_format(UuidKey::v7_only());
+    /// ```
+    pub fn with_key_format(self, format: impl KeyFormat) -> Self {
+        self.edit(|s| s.key_format = Some(Arc::new(format)))
+    }
+
+    /// How callers are told apart (default: one scope for all). See [`ScopeExtractor`]:
+    /// read the scope from what your authentication layer established, never from a
+    /// header the client sets.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// #[derive(Clone)]
+    /// struct Tenant(String); // set by the authentication layer
+    ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
-    ///     request.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    ///     request.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default()
     /// });
     /// ```
     pub fn with_scope(self, scope: impl ScopeExtractor) -> Self {
-        self.edit(|s| s.scope = Arc::new(scope))
+        self.edit(|s| {
+            s.scope = Arc::new(scope);
+            s.unscoped_warning = None;
+        })
     }
 
-    /// Which mutations take part (default: all of them).
+    /// Narrows the mutations that take part: a request takes part only if the profile's
+    /// routes and this filter both take it (default: every mutation the profile takes).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -397,12 +541,13 @@ impl IdempotencyLayer {
         self.edit(|s| s.routes = Arc::new(routes))
     }
 
-    /// How the layer's own answers are rendered (default [`ProblemJson`]).
+    /// How the layer's own answers are rendered, instead of the profile's way
+    /// ([`ProblemJson`](crate::ProblemJson) for plain HTTP).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::error::Rejection;
+    /// use idempotency_core::Rejection;
     /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_error_renderer(|r: &Rejection| {
     ///     let mut response = http::Response::new(bytes::Bytes::from(r.message.clone()));
     ///     *response.status_mut() = r.status;
@@ -410,11 +555,7 @@ impl IdempotencyLayer {
     /// });
     /// ```
     pub fn with_error_renderer(self, renderer: impl ErrorRenderer) -> Self {
-        self.edit(|s| s.renderer = Arc::new(renderer))
-    }
-
-    pub(crate) fn with_iceberg_behaviour(self) -> Self {
-        self.edit(|s| s.iceberg = true)
+        self.edit(|s| s.renderer = Some(Arc::new(renderer)))
     }
 
     /// The store this layer uses.
@@ -468,5 +609,28 @@ impl InFlightRequests {
         self.tracker.wait().await;
         // New requests may still arrive while a server drains; keep tracking them.
         self.tracker.reopen();
+    }
+
+    /// Waits until no keyed request is running, or `deadline` passes; returns how many
+    /// were still running then.
+    ///
+    /// What happens to those when the process then exits: each one's key stays reserved
+    /// until its lease lapses (20 s by default), during which retries are told it is in
+    /// flight; after that the next retry, on any replica, takes the key over and runs the
+    /// request again. Its caller gets no answer. A request whose mutation had committed
+    /// runs a second time unless its handler finalized inside its own transaction.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// # async fn example() {
+    /// # let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let abandoned = layer.in_flight().wait_at_most(std::time::Duration::from_secs(30)).await;
+    /// assert_eq!(abandoned, 0);
+    /// # }
+    /// ```
+    pub async fn wait_at_most(&self, deadline: Duration) -> usize {
+        let _ = tokio::time::timeout(deadline, self.wait()).await;
+        self.count()
     }
 }

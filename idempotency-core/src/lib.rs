@@ -22,11 +22,11 @@
 //!
 //! # The life of a keyed request
 //!
-//! 1. **Take part?** Only POST, PUT, PATCH and DELETE requests that pass the
-//!    [`RouteFilter`] and carry an `Idempotency-Key` header. Everything else goes to the
-//!    inner service untouched and unbuffered. A malformed, oversized or repeated header
-//!    gets 400 before anything is read ([`KeyFormat`]: [`OpaqueKey`] by default,
-//!    [`UuidKey`] for Iceberg).
+//! 1. **Take part?** Only POST, PUT, PATCH and DELETE requests on the profile's routes
+//!    (narrowed by a [`RouteFilter`]) that carry an `Idempotency-Key` header. Everything
+//!    else goes to the inner service untouched and unbuffered. A malformed, oversized or
+//!    repeated header gets 400 before anything is read ([`KeyFormat`]: [`OpaqueKey`] by
+//!    default, [`UuidKey`] for Iceberg).
 //! 2. **Bind.** The body is buffered (413 over the limit) and the record is bound to the
 //!    method, path and query, and the SHA-256 of the body. The record is found by
 //!    (scope, key); the [`ScopeExtractor`] says whose key it is.
@@ -50,7 +50,16 @@
 //!    the record over with a new token; the old owner can no longer write to it.
 //!
 //! Every response the layer took part in carries an [`Outcome`] extension, and every
-//! outcome is a `tracing` event with an `outcome` field.
+//! outcome is a `tracing` event with an `outcome` field. Logs never show a key: they
+//! show a short hash of it.
+//!
+//! # Profiles
+//!
+//! What depends on the protocol (which routes, what a key looks like, which answers are
+//! stored, what a replay adds back, how errors look, what is advertised) comes from a
+//! [`Profile`]: [`HttpProfile`] by default, [`iceberg::IcebergProfile`] through
+//! [`IdempotencyLayer::iceberg`], or your own through
+//! [`IdempotencyLayer::with_profile`]. The request path above is the same for all.
 //!
 //! # Security: scopes
 //!
@@ -75,8 +84,10 @@
 //!
 //! `idempotency-store-memory` keeps records in process (development, tests, one node).
 //! `idempotency-store-sql` keeps them in PostgreSQL, MySQL/MariaDB or SQLite, shared by
-//! replicas and durable across crashes. Any type implementing [`IdempotencyStore`] works;
-//! the [`conformance`] suite (feature `conformance`) checks it.
+//! replicas and durable across crashes. Any type implementing [`IdempotencyStore`] works
+//! (its docs list the rules a store keeps); the `conformance` suite (feature
+//! `conformance`) checks it, and this crate re-exports what a store needs
+//! ([`async_trait`](macro@async_trait), [`Bytes`]).
 //!
 //! # Defaults
 //!
@@ -87,40 +98,62 @@
 //! | in-flight wait | 10 s | most mutations finish well within it, so duplicates get the real answer |
 //! | request / response body | 8 MiB | fits real Iceberg metadata and MySQL's default packet size |
 //! | store failure | fail closed (503) | running unprotected can execute a mutation twice |
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `conformance` | off | the [`conformance`] suite: the checks any [`IdempotencyStore`] implementation can run against itself (pulls in `uuid`) |
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod error;
-mod future;
-pub mod iceberg;
-pub mod key;
-mod layer;
-pub mod policy;
-mod service;
-pub mod store;
-
+mod advertise;
+mod binding;
+mod body;
+mod budget;
+pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod future;
+pub mod iceberg;
+pub mod iso8601;
+mod key;
+mod keyed;
+mod layer;
+mod outcome;
+mod owner;
+mod policy;
+mod profile;
+mod rejection;
+mod service;
+mod store;
 
-pub use error::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
+pub use binding::MAX_KEPT_PATH;
 pub use future::ResponseFuture;
-pub use key::{KeyError, KeyFormat, OpaqueKey, UuidKey};
+pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use layer::{
     DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
-    DEFAULT_MAX_RESPONSE_BODY, IdempotencyLayer, InFlightRequests,
+    DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MEMORY_BUDGET, DEFAULT_REQUEST_BODY_TIMEOUT,
+    IdempotencyLayer, InFlightRequests,
 };
-pub use policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
-pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, Outcome, ReservationHandle};
+pub use outcome::Outcome;
+pub use owner::ReservationHandle;
+pub use policy::{AllMutations, CredentialScope, RouteFilter, ScopeExtractor, SingleScope};
+pub use profile::{Disposition, HttpProfile, Profile};
+pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
+pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency};
 pub use store::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged,
-    RecordId, RecordState, Reservation, StoreError, StoredResponse,
+    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership,
+    PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, StoreError, StoredResponse,
+    purge_all_expired, spawn_purge_task,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 
-/// The README's usage snippet, compiled as a doctest.
+/// The README's usage snippets, compiled as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;

@@ -1,7 +1,10 @@
 //! Which requests take part, and whose key a request's key is.
 
-use http::Method;
+use std::fmt::Write as _;
+
 use http::request::Parts;
+use http::{HeaderName, Method, header};
+use sha2::{Digest, Sha256};
 
 /// Picks the requests that take part, among mutations (POST, PUT, PATCH, DELETE).
 ///
@@ -43,8 +46,10 @@ pub(crate) fn is_mutation(method: &Method) -> bool {
 ///
 /// **A multi-tenant service must set one.** Without it, every caller shares one scope.
 /// Place the layer after authentication and read the principal or tenant from a request
-/// extension that the auth layer set. Any `Fn(&http::request::Parts) -> String` is an
-/// extractor.
+/// extension that the auth layer set — never from a header the client sets, which anyone
+/// can spoof. Any `Fn(&http::request::Parts) -> String` is an extractor. When the
+/// authentication happens inside the wrapped service, where the layer cannot see its
+/// result, [`CredentialScope`] is the best the layer can do from outside.
 ///
 /// ```
 /// use idempotency_core::IdempotencyLayer;
@@ -85,5 +90,122 @@ pub struct SingleScope;
 impl ScopeExtractor for SingleScope {
     fn scope(&self, _request: &Parts) -> String {
         String::new()
+    }
+}
+
+/// A scope derived from the credential the caller presented: a hash of its
+/// `Authorization` header (or of the headers given to [`from_headers`](Self::from_headers)),
+/// for a wrapped service that authenticates inside itself, where the layer cannot see
+/// who the caller is. A caller that sends no credential gets the empty scope.
+///
+/// What it gives: a key is found only with the very credential that first used it, so a
+/// caller who learns another's key cannot collect that caller's answer without also
+/// holding its credential. The credential itself is never stored, only its SHA-256.
+///
+/// Its caveats, which a scope from the authenticated principal does not have:
+///
+/// - **A refreshed credential is a new scope.** A client whose token is renewed between
+///   two retries of one operation gets it run again. Short-lived tokens make this
+///   likely; keep the layer's lifetime well under the tokens' or use the principal.
+/// - **Two credentials of one principal are two scopes** (two API keys of one tenant do
+///   not share keys), which is usually what a client expects.
+/// - **A replay skips the wrapped service's own checks.** The layer answers a retry from
+///   its store without calling the service, so a credential revoked after the first
+///   answer still gets that answer replayed (until the record expires), and the
+///   service's audit log does not see the retry.
+///
+/// ```
+/// use idempotency_core::{CredentialScope, IdempotencyLayer};
+/// # use idempotency_store_memory::MemoryStore;
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(CredentialScope::default());
+/// # drop(layer);
+/// ```
+#[derive(Clone, Debug)]
+pub struct CredentialScope {
+    headers: Vec<HeaderName>,
+}
+
+impl Default for CredentialScope {
+    fn default() -> Self {
+        Self::from_headers([header::AUTHORIZATION])
+    }
+}
+
+impl CredentialScope {
+    /// A scope from these request headers (e.g. `Authorization` and a session cookie).
+    pub fn from_headers(headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        Self {
+            headers: headers.into_iter().collect(),
+        }
+    }
+}
+
+impl ScopeExtractor for CredentialScope {
+    fn scope(&self, request: &Parts) -> String {
+        let mut hasher = Sha256::new();
+        let mut presented = false;
+        for name in &self.headers {
+            for value in request.headers.get_all(name) {
+                presented = true;
+                // Length-prefixed, so that no two header lists hash alike.
+                hasher.update((name.as_str().len() as u64).to_be_bytes());
+                hasher.update(name.as_str());
+                hasher.update((value.len() as u64).to_be_bytes());
+                hasher.update(value.as_bytes());
+            }
+        }
+        if !presented {
+            return String::new();
+        }
+        let mut scope = String::from("credential:");
+        for byte in &hasher.finalize()[..16] {
+            let _ = write!(scope, "{byte:02x}");
+        }
+        scope
+    }
+}
+
+/// Whether a request looks like it comes from one of several callers: it carries a
+/// credential. A layer without a scope warns when it sees one.
+pub(crate) fn looks_authenticated(request: &Parts) -> bool {
+    request.headers.contains_key(header::AUTHORIZATION)
+        || request.headers.contains_key(header::COOKIE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(headers: &[(&str, &str)]) -> Parts {
+        let mut request = http::Request::new(());
+        for (name, value) in headers {
+            request.headers_mut().append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        request.into_parts().0
+    }
+
+    #[test]
+    fn credential_scopes_separate_credentials_and_never_show_them() {
+        let scope = CredentialScope::default();
+        let alice = scope.scope(&parts(&[("authorization", "Bearer alice-token")]));
+        let bob = scope.scope(&parts(&[("authorization", "Bearer bob-token")]));
+        assert_ne!(alice, bob);
+        assert!(
+            alice.starts_with("credential:") && !alice.contains("alice"),
+            "{alice}"
+        );
+        assert_eq!(
+            alice,
+            scope.scope(&parts(&[("authorization", "Bearer alice-token")]))
+        );
+        assert_eq!(scope.scope(&parts(&[])), "");
+        let two = CredentialScope::from_headers([header::AUTHORIZATION, header::COOKIE]);
+        assert_ne!(
+            two.scope(&parts(&[("authorization", "a"), ("cookie", "b")])),
+            two.scope(&parts(&[("authorization", "ab")]))
+        );
     }
 }

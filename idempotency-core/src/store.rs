@@ -1,55 +1,5 @@
-//! The storage contract: what a backend must do so that the layer can guarantee
-//! "at most once per key".
-//!
-//! A record moves through a small life:
-//!
-//! ```text
-//!   (absent) --reserve--> in flight (token T, lease) --finalize(T)--> completed --(lifetime)--> expired
-//!                          |   ^  |                                                             |
-//!                          |   |  +--release(T)--> (absent)                     purge_expired --+
-//!                          |   +--renew(T)--+
-//!                          +--lease lapses--> take_over(T) --> in flight (token T')
-//! ```
-//!
-//! # The rules every store keeps
-//!
-//! The [conformance suite](crate::conformance) checks each of them.
-//!
-//! - **One clock.** "Now" is the store's own clock (the database's, for a store shared by
-//!   several processes), which is why the trait passes durations, never instants: the
-//!   store adds them to its clock, so clock skew between nodes cannot cause a double
-//!   execution.
-//! - **Deadlines.** A lease or a lifetime that ends at `t` has lapsed (or expired) at
-//!   `t`: `now >= deadline` is lapsed.
-//! - **Expiry.** A record expires `lifetime` after it was first reserved, or at the end
-//!   of the last lease it was granted if that is later. An expired record counts as
-//!   absent everywhere (load, reserve, the fenced operations), even before
-//!   [`purge_expired`](IdempotencyStore::purge_expired) removes it. So **a record in
-//!   flight under a live lease never expires**, however old: reserve, renew and take_over
-//!   each extend the expiry to at least the end of the lease they grant, and a slow owner
-//!   that keeps renewing can never be run a second time beside itself. (The layer keeps
-//!   its lease no longer than the lifetime, so a quick request's record lives exactly
-//!   its lifetime.)
-//! - **Identity.** A record is found by its whole [`RecordId`]: scope and key are
-//!   separate values, and no two different pairs may share a record, whatever bytes they
-//!   hold (scope `a:b` with key `c` is not scope `a` with key `b:c`).
-//! - **Fencing.** Every reservation and every takeover issues a new [`FencingToken`],
-//!   never one the key had before. Renew, finalize and release take effect only while
-//!   the record exists, has not expired, is in flight and holds the given token; so an
-//!   owner whose lease lapsed may still renew, finalize or release until someone takes
-//!   over, and never after.
-//! - **Takeover** keeps the record's binding, creation time and expiry (extended to the
-//!   end of the new lease if it would end sooner) and replaces only the token and lease.
-//! - **Round trips.** A finalized [`StoredResponse`] comes back exactly as stored: any
-//!   status, no headers or many, header values that are not UTF-8, an empty body or a
-//!   body of several megabytes.
-//!
-//! # Writing a store
-//!
-//! A store depends on this crate alone: it re-exports [`async_trait`](crate::async_trait)
-//! and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`] and run the public
-//! [`conformance`](crate::conformance) suite against it (feature `conformance`); the
-//! `custom_store` example in this crate is a skeleton that does both.
+//! The storage contract: the [`IdempotencyStore`] trait, the records it keeps, and the
+//! purge helpers.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -99,7 +49,8 @@ impl fmt::Display for RecordId {
 pub struct Binding {
     /// The HTTP method, e.g. `POST`.
     pub method: String,
-    /// The path and query, e.g. `/v1/ns/tables?x=1`.
+    /// The path in a normal form, with a fingerprint of the query when there is one,
+    /// e.g. `/v1/ns/tables?sha256:6b86b273ff34fce19d6b804eff5a3f57`; never the raw query.
     pub path: String,
     /// SHA-256 of the request body.
     pub body_sha256: [u8; 32],
@@ -221,15 +172,60 @@ impl StoreError {
     }
 }
 
-/// Storage for idempotency records.
+/// Storage for idempotency records: what a backend must do so that the layer can
+/// guarantee "at most once per key".
 ///
-/// Implementations must make each method atomic on its own: exactly one of many
-/// concurrent `reserve` calls for one [`RecordId`] gets [`Reservation::Reserved`], and the
-/// fenced methods change a record only while the given token owns it. Records older than
-/// their lifetime count as absent everywhere, even before [`purge_expired`] removes them.
+/// Each method is atomic on its own: exactly one of many concurrent `reserve` calls for
+/// one [`RecordId`] gets [`Reservation::Reserved`], and the fenced methods change a
+/// record only while the given token owns it. A record moves through a small life:
 ///
-/// The conformance suite (`idempotency_core::conformance`, feature `conformance`) checks
-/// all of this against any implementation.
+/// ```text
+///   (absent) --reserve--> in flight (token T, lease) --finalize(T)--> completed --(lifetime)--> expired
+///                          |   ^  |                                                             |
+///                          |   |  +--release(T)--> (absent)                     purge_expired --+
+///                          |   +--renew(T)--+
+///                          +--lease lapses--> take_over(T) --> in flight (token T')
+/// ```
+///
+/// # The rules every store keeps
+///
+/// The [conformance suite](crate::conformance) checks each of them.
+///
+/// - **One clock.** "Now" is the store's own clock (the database's, for a store shared by
+///   several processes), which is why the trait passes durations, never instants: the
+///   store adds them to its clock, so clock skew between nodes cannot cause a double
+///   execution.
+/// - **Deadlines.** A lease or a lifetime that ends at `t` has lapsed (or expired) at
+///   `t`: `now >= deadline` is lapsed.
+/// - **Expiry.** A record expires `lifetime` after it was first reserved, or at the end
+///   of the last lease it was granted if that is later. An expired record counts as
+///   absent everywhere (load, reserve, the fenced operations), even before
+///   [`purge_expired`](IdempotencyStore::purge_expired) removes it. So **a record in
+///   flight under a live lease never expires**, however old: reserve, renew and take_over
+///   each extend the expiry to at least the end of the lease they grant, and a slow owner
+///   that keeps renewing can never be run a second time beside itself. (The layer keeps
+///   its lease no longer than the lifetime, so a quick request's record lives exactly
+///   its lifetime.)
+/// - **Identity.** A record is found by its whole [`RecordId`]: scope and key are
+///   separate values, and no two different pairs may share a record, whatever bytes they
+///   hold (scope `a:b` with key `c` is not scope `a` with key `b:c`).
+/// - **Fencing.** Every reservation and every takeover issues a new [`FencingToken`],
+///   never one the key had before. Renew, finalize and release take effect only while
+///   the record exists, has not expired, is in flight and holds the given token; so an
+///   owner whose lease lapsed may still renew, finalize or release until someone takes
+///   over, and never after.
+/// - **Takeover** keeps the record's binding, creation time and expiry (extended to the
+///   end of the new lease if it would end sooner) and replaces only the token and lease.
+/// - **Round trips.** A finalized [`StoredResponse`] comes back exactly as stored: any
+///   status, no headers or many, header values that are not UTF-8, an empty body or a
+///   body of several megabytes.
+///
+/// # Writing a store
+///
+/// A store depends on this crate alone: it re-exports [`async_trait`](crate::async_trait)
+/// and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`] and run the public
+/// [`conformance`](crate::conformance) suite against it (feature `conformance`); the
+/// `custom_store` example in this crate is a skeleton that does both.
 ///
 /// [`purge_expired`]: IdempotencyStore::purge_expired
 #[async_trait]

@@ -330,3 +330,112 @@ async fn with_per_route_layering_a_replay_goes_out_without_credentials() {
     assert!(replay["config"].get("s3.secret-access-key").is_none());
     assert_eq!(replay["metadata-location"], first["metadata-location"]);
 }
+
+/// A catalog that writes its table-loading answers by hand, with its own spacing and key
+/// order (no JSON library would reproduce them), secrets last. Answers for `plain` carry
+/// no credentials. Every load vends a new secret.
+fn handwritten_catalog(loads: Arc<AtomicUsize>) -> Router {
+    fn answer(table: &str, n: usize) -> String {
+        if table == "plain" {
+            return r#"{"metadata-location": "file:///w/db/plain/m.json",  "metadata":{"z":1,"a":2}, "config":{"s3.region":"eu-west-1"}}"#.to_owned();
+        }
+        format!(
+            r#"{{"metadata-location": "file:///w/db/{table}/m.json",  "metadata":{{"z":1,"a":2}}, "config":{{"s3.region":"eu-west-1","s3.secret-access-key":"SECRET-{n}"}},"storage-credentials":[{{"prefix":"s3://b","config":{{"s3.session-token":"TOKEN-{n}"}}}}]}}"#
+        )
+    }
+    async fn create(body: String) -> ([(&'static str, &'static str); 1], String) {
+        let request: Value = serde_json::from_str(&body).unwrap();
+        let table = request["name"].as_str().unwrap().to_owned();
+        ([("content-type", "application/json")], answer(&table, 0))
+    }
+    async fn load(
+        State(loads): State<Arc<AtomicUsize>>,
+        Path((_prefix, _ns, table)): Path<(String, String, String)>,
+    ) -> ([(&'static str, &'static str); 1], String) {
+        let n = loads.fetch_add(1, Ordering::SeqCst) + 1;
+        ([("content-type", "application/json")], answer(&table, n))
+    }
+    Router::new()
+        .route("/v1/{prefix}/namespaces/{ns}/tables", post(create))
+        .route("/v1/{prefix}/namespaces/{ns}/tables/{table}", get(load))
+        .with_state(loads)
+}
+
+async fn raw(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, String) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8(bytes.to_vec()).unwrap(),
+    )
+}
+
+/// A replay is the first answer byte for byte: untouched (and nothing reloaded) when it
+/// vended no credentials; with fresh credentials in place of the first ones otherwise.
+#[tokio::test]
+async fn replays_are_the_first_answer_byte_for_byte_but_for_fresh_credentials() {
+    let loads = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new();
+    let wrapped =
+        IdempotencyLayer::iceberg(store.clone()).layer(handwritten_catalog(loads.clone()));
+    let app = Router::new().fallback_service(wrapped);
+    let create = |table: &str, key: &str| {
+        request(
+            "POST",
+            "/v1/p/namespaces/db/tables",
+            Some(key),
+            json!({"name": table}),
+        )
+    };
+
+    let plain_key = "4d3b2a10-0c5e-4a8f-9b1e-1f2e3d4c5b6a";
+    let (_, _, first) = raw(&app, create("plain", plain_key)).await;
+    let (status, headers, replay) = raw(&app, create("plain", plain_key)).await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::OK, &"true".parse().unwrap())
+    );
+    assert_eq!(
+        replay, first,
+        "an answer without credentials is replayed as its bytes"
+    );
+    assert_eq!(
+        loads.load(Ordering::SeqCst),
+        0,
+        "and nothing is reloaded for it"
+    );
+
+    let (_, _, first) = raw(&app, create("events", KEY)).await;
+    let record = store
+        .load(&RecordId::new("", KEY.to_ascii_lowercase()))
+        .await
+        .unwrap()
+        .unwrap();
+    let RecordState::Completed(stored) = record.state else {
+        panic!("not completed")
+    };
+    assert_eq!(
+        String::from_utf8_lossy(&stored.body),
+        r#"{"metadata-location": "file:///w/db/events/m.json",  "metadata":{"z":1,"a":2}, "config":{"s3.region":"eu-west-1"}}"#,
+        "the store holds the first answer with the credentials cut out, every other byte kept"
+    );
+    let (status, headers, replay) = raw(&app, create("events", KEY)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert!(
+        headers
+            .keys()
+            .all(|name| !name.as_str().starts_with("x-idempotency")),
+        "the profile's own note is never sent: {headers:?}"
+    );
+    assert_eq!(
+        replay,
+        first
+            .replace("SECRET-0", "SECRET-1")
+            .replace("TOKEN-0", "TOKEN-1"),
+        "the replay is the first answer with fresh credentials in place"
+    );
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+}

@@ -665,6 +665,46 @@ async fn a_handler_that_outlives_the_lifetime_is_not_run_again_by_a_duplicate() 
     assert_eq!(duplicate.2, owner.2);
 }
 
+/// An owner stuck past the maximum run time stops renewing: once its lease lapses a
+/// retry takes over, and the stuck owner's late answer is fenced out.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owner_past_the_maximum_run_time_can_be_taken_over() {
+    let calls = Calls::default();
+    let app = layered(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_lease(Duration::from_millis(90))
+            .with_max_run_time(Duration::from_millis(150))
+            .with_in_flight_wait(Duration::ZERO),
+        &calls,
+    );
+    let stuck = spawn_send(&app, slow_keyed("stuck", 1_000));
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let retry = send(&app, keyed("POST", "/things/201", "stuck", "{}")).await;
+    assert_eq!(retry.3, Some(Outcome::TookOver));
+    assert_eq!(calls.count(), 2);
+    assert_eq!(stuck.await.unwrap().0, StatusCode::CREATED);
+    let again = send(&app, keyed("POST", "/things/201", "stuck", "{}")).await;
+    assert_eq!(
+        (again.3, again.2),
+        (Some(Outcome::Replayed), retry.2),
+        "the stuck owner's answer was fenced out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shutdown_waits_no_longer_than_its_deadline() {
+    let calls = Calls::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let in_flight = layer.in_flight();
+    let app = layered(layer, &calls);
+    let slow = spawn_send(&app, slow_keyed("slow-shutdown", 2_000));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    assert_eq!(in_flight.wait_at_most(Duration::from_millis(200)).await, 1);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    slow.abort();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn in_flight_requests_can_be_drained_for_shutdown() {
     let calls = Calls::default();

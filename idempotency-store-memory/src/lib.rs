@@ -18,8 +18,13 @@
 //! let layer = IdempotencyLayer::new(MemoryStore::new().with_max_entries(50_000));
 //! # drop(layer);
 //! ```
+//!
+//! # Feature flags
+//!
+//! This crate has no cargo features.
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -165,6 +170,24 @@ impl MemoryStore {
     /// ```
     pub fn with_max_entries(self, max_entries: usize) -> Self {
         Self::with_capacity_bound(max_entries.max(1))
+    }
+
+    /// The store a properties configuration names: bounded by
+    /// `idempotency-max-entries` when set.
+    ///
+    /// ```
+    /// use idempotency_core::config::IdempotencyConfig;
+    /// use idempotency_store_memory::MemoryStore;
+    ///
+    /// let config = IdempotencyConfig::from_properties([("idempotency-max-entries", "500")])?;
+    /// assert_eq!(MemoryStore::from_config(&config).max_entries(), 500);
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn from_config(config: &idempotency_core::config::IdempotencyConfig) -> Self {
+        match config.max_entries {
+            Some(max_entries) => Self::new().with_max_entries(max_entries),
+            None => Self::new(),
+        }
     }
 
     /// The bound on live records.

@@ -107,3 +107,24 @@ async fn the_bound_holds_exactly_under_concurrent_reservations() {
     assert_eq!(reserved, 500, "1,600 distinct keys against a bound of 500");
     assert_eq!(store.len(), 500);
 }
+
+#[tokio::test]
+async fn builds_from_the_properties_configuration() {
+    use idempotency_core::config::IdempotencyConfig;
+    let config = IdempotencyConfig::from_properties([
+        ("idempotency-enabled", "true"),
+        ("idempotency-key-lifetime", "PT2H"),
+        ("idempotency-max-entries", "10"),
+    ])
+    .unwrap();
+    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::from_config(&config));
+    assert!(config.spawn_purge_task(store.clone()).is_none());
+    let layer = config.layer(store.clone());
+    assert_eq!(layer.lifetime(), Duration::from_secs(7200));
+    let id = RecordId::new("", "configured");
+    let long = Duration::from_secs(60);
+    assert!(matches!(
+        store.reserve(&id, &binding(), long, long).await.unwrap(),
+        Reservation::Reserved(_)
+    ));
+}

@@ -173,12 +173,20 @@
 //! reference model on both, race 64 requests through the layer over two store handles,
 //! restart the server and kill its connections under load, and check each connect-time
 //! error.
+//!
+//! # Feature flags
+//!
+//! This crate has no cargo features. It uses the `redis` crate (1.x) with `tokio-comp`,
+//! `connection-manager`, `cluster-async` and `script`, and re-exports it as
+//! [`redis`](crate::redis).
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connect;
 mod connection;
 mod keys;
+mod lua;
 mod options;
 mod scripts;
 

@@ -2,6 +2,8 @@
 
 use std::sync::LazyLock;
 
+use crate::lua;
+
 /// A store operation, each one Lua script run atomically on the server that owns the
 /// record's slot. [`RedisStore::script`](crate::RedisStore::script) shows the script, for
 /// auditing what runs against your server and for benchmarks that run it raw.
@@ -61,21 +63,20 @@ impl Operation {
 /// One script: its source and the SHA-1 that `EVALSHA` names it by.
 #[derive(Debug)]
 pub struct Script {
-    source: &'static str,
+    source: String,
     sha1: String,
 }
 
 impl Script {
-    fn new(source: &'static str) -> Self {
-        Self {
-            source,
-            sha1: redis::Script::new(source).get_hash().to_owned(),
-        }
+    fn new(operation: &str) -> Self {
+        let source = format!("{}\n{operation}", lua::PRELUDE);
+        let sha1 = redis::Script::new(&source).get_hash().to_owned();
+        Self { source, sha1 }
     }
 
     /// The whole Lua source, prelude included, as sent with `EVAL`.
-    pub fn source(&self) -> &'static str {
-        self.source
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The SHA-1 of the source, as sent with `EVALSHA`.
@@ -84,19 +85,14 @@ impl Script {
     }
 }
 
-macro_rules! script {
-    ($file:literal) => {
-        concat!(include_str!("lua/prelude.lua"), "\n", include_str!($file))
-    };
-}
-
 static SCRIPTS: LazyLock<[Script; 6]> = LazyLock::new(|| {
     [
-        Script::new(script!("lua/reserve.lua")),
-        Script::new(script!("lua/load.lua")),
-        Script::new(script!("lua/renew.lua")),
-        Script::new(script!("lua/finalize.lua")),
-        Script::new(script!("lua/release.lua")),
-        Script::new(script!("lua/take_over.lua")),
+        lua::RESERVE,
+        lua::LOAD,
+        lua::RENEW,
+        lua::FINALIZE,
+        lua::RELEASE,
+        lua::TAKE_OVER,
     ]
+    .map(Script::new)
 });

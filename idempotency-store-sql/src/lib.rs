@@ -27,7 +27,8 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use idempotency_store_sql::{PostgresStore, spawn_purge_task};
+//! use idempotency_core::spawn_purge_task;
+//! use idempotency_store_sql::PostgresStore;
 //!
 //! let pool = sqlx::PgPool::connect("postgres://catalog@db/catalog").await?;
 //! let store = Arc::new(PostgresStore::new(pool).migrate().await?);
@@ -35,8 +36,9 @@
 //! # drop(purge); Ok(()) }
 //! ```
 //!
-//! A service configured from a properties map builds its store with
-//! [`config::IdempotencyConfig`].
+//! A service configured from a properties map
+//! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig)) opens its store
+//! with [`open`].
 //!
 //! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
 //! versions cannot both link SQLite (`links = "sqlite3"`) into one binary.
@@ -248,7 +250,7 @@
 //! many locks for long and several nodes may purge at once: PostgreSQL deletes the
 //! primary keys picked by `SELECT … WHERE expires_at_ms <= <now> LIMIT n FOR UPDATE SKIP
 //! LOCKED`, MySQL runs `DELETE … WHERE expires_at_ms <= <now> LIMIT n`, SQLite deletes
-//! by `rowid IN (SELECT rowid … LIMIT n)`. [`spawn_purge_task`] runs it periodically.
+//! by `rowid IN (SELECT rowid … LIMIT n)`. [`spawn_purge_task`](idempotency_core::spawn_purge_task) runs it periodically.
 //!
 //! # Round trips
 //!
@@ -272,16 +274,31 @@
 //! `wait` polls `load` with a bounded backoff (5 ms doubling to 200 ms), since a SQL
 //! database cannot notify waiters on other nodes. A `MySqlStore` also sends one
 //! `SELECT VERSION()` in its life (at `connect`, `migrate` or its first reserve).
+//!
+//! # Feature flags
+//!
+//! Each backend is a cargo feature; enable the ones you run (any combination works, and
+//! with none only `open` and `pool_settings` remain).
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
+//! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
+//! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
+//!
+//! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
+//! builds the PostgreSQL store alone.
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
-// Built without any backend, only the configuration and the memory store remain.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Built without any backend, only the configuration remains.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
 
 mod common;
-pub mod config;
+mod config;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -291,7 +308,7 @@ mod sqlite;
 mod table;
 
 pub use common::{Operation, PoolSettings};
-pub use idempotency_core::store::{purge_all_expired, spawn_purge_task};
+pub use config::{open, pool_settings};
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]

@@ -1,10 +1,11 @@
-//! The properties-map configuration: every key, every bad value, and building stores.
+//! The properties-map configuration (read by `idempotency_core::config`): every key,
+//! every bad value, and opening the SQL stores it names.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use idempotency_core::config::{ConfigError, IdempotencyConfig, StoreType};
 use idempotency_core::{IdempotencyStore, Reservation};
-use idempotency_store_sql::config::{ConfigError, IdempotencyConfig, StoreType};
 
 /// A URL of a server backend compiled into this build, if any.
 fn server_url() -> Option<&'static str> {
@@ -78,7 +79,10 @@ fn every_key_is_read() {
     assert_eq!(config.database_user.as_deref(), Some("catalog"));
     assert_eq!(config.database_password.as_deref(), Some("s3cret"));
     assert_eq!(config.database_pool_size, Some(20));
-    assert_eq!(config.pool_settings().max_connections, 20);
+    assert_eq!(
+        idempotency_store_sql::pool_settings(&config).max_connections,
+        20
+    );
     assert_eq!(config.purge_interval, Some(Duration::from_secs(300)));
     let debug = format!("{config:?}");
     assert!(
@@ -279,23 +283,6 @@ async fn reserve_works(store: &dyn IdempotencyStore) {
     ));
 }
 
-#[tokio::test]
-async fn builds_the_memory_store_and_the_layer() {
-    let config = parse(&[
-        ("idempotency-enabled", "true"),
-        ("idempotency-key-lifetime", "PT2H"),
-        ("idempotency-max-entries", "10"),
-    ])
-    .unwrap();
-    let (layer, built) = config.build_layer().await.unwrap().expect("enabled");
-    assert_eq!(layer.lifetime(), Duration::from_secs(7200));
-    assert!(built.purge_task.is_none());
-    reserve_works(built.store.as_ref()).await;
-
-    let disabled = parse(&[("idempotency-enabled", "false")]).unwrap();
-    assert!(disabled.build_layer().await.unwrap().is_none());
-}
-
 #[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn builds_a_migrated_sqlite_store_with_a_purge_task() {
@@ -308,9 +295,9 @@ async fn builds_a_migrated_sqlite_store_with_a_purge_task() {
         ("idempotency-purge-interval", "PT0.05S"),
     ])
     .unwrap();
-    let built = config.build().await.unwrap();
-    reserve_works(built.store.as_ref()).await;
-    let purge = built.purge_task.expect("purge task started");
+    let store = idempotency_store_sql::open(&config).await.unwrap();
+    reserve_works(store.as_ref()).await;
+    let purge = config.spawn_purge_task(store).expect("purge task started");
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert!(!purge.is_finished(), "the purge task must keep running");
     purge.abort();
@@ -336,8 +323,8 @@ async fn builds_a_postgres_store_with_the_user_from_its_own_key() {
     if !user.is_empty() {
         pairs.push(("idempotency-database-user", user.as_str()));
     }
-    match parse(&pairs).unwrap().build().await {
-        Ok(built) => reserve_works(built.store.as_ref()).await,
+    match idempotency_store_sql::open(&parse(&pairs).unwrap()).await {
+        Ok(store) => reserve_works(store.as_ref()).await,
         Err(error) => {
             if std::env::var("CI").is_ok_and(|ci| ci == "true") {
                 panic!("PostgreSQL at {without_user} is unreachable under CI=true: {error}");
@@ -359,8 +346,8 @@ async fn builds_a_mysql_store_from_a_mariadb_url() {
         ("idempotency-database-pool-size", "3"),
     ])
     .unwrap();
-    match config.build().await {
-        Ok(built) => reserve_works(built.store.as_ref()).await,
+    match idempotency_store_sql::open(&config).await {
+        Ok(store) => reserve_works(store.as_ref()).await,
         Err(error) => {
             if std::env::var("CI").is_ok_and(|ci| ci == "true") {
                 panic!("MariaDB at {url} is unreachable under CI=true: {error}");
@@ -371,12 +358,17 @@ async fn builds_a_mysql_store_from_a_mariadb_url() {
 }
 
 #[cfg(not(feature = "postgres"))]
-#[test]
-fn a_backend_that_is_not_compiled_in_is_named() {
-    let message = error(&[
+#[tokio::test]
+async fn a_backend_that_is_not_compiled_in_is_named() {
+    let config = parse(&[
         ("idempotency-store-type", "sql"),
         ("idempotency-database-url", "postgres://db/x"),
-    ]);
+    ])
+    .unwrap();
+    let message = idempotency_store_sql::open(&config)
+        .await
+        .expect_err("postgres is not compiled in")
+        .to_string();
     assert!(
         message.contains("enable the `postgres` feature"),
         "{message}"

@@ -63,7 +63,7 @@ async fn create(app: &Router) -> (StatusCode, bool, Value) {
 /// Drives a create and its retry through the profile over `store`; returns the replay.
 async fn create_and_retry(store: Arc<dyn IdempotencyStore>) -> Value {
     let loads = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::from_shared_store(store).into_iceberg();
+    let layer = IdempotencyLayer::iceberg(store);
     let app = Router::new().fallback_service(layer.layer(catalog(loads)));
     let (status, replayed, first) = create(&app).await;
     assert_eq!((status, replayed), (StatusCode::OK, false));

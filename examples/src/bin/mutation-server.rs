@@ -138,11 +138,10 @@ async fn mutate(
 }
 
 async fn label_outcome(mut response: Response) -> Response {
-    let label = match response.extensions().get::<Outcome>() {
-        None => "passed-through".to_owned(),
-        Some(Outcome::Rejected(kind)) => format!("rejected:{}", kind.as_str()),
-        Some(outcome) => format!("{outcome:?}").to_ascii_lowercase(),
-    };
+    let label = response
+        .extensions()
+        .get::<Outcome>()
+        .map_or_else(|| "passed-through".to_owned(), Outcome::to_string);
     if let Ok(value) = HeaderValue::from_str(&label) {
         response
             .headers_mut()

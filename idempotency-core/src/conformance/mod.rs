@@ -22,7 +22,7 @@
 //! against a shared database, in parallel, and repeatedly. Timing checks use leases and
 //! lifetimes of a few hundred milliseconds and tolerate a slow machine.
 //!
-//! The rules they check are written on the [store module](crate::store#the-rules-every-store-keeps).
+//! The rules they check are written on the [store trait](crate::IdempotencyStore#the-rules-every-store-keeps).
 
 pub mod model;
 mod multi_node;
@@ -89,7 +89,7 @@ fn binding(body: &[u8]) -> Binding {
     use sha2::Digest;
     Binding {
         method: "POST".to_owned(),
-        path: "/v1/namespaces/db/tables".to_owned(),
+        path: "/orders".to_owned(),
         body_sha256: sha2::Sha256::digest(body).into(),
     }
 }
@@ -197,7 +197,7 @@ pub async fn finalize_then_replay(store: &Arc<dyn IdempotencyStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
-    let stored = response(br#"{"metadata-location":"s3://b/t/metadata/00001.json"}"#);
+    let stored = response(br#"{"order":42,"state":"placed"}"#);
     assert_eq!(
         store.finalize(&id, token, &stored).await.unwrap(),
         Ownership::Held

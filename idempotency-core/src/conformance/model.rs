@@ -4,7 +4,7 @@
 //! Time is made deterministic by using only two lengths for leases and lifetimes: zero
 //! (lapsed or expired at once, by any clock: `now >= deadline` is lapsed) and an hour
 //! (never within a run). The model follows the rules of the
-//! [store module](crate::store#the-rules-every-store-keeps): a reservation under a live
+//! [store trait](crate::IdempotencyStore#the-rules-every-store-keeps): a reservation under a live
 //! lease does not expire, and fencing is by token alone.
 
 use std::collections::HashMap;

@@ -6,27 +6,25 @@
 //! a duplicate is in flight, and the top-level `idempotency-key-lifetime` added to this
 //! catalog's `GET /v1/config` answers.
 //!
-//! By default the records live in the catalog's own database, in a table of their own
+//! By default it is set up the way a catalog configured from properties would be: the
+//! command line becomes `idempotency-*` properties, read by [`IdempotencyConfig`]. The
+//! records live in the catalog's own database, in a table of their own
 //! (`idempotency_records`): SQLite for one process, PostgreSQL or MySQL for replicas,
-//! which then replay each other's answers, and a background task purges expired
-//! records. With `--idempotency-store redis://…` they live in Redis or Valkey (one server
-//! or a cluster) instead, where they expire by themselves.
+//! which then replay each other's answers. A background task purges expired records.
+//!
+//! With `--idempotency-store redis://…` (or `redis+cluster://…`) the records live in
+//! Redis or Valkey instead, one server or a cluster, where they expire by themselves; the
+//! catalog's own state stays in its database.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::{IdempotencyLayer, IdempotencyStore};
+use idempotency_core::IdempotencyLayer;
+use idempotency_core::config::IdempotencyConfig;
+use idempotency_core::iso8601::format_duration;
 use idempotency_store_redis::{RedisOptions, RedisStore};
-use idempotency_store_sql::{
-    MySqlStore, PoolSettings, PostgresStore, SqliteStore, spawn_purge_task,
-};
 
-use crate::catalog::Backend;
-
-/// How often expired records are purged, and how many at a time.
+/// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
-// Small batches keep reservation p99 within 2x while a backlog is purged (BENCHMARKS.md).
-const PURGE_BATCH: usize = 100;
 
 /// Where the idempotency records are kept.
 pub(crate) enum Records<'a> {
@@ -41,44 +39,34 @@ pub(crate) async fn layer(
     records: Records<'_>,
     lifetime: Duration,
 ) -> Result<IdempotencyLayer, Box<dyn std::error::Error + Send + Sync>> {
-    let database_url = match records {
-        Records::Database(url) => url,
+    match records {
+        Records::Database(database_url) => {
+            let config = IdempotencyConfig::from_properties([
+                ("idempotency-enabled", "true".to_owned()),
+                ("idempotency-key-lifetime", format_duration(lifetime)),
+                ("idempotency-store-type", "sql".to_owned()),
+                ("idempotency-database-url", database_url.to_owned()),
+                (
+                    "idempotency-purge-interval",
+                    format_duration(PURGE_INTERVAL),
+                ),
+            ])?;
+            let store = idempotency_store_sql::open(&config).await?;
+            config.spawn_purge_task(store.clone());
+            Ok(config.iceberg_layer(store))
+        }
         Records::Redis(url) => {
             let options = RedisOptions::from_url(url).map_err(|error| {
-                format!("--idempotency-store: {error}; or leave it out to keep the records in --database")
+                format!(
+                    "--idempotency-store: {error}; or leave it out to keep the records in \
+                     --database"
+                )
             })?;
             let store = RedisStore::connect_with(options)
                 .await
                 .map_err(|error| format!("--idempotency-store: {error}"))?;
             // Records expire in Redis by themselves: no purge task.
-            return Ok(IdempotencyLayer::new(store)
-                .into_iceberg()
-                .with_lifetime(lifetime));
+            Ok(IdempotencyLayer::iceberg(store).with_lifetime(lifetime))
         }
-    };
-    let settings = PoolSettings::default();
-    let store: Arc<dyn IdempotencyStore> = match Backend::from_url(database_url)? {
-        Backend::Sqlite => Arc::new(
-            SqliteStore::connect(database_url, &settings)
-                .await?
-                .migrate()
-                .await?,
-        ),
-        Backend::Postgres => Arc::new(
-            PostgresStore::connect(database_url, &settings)
-                .await?
-                .migrate()
-                .await?,
-        ),
-        Backend::MySql => Arc::new(
-            MySqlStore::connect(database_url, &settings)
-                .await?
-                .migrate()
-                .await?,
-        ),
-    };
-    spawn_purge_task(store.clone(), PURGE_INTERVAL, PURGE_BATCH);
-    Ok(IdempotencyLayer::from_shared_store(store)
-        .into_iceberg()
-        .with_lifetime(lifetime))
+    }
 }

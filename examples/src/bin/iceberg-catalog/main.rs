@@ -94,7 +94,7 @@ struct Args {
 
     /// How long a finished request's answer is kept for retries with its key, as an
     /// ISO-8601 duration (advertised to clients in `GET /v1/config`).
-    #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iceberg::parse_lifetime)]
+    #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iso8601::parse_duration)]
     idempotency_lifetime: Duration,
 
     /// Keep the idempotency records in Redis or Valkey instead of `--database`:
@@ -108,6 +108,12 @@ struct Args {
     /// Serve without the idempotency layer: keys are ignored and not advertised.
     #[arg(long, conflicts_with = "idempotency_store")]
     no_idempotency: bool,
+
+    /// How long a shutdown waits for keyed requests still running (ISO-8601). Those still
+    /// running then are abandoned: their keys are taken over by a retry once their
+    /// leases lapse.
+    #[arg(long, default_value = "PT30S", value_parser = idempotency_core::iso8601::parse_duration)]
+    shutdown_deadline: Duration,
 }
 
 #[tokio::main]
@@ -156,7 +162,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         if in_flight.is_some() {
             format!(
                 "on, keys kept {} in {}",
-                idempotency_core::iceberg::format_lifetime(args.idempotency_lifetime),
+                idempotency_core::iso8601::format_duration(args.idempotency_lifetime),
                 match &args.idempotency_store {
                     Some(url) => redact(url),
                     None => "the database".to_owned(),
@@ -176,7 +182,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             running = in_flight.count(),
             "waiting for in-flight keyed requests"
         );
-        in_flight.wait().await;
+        let abandoned = in_flight.wait_at_most(args.shutdown_deadline).await;
+        if abandoned > 0 {
+            tracing::warn!(
+                abandoned,
+                "keyed requests still running at the shutdown deadline were abandoned; retries take them over once their leases lapse"
+            );
+        }
     }
     tracing::info!("stopped");
     Ok(())
@@ -188,17 +200,10 @@ async fn access_log(request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
     let started = Instant::now();
     let response = next.run(request).await;
-    let outcome = match response.extensions().get::<Outcome>() {
-        None => "passed-through".to_owned(),
-        Some(Outcome::Executed) => "executed".to_owned(),
-        Some(Outcome::TookOver) => "took-over".to_owned(),
-        Some(Outcome::Released) => "released".to_owned(),
-        Some(Outcome::ExecutedNotStored) => "executed-not-stored".to_owned(),
-        Some(Outcome::Replayed) => "replayed".to_owned(),
-        Some(Outcome::RanUnprotected) => "ran-unprotected".to_owned(),
-        Some(Outcome::Rejected(kind)) => format!("rejected:{}", kind.as_str()),
-        Some(other) => format!("{other:?}"),
-    };
+    let outcome = response
+        .extensions()
+        .get::<Outcome>()
+        .map_or_else(|| "passed-through".to_owned(), Outcome::to_string);
     tracing::info!(
         target: "iceberg_catalog::access",
         "{method} {path} {} idempotency={outcome} {}ms",

@@ -2,7 +2,7 @@
 //! Idempotency-Key layer over the in-memory store.
 //!
 //! ```text
-//! cargo run -p examples --bin hello
+//! cargo run -p idempotency-store-memory --example hello
 //! curl -si -X POST localhost:3000/orders -H 'Idempotency-Key: order-1' -d '{"sku":"a"}'
 //! curl -si -X POST localhost:3000/orders -H 'Idempotency-Key: order-1' -d '{"sku":"a"}'   # replayed
 //! ```
@@ -19,13 +19,6 @@ use idempotency_store_memory::MemoryStore;
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,idempotency_core=debug".into()),
-        )
-        .init();
-
     let layer = IdempotencyLayer::new(MemoryStore::new());
     let in_flight = layer.in_flight();
     let orders = Arc::new(AtomicU64::new(0));
@@ -36,7 +29,7 @@ async fn main() -> std::io::Result<()> {
 
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&listen).await?;
-    tracing::info!("listening on http://{listen}; POST /orders with an Idempotency-Key header");
+    println!("listening on http://{listen}; POST /orders with an Idempotency-Key header");
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
@@ -50,7 +43,7 @@ async fn main() -> std::io::Result<()> {
 /// Creates an order: a side effect that must not happen twice for one key.
 async fn create_order(State(orders): State<Arc<AtomicU64>>, body: String) -> (StatusCode, String) {
     let id = orders.fetch_add(1, Ordering::SeqCst) + 1;
-    tracing::info!(id, "created order");
+    println!("created order {id}");
     (
         StatusCode::CREATED,
         format!("{{\"order\":{id},\"request\":{body:?}}}\n"),

@@ -1,0 +1,220 @@
+//! A store of your own: the skeleton of an [`IdempotencyStore`] over a `HashMap`, and the
+//! public conformance suite run against it. Copy it, keep the rules, and put your
+//! backend where the map is; the suite tells you whether you kept them.
+//!
+//! ```text
+//! cargo run -p idempotency-core --features conformance --example custom_store
+//! ```
+//!
+//! Everything comes from `idempotency-core` alone (it re-exports `async_trait` and
+//! `Bytes`). The rules are written on the [`IdempotencyStore`] trait: one clock, a
+//! record in flight under a live lease never expires, tokens are never reused, the
+//! fenced operations act only for the token that owns the record.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idempotency_core::{
+    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
+    RecordState, Reservation, StoreError, StoredResponse, async_trait,
+};
+use tokio::time::Instant;
+
+/// The store. A real one would hold a client for its database instead of the map.
+#[derive(Default)]
+struct MapStore {
+    records: Mutex<HashMap<RecordId, Record>>,
+    // Tokens are never reused for a key: a counter for the whole store does it here; a
+    // shared database would use random 64-bit tokens or a sequence.
+    last_token: AtomicI64,
+}
+
+struct Record {
+    binding: Binding,
+    in_flight: Option<(FencingToken, Instant)>, // the owner and its lease's end
+    response: Option<StoredResponse>,           // set once finalized
+    expires_at: Instant,
+}
+
+impl Record {
+    fn is_live(&self, now: Instant) -> bool {
+        now < self.expires_at
+    }
+
+    fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
+        self.is_live(now) && matches!(self.in_flight, Some((owner, _)) if owner == token)
+    }
+
+    /// Leases the record to `token`; a record in flight under a live lease never expires.
+    fn lease(&mut self, token: FencingToken, until: Instant) {
+        self.in_flight = Some((token, until));
+        self.expires_at = self.expires_at.max(until);
+    }
+
+    fn view(&self, now: Instant) -> IdempotencyRecord {
+        let state = match (&self.response, self.in_flight) {
+            (Some(response), _) => RecordState::Completed(response.clone()),
+            (None, Some((token, lease_until))) => RecordState::InFlight {
+                token,
+                lease_lapsed: now >= lease_until,
+            },
+            (None, None) => unreachable!("a record is in flight or completed"),
+        };
+        IdempotencyRecord {
+            binding: self.binding.clone(),
+            state,
+        }
+    }
+}
+
+impl MapStore {
+    fn new_token(&self) -> FencingToken {
+        FencingToken(self.last_token.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Record>> {
+        self.records
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MapStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let now = Instant::now();
+        let mut records = self.records();
+        if let Some(record) = records.get(id).filter(|r| r.is_live(now)) {
+            return Ok(Reservation::Exists(record.view(now)));
+        }
+        let token = self.new_token();
+        let mut record = Record {
+            binding: binding.clone(),
+            in_flight: None,
+            response: None,
+            expires_at: now + lifetime,
+        };
+        record.lease(token, now + lease);
+        records.insert(id.clone(), record);
+        Ok(Reservation::Reserved(token))
+    }
+
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let now = Instant::now();
+        Ok(self
+            .records()
+            .get(id)
+            .filter(|r| r.is_live(now))
+            .map(|r| r.view(now)))
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let now = Instant::now();
+        match self.records().get_mut(id) {
+            Some(record) if record.owned_by(token, now) => {
+                record.lease(token, now + lease);
+                Ok(Ownership::Held)
+            }
+            _ => Ok(Ownership::Lost),
+        }
+    }
+
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let now = Instant::now();
+        match self.records().get_mut(id) {
+            Some(record) if record.owned_by(token, now) => {
+                record.in_flight = None;
+                record.response = Some(response.clone());
+                Ok(Ownership::Held)
+            }
+            _ => Ok(Ownership::Lost),
+        }
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        let now = Instant::now();
+        let mut records = self.records();
+        if records.get(id).is_some_and(|r| r.owned_by(token, now)) {
+            records.remove(id);
+            return Ok(Ownership::Held);
+        }
+        Ok(Ownership::Lost)
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let now = Instant::now();
+        match self.records().get_mut(id) {
+            Some(record)
+                if record.is_live(now)
+                    && matches!(record.in_flight, Some((owner, until)) if owner == lapsed && now >= until) =>
+            {
+                let token = self.new_token();
+                record.lease(token, now + lease);
+                Ok(Some(token))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        let now = Instant::now();
+        let mut records = self.records();
+        let expired: Vec<RecordId> = records
+            .iter()
+            .filter(|(_, record)| !record.is_live(now))
+            .map(|(id, _)| id.clone())
+            .take(batch_size)
+            .collect();
+        for id in &expired {
+            records.remove(id);
+        }
+        Ok(Purged::Deleted(expired.len() as u64))
+    }
+    // `wait` keeps its default, which polls `load`; a store that can notify waiters
+    // (LISTEN/NOTIFY, keyspace events) should override it.
+}
+
+async fn check() {
+    let store: Arc<dyn IdempotencyStore> = Arc::new(MapStore::default());
+    idempotency_core::conformance::run_all(&store).await;
+    // A store shared by several processes also runs the multi-node checks, with two
+    // handles on one backend; two handles on one map stand in for them here.
+    idempotency_core::conformance::run_multi_node(&store, &store.clone()).await;
+}
+
+#[tokio::main]
+async fn main() {
+    check().await;
+    println!("MapStore passes the conformance suite");
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_skeleton_store_passes_the_conformance_suite() {
+        super::check().await;
+    }
+}

@@ -1,0 +1,48 @@
+//! Advertising: answers to requests that do not take part, which the profile amends to
+//! tell clients about the layer (Iceberg: `idempotency-key-lifetime` in `GET /v1/config`).
+//! Nothing here touches the store.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, Response, header};
+
+use crate::body::{Buffered, buffer};
+use crate::layer::Settings;
+use crate::rejection::Rejection;
+use crate::service::AnswerBody;
+
+/// The largest answer read to be amended; a larger one goes out as it is.
+const MAX_ADVERTISED_BODY: usize = 1024 * 1024;
+
+/// The inner service's `answer`, amended by the profile when it succeeded.
+pub(crate) async fn amend<F, ResBody, E>(
+    settings: Arc<Settings>,
+    answer: F,
+) -> Result<Response<ResBody>, E>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+    ResBody: AnswerBody,
+{
+    let (parts, body) = answer.await?.into_parts();
+    if !parts.status.is_success() {
+        return Ok(Response::from_parts(parts, body));
+    }
+    let bytes = match buffer(body, MAX_ADVERTISED_BODY).await {
+        Buffered::Whole(bytes, _) => bytes,
+        Buffered::TooLarge(bytes, _) => {
+            return Ok(Response::from_parts(parts, ResBody::from(bytes)));
+        }
+        Buffered::Failed(error) => {
+            tracing::warn!(%error, "idempotency: an answer to be advertised on failed while it was read");
+            return Ok(Rejection::advertised_answer_failed(&error).into_response(&settings));
+        }
+    };
+    let mut amended = settings
+        .profile
+        .advertise(Response::from_parts(parts, bytes), settings.lifetime);
+    if amended.headers().contains_key(header::CONTENT_LENGTH) {
+        let length = HeaderValue::from(amended.body().len());
+        amended.headers_mut().insert(header::CONTENT_LENGTH, length);
+    }
+    Ok(amended.map(ResBody::from))
+}

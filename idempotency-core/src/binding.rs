@@ -1,0 +1,154 @@
+//! What a key is bound to: the method, the path in a normal form, a fingerprint of the
+//! query and of the body. A retry with another binding is refused instead of replayed.
+//!
+//! The path is normalized so that spellings a server routes alike bind alike:
+//!
+//! - repeated slashes are one (`/v1//namespaces` is `/v1/namespaces`), and a trailing
+//!   slash is dropped (`/v1/namespaces/` is `/v1/namespaces`);
+//! - percent-escapes of unreserved characters are decoded (`%64b` is `db`), and the hex
+//!   digits of the others are upper-cased (`%2f` is `%2F`), as RFC 3986 §6.2.2 allows.
+//!
+//! Nothing else changes: dot segments, encoded slashes and case are kept, because servers
+//! differ on them and two operations must never share a binding. A path longer than
+//! [`MAX_KEPT_PATH`] bytes is kept as its SHA-256. The query is never kept: only its
+//! SHA-256 (a query can be long, and can hold a caller's secret such as a token).
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use http::Request;
+use sha2::{Digest, Sha256};
+
+use crate::store::Binding;
+
+/// The longest normalized path a binding keeps as it is; a longer one is kept as a hash,
+/// so that a hostile path cannot grow the store.
+pub const MAX_KEPT_PATH: usize = 512;
+
+/// The binding of a keyed request, its body read whole.
+pub(crate) fn bind(request: &Request<Bytes>) -> Binding {
+    let uri = request.uri();
+    let mut path = normalized_path(uri.path());
+    if path.len() > MAX_KEPT_PATH {
+        path = format!("sha256:{}", hex(&Sha256::digest(path.as_bytes())));
+    }
+    if let Some(query) = uri.query() {
+        let _ = write!(
+            path,
+            "?sha256:{}",
+            hex(&Sha256::digest(query.as_bytes())[..16])
+        );
+    }
+    Binding {
+        method: request.method().as_str().to_owned(),
+        path,
+        body_sha256: Sha256::digest(request.body()).into(),
+    }
+}
+
+/// `path` in the normal form described in the [module docs](self).
+pub(crate) fn normalized_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for segment in path.split('/').filter(|segment| !segment.is_empty()) {
+        out.push('/');
+        push_normalized_segment(&mut out, segment);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+fn push_normalized_segment(out: &mut String, segment: &str) {
+    let bytes = segment.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let digit = |at: usize| bytes.get(at).copied().and_then(hex_digit);
+        let escaped = match (bytes[i], digit(i + 1), digit(i + 2)) {
+            (b'%', Some(high), Some(low)) => Some((high, low)),
+            _ => None,
+        };
+        match escaped {
+            Some((high, low)) => {
+                let byte = high << 4 | low;
+                if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                    out.push(byte as char);
+                } else {
+                    let _ = write!(out, "%{byte:02X}");
+                }
+                i += 3;
+            }
+            None => {
+                // Not an escape: copy the character whole (it may be more than one byte).
+                let character = segment[i..].chars().next().expect("i is a char boundary");
+                out.push(character);
+                i += character.len_utf8();
+            }
+        }
+    }
+}
+
+fn hex_digit(byte: u8) -> Option<u8> {
+    (byte as char).to_digit(16).map(|digit| digit as u8)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding_of(uri: &str) -> Binding {
+        bind(&Request::post(uri).body(Bytes::from_static(b"{}")).unwrap())
+    }
+
+    #[test]
+    fn spellings_a_server_routes_alike_bind_alike() {
+        for same in [
+            "/v1//namespaces",
+            "/v1/namespaces/",
+            "//v1/namespaces//",
+            "/v1/n%61mespaces",
+            "/v1/%6Eamespaces",
+        ] {
+            assert_eq!(normalized_path(same), "/v1/namespaces", "{same}");
+        }
+        assert_eq!(normalized_path("/a/b%2fc"), "/a/b%2Fc");
+        assert_eq!(normalized_path("/"), "/");
+        assert_eq!(normalized_path(""), "/");
+        assert_eq!(normalized_path("/caf%C3%A9/é"), "/caf%C3%A9/é");
+        assert_eq!(normalized_path("/100%"), "/100%");
+        assert_eq!(normalized_path("/a%2"), "/a%2");
+    }
+
+    #[test]
+    fn different_operations_never_bind_alike() {
+        for (a, b) in [
+            ("/v1/namespaces/db", "/v1/namespaces/db/tables"),
+            ("/v1/namespaces/a%2Fb", "/v1/namespaces/a/b"),
+            ("/v1/namespaces/x/..", "/v1/namespaces"),
+            ("/v1/Namespaces", "/v1/namespaces"),
+            ("/v1/namespaces?a=1", "/v1/namespaces?a=2"),
+            ("/v1/namespaces?a=1", "/v1/namespaces"),
+        ] {
+            assert_ne!(binding_of(a), binding_of(b), "{a} and {b}");
+        }
+    }
+
+    #[test]
+    fn queries_and_long_paths_are_kept_as_hashes() {
+        let secret = "access_token=SECRET-OF-CALLER-A";
+        let bound = binding_of(&format!("/v1/namespaces?{secret}"));
+        assert!(!bound.path.contains("SECRET"), "{}", bound.path);
+        assert!(bound.path.starts_with("/v1/namespaces?sha256:"));
+        let long = format!("/{}", "a".repeat(60_000));
+        let bound = binding_of(&long);
+        assert!(bound.path.len() < 100, "{} bytes kept", bound.path.len());
+    }
+}

@@ -1,0 +1,544 @@
+//! The Apache Iceberg REST catalog profile.
+//!
+//! [`IdempotencyLayer::iceberg`] sets the layer up the way the Iceberg REST spec and its
+//! clients expect, with [`IcebergProfile`] and two statuses:
+//!
+//! - **Routes**: the spec's mutation operations that take the header ([`operation`]),
+//!   with and without a `{prefix}` segment, plus `createView`. Other requests pass through.
+//! - **Keys**: hyphenated UUIDs, any version, lower-cased ([`UuidKey`]); use
+//!   `.with_key_format(UuidKey::v7_only())` to demand version 7.
+//! - **Errors** as Iceberg `ErrorModel` JSON ([`IcebergErrorModel`]).
+//! - **In flight**: 503 with `Retry-After` instead of 409, because the Java client resends
+//!   a 503 with the same key but turns a 409 on a commit into a definite
+//!   `CommitFailedException`, and may then delete files the running commit needs.
+//! - **A response too large to store**: replayed as 500 `CommitStateUnknownException`,
+//!   the truth from the client's side (it ran, its answer is gone); Java clients keep
+//!   their files on that exception.
+//! - **Advertising**: `GET /v1/config` answers get a top-level
+//!   `"idempotency-key-lifetime": "PT30M"` (the layer's lifetime, in a form
+//!   `java.time.Duration.parse` accepts). Catalogs that build their config response
+//!   themselves can call [`advertise_lifetime`] instead. When idempotency is disabled,
+//!   don't add the layer at all: the field is then absent and the header ignored.
+//! - **Vended credentials** are never stored: before a table-loading answer (createTable,
+//!   registerTable) is stored, secret `config` entries (`s3.secret-access-key`,
+//!   `s3.session-token`, …) and `storage-credentials` are cut out of it, and nothing else
+//!   changes. A replay then loads the table through the inner service with the retry's
+//!   own headers (so with its own authorization) and puts the fresh credentials into the
+//!   replayed answer; the spec allows a replay to reflect newer catalog state. If that
+//!   load fails, the replay goes out without credentials and the client must call
+//!   `loadTable` or `loadCredentials`.
+//! - **Exact replays**: an answer that had nothing cut out is replayed as the very bytes
+//!   of the first answer, and no load runs. An answer that had credentials cut out is
+//!   replayed as those bytes plus fresh credentials.
+//!
+//! Wrap the **whole router**, not each route, so that a replay can reach `loadTable`:
+//! axum's `Router::layer` wraps every route on its own, and a createTable route cannot
+//! load a table. Everything else works either way.
+//!
+//! ```
+//! use idempotency_core::IdempotencyLayer;
+//! use idempotency_store_memory::MemoryStore;
+//! use tower_layer::Layer;
+//!
+//! let catalog: axum::Router = axum::Router::new(); // your Iceberg REST routes
+//! let app: axum::Router = axum::Router::new()
+//!     .fallback_service(IdempotencyLayer::iceberg(MemoryStore::new()).layer(catalog));
+//! ```
+//!
+//! Everything here is built on the public [`Profile`] trait; a catalog with needs of
+//! its own can write its own profile the same way.
+
+mod json;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use serde_json::Value;
+
+use crate::iso8601::format_duration;
+use crate::key::{KeyFormat, UuidKey};
+use crate::layer::IdempotencyLayer;
+use crate::profile::Profile;
+use crate::rejection::{ErrorRenderer, Rejection, RejectionKind, json_response};
+use crate::service::IDEMPOTENCY_KEY;
+use crate::store::{IdempotencyStore, StoredResponse};
+
+/// The config response field that advertises idempotency support.
+pub const LIFETIME_FIELD: &str = "idempotency-key-lifetime";
+
+/// The note the profile stores with an answer it cut credentials out of, so that its
+/// replay knows to load fresh ones. Never sent to a client.
+const CREDENTIALS_REMOVED: &str = "x-idempotency-iceberg-credentials-removed";
+
+impl IdempotencyLayer {
+    /// A layer configured for an Iceberg REST catalog: [`IcebergProfile`], 503 while a
+    /// duplicate is in flight, 500 for an answer too large to store. See the
+    /// [module docs](crate::iceberg).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use std::time::Duration;
+    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new()).with_lifetime(Duration::from_secs(3600));
+    /// ```
+    pub fn iceberg(store: impl IdempotencyStore) -> Self {
+        Self::new(store)
+            .with_profile(IcebergProfile::default())
+            .with_in_flight_status(StatusCode::SERVICE_UNAVAILABLE)
+            .with_not_stored_status(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+impl crate::config::IdempotencyConfig {
+    /// [`IdempotencyLayer::iceberg`] over `store`, with the configured lifetime (which it
+    /// advertises in `GET /v1/config`).
+    pub fn iceberg_layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
+        IdempotencyLayer::iceberg(store).with_lifetime(self.key_lifetime)
+    }
+}
+
+/// The Iceberg REST profile: its routes, UUID keys, `ErrorModel` errors, the advertised
+/// lifetime, and vended credentials kept out of the store. See the
+/// [module docs](crate::iceberg).
+///
+/// Its routes are anchored at the catalog's base path: by default `/v1/…` at the root;
+/// a catalog served under `/catalog` sets [`with_base_path`](Self::with_base_path).
+#[derive(Clone, Debug, Default)]
+pub struct IcebergProfile {
+    base_path: String,
+}
+
+impl IcebergProfile {
+    /// The path the catalog's `/v1/…` routes are served under (default: none).
+    ///
+    /// ```
+    /// use http::Method;
+    /// use idempotency_core::Profile;
+    /// use idempotency_core::iceberg::IcebergProfile;
+    ///
+    /// let profile = IcebergProfile::default().with_base_path("/catalog/");
+    /// assert!(profile.takes_part(&Method::POST, "/catalog/v1/namespaces"));
+    /// assert!(!profile.takes_part(&Method::POST, "/v1/namespaces"));
+    /// assert!(!profile.takes_part(&Method::POST, "/x/catalog/v1/namespaces"));
+    /// ```
+    pub fn with_base_path(mut self, base_path: &str) -> Self {
+        self.base_path = base_path.trim_end_matches('/').to_owned();
+        self
+    }
+
+    /// The part of `path` after the base path, if `path` is under it.
+    fn under_base<'a>(&self, path: &'a str) -> Option<&'a str> {
+        let rest = path.strip_prefix(self.base_path.as_str())?;
+        (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+    }
+}
+
+impl Profile for IcebergProfile {
+    fn takes_part(&self, method: &Method, path: &str) -> bool {
+        self.under_base(path)
+            .is_some_and(|path| operation(method, path).is_some())
+    }
+
+    fn key_format(&self) -> &dyn KeyFormat {
+        const ANY_VERSION: UuidKey = UuidKey::any_version();
+        &ANY_VERSION
+    }
+
+    fn to_store(&self, request: &Request<Bytes>, mut answer: StoredResponse) -> StoredResponse {
+        let loads_a_table = loads_a_table(request.method(), request.uri().path());
+        if answer.status == 200
+            && loads_a_table
+            && let Some(stripped) = strip_credentials(&answer.body)
+        {
+            answer.body = Bytes::from(stripped);
+            answer
+                .headers
+                .push((CREDENTIALS_REMOVED.to_owned(), Bytes::from_static(b"true")));
+        }
+        answer
+    }
+
+    fn refresh(&self, retry: &Request<Bytes>, stored: &StoredResponse) -> Option<Request<Bytes>> {
+        if !had_credentials_removed(stored) {
+            return None;
+        }
+        let path = credentials_reload_path(retry.method(), retry.uri().path(), retry.body())?;
+        let mut load = Request::new(Bytes::new());
+        *load.uri_mut() = path.parse().ok()?;
+        *load.extensions_mut() = retry.extensions().clone();
+        for (name, value) in retry.headers() {
+            if name != header::CONTENT_LENGTH
+                && name != header::CONTENT_TYPE
+                && name != IDEMPOTENCY_KEY
+            {
+                load.headers_mut().append(name, value.clone());
+            }
+        }
+        Some(load)
+    }
+
+    fn replay(
+        &self,
+        mut stored: StoredResponse,
+        refreshed: Option<Response<Bytes>>,
+    ) -> StoredResponse {
+        if !had_credentials_removed(&stored) {
+            return stored;
+        }
+        stored
+            .headers
+            .retain(|(name, _)| name != CREDENTIALS_REMOVED);
+        let merged =
+            refreshed.and_then(|fresh| merge_fresh_credentials(&stored.body, fresh.body()));
+        match merged {
+            Some(body) => stored.body = Bytes::from(body),
+            None => tracing::warn!(
+                outcome = "replayed",
+                "idempotency: could not load the table again for fresh credentials; replaying without them"
+            ),
+        }
+        stored
+    }
+
+    fn render(&self, rejection: &Rejection) -> Response<Bytes> {
+        IcebergErrorModel.render(rejection)
+    }
+
+    fn advertises(&self, method: &Method, path: &str) -> bool {
+        method == Method::GET
+            && self
+                .under_base(path)
+                .is_some_and(|path| path.trim_end_matches('/') == "/v1/config")
+    }
+
+    fn advertise(&self, mut answer: Response<Bytes>, lifetime: Duration) -> Response<Bytes> {
+        let lifetime = Value::String(format_duration(lifetime)).to_string();
+        let amended = std::str::from_utf8(answer.body())
+            .ok()
+            .and_then(|config| json::set_member(config, LIFETIME_FIELD, &lifetime));
+        if let Some(amended) = amended {
+            *answer.body_mut() = Bytes::from(amended);
+        }
+        answer
+    }
+}
+
+/// The Iceberg operation a mutation is, by its method and path, or `None` if it is not
+/// one that takes an `Idempotency-Key`. The path starts with `/v1` (a base path is the
+/// profile's to take off first); it may carry a `{prefix}` after `/v1`, and repeated or
+/// trailing slashes do not matter.
+///
+/// ```
+/// use http::Method;
+/// use idempotency_core::iceberg::operation;
+///
+/// assert_eq!(operation(&Method::POST, "/v1/namespaces/db/tables"), Some("createTable"));
+/// assert_eq!(operation(&Method::POST, "/v1/warehouse-1/namespaces/db/tables/t"), Some("updateTable"));
+/// assert_eq!(operation(&Method::POST, "/v1/namespaces/db/tables/t/metrics"), None);
+/// assert_eq!(operation(&Method::POST, "/x/v1/namespaces"), None);
+/// ```
+pub fn operation(method: &Method, path: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let rest = segments.strip_prefix(&["v1"])?;
+    // Without a prefix first; then with the first segment as the prefix.
+    match_operation(method, rest).or_else(|| match_operation(method, rest.get(1..)?))
+}
+
+fn match_operation(method: &Method, rest: &[&str]) -> Option<&'static str> {
+    let post = *method == Method::POST;
+    let delete = *method == Method::DELETE;
+    Some(match rest {
+        ["namespaces"] if post => "createNamespace",
+        ["namespaces", _] if delete => "dropNamespace",
+        ["namespaces", _, "properties"] if post => "updateProperties",
+        ["namespaces", _, "tables"] if post => "createTable",
+        ["namespaces", _, "register"] if post => "registerTable",
+        ["namespaces", _, "register-view"] if post => "registerView",
+        ["namespaces", _, "views"] if post => "createView",
+        ["namespaces", _, "tables", _] if post => "updateTable",
+        ["namespaces", _, "tables", _] if delete => "dropTable",
+        ["namespaces", _, "tables", _, "plan"] if post => "planTableScan",
+        ["namespaces", _, "tables", _, "plan", _] if delete => "cancelPlanning",
+        ["namespaces", _, "tables", _, "tasks"] if post => "fetchScanTasks",
+        ["namespaces", _, "tables", _, "unregister"] if post => "unregisterTable",
+        ["namespaces", _, "views", _] if post => "replaceView",
+        ["namespaces", _, "views", _] if delete => "dropView",
+        ["tables", "rename"] if post => "renameTable",
+        ["views", "rename"] if post => "renameView",
+        ["transactions", "commit"] if post => "commitTransaction",
+        _ => return None,
+    })
+}
+
+/// Renders the layer's answers as Iceberg `ErrorModel` JSON:
+/// `{"error": {"message": …, "type": …, "code": …}}`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IcebergErrorModel;
+
+impl ErrorRenderer for IcebergErrorModel {
+    fn render(&self, rejection: &Rejection) -> Response<Bytes> {
+        let error_type = match rejection.kind {
+            RejectionKind::MissingKey
+            | RejectionKind::InvalidKey
+            | RejectionKind::DuplicateKeyHeader
+            | RejectionKind::UnreadableBody
+            | RejectionKind::BodyTimeout => "BadRequestException",
+            RejectionKind::KeyReused => "IdempotencyKeyReusedException",
+            RejectionKind::BodyTooLarge => "RequestTooLargeException",
+            RejectionKind::InFlight => "IdempotencyKeyInFlightException",
+            RejectionKind::StoreUnavailable
+            | RejectionKind::StoreFull
+            | RejectionKind::OverBudget => "ServiceUnavailableException",
+            // The request may have run: for a commit, its state is unknown to the client.
+            RejectionKind::ResponseNotStored | RejectionKind::ResponseFailed => {
+                "CommitStateUnknownException"
+            }
+        };
+        let body = serde_json::json!({
+            "error": {
+                "message": rejection.message,
+                "type": error_type,
+                "code": rejection.status.as_u16(),
+            }
+        });
+        json_response(rejection.status, "application/json", &body)
+    }
+}
+
+/// Adds the top-level `idempotency-key-lifetime` field to a `GET /v1/config` response
+/// body, for catalogs that build it themselves. It goes beside `defaults` and
+/// `overrides`, not inside them: clients only look for it at the top level.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_core::iceberg::advertise_lifetime;
+///
+/// let mut config = serde_json::json!({"defaults": {}, "overrides": {}});
+/// advertise_lifetime(&mut config, Duration::from_secs(1800));
+/// assert_eq!(config["idempotency-key-lifetime"], "PT30M");
+/// ```
+pub fn advertise_lifetime(config: &mut Value, lifetime: Duration) {
+    if let Value::Object(fields) = config {
+        fields.insert(
+            LIFETIME_FIELD.to_owned(),
+            Value::String(format_duration(lifetime)),
+        );
+    }
+}
+
+/// Operations whose answer is a `LoadTableResult`, which may carry vended credentials.
+fn loads_a_table(method: &Method, path: &str) -> bool {
+    matches!(
+        operation(method, path),
+        Some("createTable" | "registerTable")
+    )
+}
+
+fn had_credentials_removed(stored: &StoredResponse) -> bool {
+    stored
+        .headers
+        .iter()
+        .any(|(name, _)| name == CREDENTIALS_REMOVED)
+}
+
+fn is_secret_config_key(key: &str) -> bool {
+    const SECRET_MARKERS: [&str; 8] = [
+        "secret",
+        "token",
+        "password",
+        "access-key",
+        "sas-",
+        "shared-key",
+        "credential",
+        "private-key",
+    ];
+    let key = key.to_ascii_lowercase();
+    SECRET_MARKERS.iter().any(|marker| key.contains(marker))
+}
+
+/// A table-loading answer with its vended credentials cut out (`storage-credentials`,
+/// and the secret entries of `config`) and every other byte kept, or `None` when it
+/// holds none.
+fn strip_credentials(body: &[u8]) -> Option<String> {
+    let answer = std::str::from_utf8(body).ok()?;
+    let has_credentials = json::member(answer, "storage-credentials")
+        .is_some_and(|credentials| credentials.trim() != "[]");
+    let without_credentials = has_credentials
+        .then(|| json::remove_members(answer, |key| key == "storage-credentials"))
+        .flatten();
+    let current = without_credentials.as_deref().unwrap_or(answer);
+    let without_secrets = json::edit_member(current, "config", |config| {
+        json::remove_members(config, is_secret_config_key)
+    });
+    without_secrets.or(without_credentials)
+}
+
+/// The path of the `loadTable` call that refreshes the credentials of a replayed
+/// table-loading answer: the table the original request created or registered.
+fn credentials_reload_path(method: &Method, path: &str, body: &[u8]) -> Option<String> {
+    if !loads_a_table(method, path) {
+        return None;
+    }
+    let request: Value = serde_json::from_slice(body).ok()?;
+    let name = request.get("name")?.as_str()?;
+    let encoded: String = name
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect();
+    let base = path.strip_suffix("/register").unwrap_or(path);
+    let tables = if base.ends_with("/tables") {
+        base.to_owned()
+    } else {
+        format!("{base}/tables")
+    };
+    Some(format!("{tables}/{encoded}"))
+}
+
+/// The stored answer with the fresh credentials of a `loadTable` answer added back:
+/// its `storage-credentials`, and the secret entries of its `config`. Nothing else of the
+/// stored answer changes.
+fn merge_fresh_credentials(stored: &[u8], fresh: &[u8]) -> Option<String> {
+    let mut replay = std::str::from_utf8(stored).ok()?.to_owned();
+    let fresh = std::str::from_utf8(fresh).ok()?;
+    if let Some(credentials) = json::member(fresh, "storage-credentials") {
+        replay = json::set_member(&replay, "storage-credentials", credentials)?;
+    }
+    let secrets: Vec<(String, &str)> = json::member(fresh, "config")
+        .and_then(json::entries)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(key, _)| is_secret_config_key(key))
+        .collect();
+    if secrets.is_empty() {
+        return Some(replay);
+    }
+    let with_config = match json::member(&replay, "config") {
+        Some(_) => replay,
+        None => json::set_member(&replay, "config", "{}")?,
+    };
+    json::edit_member(&with_config, "config", |config| {
+        secrets
+            .iter()
+            .try_fold(config.to_owned(), |config, (key, value)| {
+                json::set_member(&config, key, value)
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn every_spec_operation_is_recognised_with_and_without_a_prefix() {
+        let cases = [
+            ("POST", "namespaces", "createNamespace"),
+            ("DELETE", "namespaces/db", "dropNamespace"),
+            ("POST", "namespaces/db/properties", "updateProperties"),
+            ("POST", "namespaces/db/tables", "createTable"),
+            ("POST", "namespaces/db/register", "registerTable"),
+            ("POST", "namespaces/db/tables/t", "updateTable"),
+            ("DELETE", "namespaces/db/tables/t", "dropTable"),
+            ("POST", "tables/rename", "renameTable"),
+            ("POST", "transactions/commit", "commitTransaction"),
+            ("POST", "namespaces/db/views", "createView"),
+            ("POST", "namespaces/db/views/v", "replaceView"),
+            ("DELETE", "namespaces/db/views/v", "dropView"),
+            ("POST", "views/rename", "renameView"),
+            ("POST", "namespaces/db/register-view", "registerView"),
+            ("POST", "namespaces/db/tables/t/plan", "planTableScan"),
+            ("DELETE", "namespaces/db/tables/t/plan/p1", "cancelPlanning"),
+            ("POST", "namespaces/db/tables/t/tasks", "fetchScanTasks"),
+            (
+                "POST",
+                "namespaces/db/tables/t/unregister",
+                "unregisterTable",
+            ),
+        ];
+        assert_eq!(cases.len(), 18);
+        for (method, rest, expected) in cases {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            for path in [
+                format!("/v1/{rest}"),
+                format!("/v1/my-prefix/{rest}"),
+                format!("//v1/{rest}/"),
+            ] {
+                assert_eq!(operation(&method, &path), Some(expected), "{method} {path}");
+            }
+            let under_base = IcebergProfile::default().with_base_path("/catalog");
+            assert!(under_base.takes_part(&method, &format!("/catalog/v1/{rest}")));
+            assert!(!under_base.takes_part(&method, &format!("/v1/{rest}")));
+            assert!(!IcebergProfile::default().takes_part(&method, &format!("/x/v1/{rest}")));
+        }
+    }
+
+    #[test]
+    fn reads_and_other_posts_are_not_operations() {
+        for (method, path) in [
+            (Method::GET, "/v1/namespaces/db/tables/t"),
+            (Method::HEAD, "/v1/namespaces/db"),
+            (Method::POST, "/v1/namespaces/db/tables/t/metrics"),
+            (Method::POST, "/v1/namespaces/db/tables/t/sign"),
+            (Method::POST, "/v1/oauth/tokens"),
+            (Method::GET, "/v1/config"),
+            (Method::POST, "/v2/namespaces"),
+        ] {
+            assert_eq!(operation(&method, path), None, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_cut_out_byte_for_byte_and_put_back() {
+        let answer = r#"{"metadata-location":"file:///w/db/t/metadata/1.json","metadata":{"format-version":2},"config":{"s3.access-key-id":"AKIA","s3.secret-access-key":"SECRET","s3.session-token":"TOKEN","s3.region":"eu-west-1"},"storage-credentials":[{"prefix":"s3://b","config":{"s3.secret-access-key":"SECRET"}}]}"#;
+        let stripped = strip_credentials(answer.as_bytes()).unwrap();
+        assert_eq!(
+            stripped,
+            r#"{"metadata-location":"file:///w/db/t/metadata/1.json","metadata":{"format-version":2},"config":{"s3.region":"eu-west-1"}}"#
+        );
+        let fresh = answer.replace("SECRET", "FRESH");
+        let merged = merge_fresh_credentials(stripped.as_bytes(), fresh.as_bytes()).unwrap();
+        let merged: Value = serde_json::from_str(&merged).unwrap();
+        assert_eq!(merged["config"]["s3.secret-access-key"], "FRESH");
+        assert_eq!(merged["config"]["s3.region"], "eu-west-1");
+        assert_eq!(merged["storage-credentials"][0]["prefix"], "s3://b");
+        assert_eq!(
+            strip_credentials(serde_json::to_string(&merged).unwrap().as_bytes())
+                .map(|s| serde_json::from_str::<Value>(&s).unwrap()),
+            Some(serde_json::from_str::<Value>(&stripped).unwrap()),
+            "a replay is the stored answer plus credentials"
+        );
+    }
+
+    #[test]
+    fn answers_without_credentials_are_not_touched() {
+        for answer in [
+            r#"{"metadata-location":"m","metadata":{},"config":{"s3.region":"r"}}"#,
+            r#"{"metadata-location":"m","metadata":{},"storage-credentials":[]}"#,
+            r#"{"metadata-location":"m","metadata":{}}"#,
+            "not json",
+        ] {
+            assert_eq!(strip_credentials(answer.as_bytes()), None, "{answer}");
+        }
+    }
+
+    #[test]
+    fn the_reload_path_names_the_created_table() {
+        let body = br#"{"name":"my table","schema":{}}"#;
+        assert_eq!(
+            credentials_reload_path(&Method::POST, "/v1/p/namespaces/db/tables", body).as_deref(),
+            Some("/v1/p/namespaces/db/tables/my%20table")
+        );
+        assert_eq!(
+            credentials_reload_path(&Method::POST, "/v1/namespaces/db/register", body).as_deref(),
+            Some("/v1/namespaces/db/tables/my%20table")
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! The keyed path, in request order: read the key, bind the record to the request,
+//! reserve it (or wait for its owner, or take a crashed owner's place), and replay a
+//! finished answer. Running the inner service as the key's owner is [`crate::owner`].
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use bytes::{Buf, BytesMut};
+use http::HeaderMap;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use crate::binding;
+use crate::body::{Buffered, buffer};
+use crate::budget::Held;
+use crate::layer::Settings;
+use crate::outcome::Outcome;
+use crate::owner;
+use crate::policy::{self, is_mutation};
+use crate::rejection::Rejection;
+use crate::service::{
+    Answer, AnswerBody, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner, RequestBody,
+};
+use crate::store::{
+    IdempotencyRecord, RecordId, RecordState, Reservation, StoreError, StoredResponse,
+};
+
+/// Reservation attempts before a duplicate gives up: a key that keeps being released and
+/// re-reserved by others under our feet is answered as in flight.
+const MAX_ATTEMPTS: usize = 4;
+
+/// Stage 1, the key: `Ok(None)` for a request that does not take part or carries no key
+/// (it passes through), `Err` for a bad key header.
+pub(crate) fn read_key<B>(
+    settings: &Settings,
+    request: &Request<B>,
+) -> Result<Option<String>, Rejection> {
+    let method = request.method();
+    if !is_mutation(method) {
+        return Ok(None);
+    }
+    let mut values = request.headers().get_all(&IDEMPOTENCY_KEY).iter();
+    let value = values.next().map(|v| v.as_bytes().trim_ascii());
+    let repeated = values.next().is_some();
+    let has_key = value.is_some_and(|v| !v.is_empty());
+    if !has_key && !repeated && !settings.require_key {
+        return Ok(None);
+    }
+    let path = request.uri().path();
+    if !settings.takes_part(method, path) {
+        return Ok(None);
+    }
+    if repeated {
+        return Err(Rejection::duplicate_key_header());
+    }
+    match value {
+        Some(value) if has_key => settings
+            .key_format()
+            .parse(value)
+            .map(Some)
+            .map_err(|error| Rejection::invalid_key(&error)),
+        _ => Err(Rejection::missing_key(method, path)),
+    }
+}
+
+/// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
+/// replay or run as the owner.
+pub(crate) async fn handle<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<ReqBody>,
+    key: String,
+) -> Answer<ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: RequestBody,
+    ResBody: AnswerBody,
+{
+    let (parts, body) = request.into_parts();
+    if let Some(once) = &settings.unscoped_warning
+        && policy::looks_authenticated(&parts)
+    {
+        once.call_once(|| {
+            tracing::warn!("idempotency: requests carry credentials but the layer has no scope, so every caller shares one key space and one caller can collect another's answer by sending its key; set IdempotencyLayer::with_scope (e.g. from your authentication's principal, or CredentialScope)");
+        });
+    }
+    let id = RecordId::new(settings.scope.scope(&parts), key);
+    // The request's bytes stay taken from the memory budget until it is answered.
+    let mut held = Held::default();
+    let body = match read_body(&settings, &parts.headers, body, &mut held).await {
+        Ok(body) => body,
+        Err(rejection) => {
+            tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
+            return Ok(rejection.into_response(&settings));
+        }
+    };
+    let request = Request::from_parts(parts, body);
+    let binding = binding::bind(&request);
+
+    let wait_until = Instant::now() + settings.in_flight_wait;
+    for _ in 0..MAX_ATTEMPTS {
+        let reservation = settings
+            .store
+            .reserve(&id, &binding, settings.lease(), settings.kept_for())
+            .await;
+        let record = match reservation {
+            Ok(Reservation::Reserved(token)) => {
+                tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
+                return owner::run(settings, inner, request, id, token, Outcome::Executed, held)
+                    .await;
+            }
+            Ok(Reservation::Exists(record)) => record,
+            Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+        };
+        if record.binding != binding {
+            tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
+            return Ok(Rejection::key_reused(&settings).into_response(&settings));
+        }
+        let settled = match record.state {
+            RecordState::InFlight {
+                lease_lapsed: false,
+                ..
+            } => {
+                let remaining = wait_until.saturating_duration_since(Instant::now());
+                tracing::debug!(outcome = "waiting", key = %settings.log_key(&id), "idempotency: waiting for the in-flight owner");
+                match settings.store.wait(&id, remaining).await {
+                    Ok(Some(IdempotencyRecord { state, .. })) => state,
+                    // Released or expired while we waited: reserve again.
+                    Ok(None) => continue,
+                    Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+                }
+            }
+            state => state,
+        };
+        match settled {
+            RecordState::Completed(stored) => {
+                tracing::debug!(outcome = "replayed", key = %settings.log_key(&id), status = stored.status, "idempotency: replayed the stored response");
+                return Ok(replay(&settings, inner, &request, stored).await);
+            }
+            RecordState::InFlight {
+                token,
+                lease_lapsed: true,
+            } => match settings.store.take_over(&id, token, settings.lease()).await {
+                Ok(Some(token)) => {
+                    tracing::warn!(outcome = "took-over", key = %settings.log_key(&id), "idempotency: took over a reservation whose owner stopped renewing its lease");
+                    return owner::run(
+                        settings,
+                        inner,
+                        request,
+                        id,
+                        token,
+                        Outcome::TookOver,
+                        held,
+                    )
+                    .await;
+                }
+                // Someone else took it over, or the owner finished: look again.
+                Ok(None) => continue,
+                Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+            },
+            RecordState::InFlight { .. } => break,
+        }
+    }
+    tracing::info!(outcome = "conflict", key = %settings.log_key(&id), "idempotency: the owner is still running; answered in flight");
+    Ok(Rejection::in_flight(&settings).into_response(&settings))
+}
+
+/// Reads the request body whole (it is fingerprinted and may be sent to the inner
+/// service again), within the memory budget, the size limit and the time limit. A
+/// declared `Content-Length` over the limit is refused before anything is read (so no
+/// `100 Continue` is sent). The bytes stay taken from the budget while `held` lives.
+async fn read_body<B: RequestBody>(
+    settings: &Settings,
+    headers: &HeaderMap,
+    body: B,
+    held: &mut Held,
+) -> Result<Bytes, Rejection> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > settings.max_request_body as u64) {
+        return Err(Rejection::body_too_large(settings));
+    }
+    // Take what the body declares up front, so an over-budget request is refused before
+    // a byte of it is read; a body of unknown length is taken as it arrives.
+    let upfront = declared.map_or(0, |length| length as usize);
+    if !settings.memory.grow(held, upfront) {
+        return Err(Rejection::over_budget(settings));
+    }
+    let deadline = Instant::now() + settings.request_body_timeout;
+    let mut body = std::pin::pin!(body);
+    let mut bytes = BytesMut::with_capacity(upfront);
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
+            Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
+            Ok(None) => return Ok(bytes.freeze()),
+            Ok(Some(Err(error))) => return Err(Rejection::unreadable_body(&error.into())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers of a request body are not part of the binding
+        };
+        let length = bytes.len() + data.remaining();
+        if length > settings.max_request_body {
+            return Err(Rejection::body_too_large(settings));
+        }
+        if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
+            return Err(Rejection::over_budget(settings));
+        }
+        while data.has_remaining() {
+            let chunk = data.chunk();
+            bytes.extend_from_slice(chunk);
+            let read = chunk.len();
+            data.advance(read);
+        }
+    }
+}
+
+/// The store failed before anything ran: fail closed, or run unprotected if configured.
+async fn store_failed<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<Bytes>,
+    id: &RecordId,
+    error: &StoreError,
+) -> Answer<ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: From<Bytes>,
+    ResBody: From<Bytes>,
+{
+    if let StoreError::Full { .. } = error {
+        tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
+        return Ok(Rejection::store_full(&settings).into_response(&settings));
+    }
+    if settings.fail_open {
+        tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
+        let mut response = inner.call(request.map(ReqBody::from)).await?;
+        response.extensions_mut().insert(Outcome::RanUnprotected);
+        return Ok(response);
+    }
+    tracing::error!(outcome = "store-unavailable", key = %settings.log_key(id), %error, "idempotency: store failed before the request ran");
+    Ok(Rejection::store_unavailable(&settings).into_response(&settings))
+}
+
+/// Stage 7, the replay: the stored answer, with what the profile adds back. When the
+/// profile asks for a refresh, the inner service answers it first, with the retry's own
+/// headers and extensions (so with the retry's own authorization).
+async fn replay<S, ReqBody, ResBody>(
+    settings: &Settings,
+    mut inner: S,
+    retry: &Request<Bytes>,
+    stored: StoredResponse,
+) -> Response<ResBody>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: From<Bytes>,
+    ResBody: AnswerBody,
+{
+    let refreshed = match settings.profile.refresh(retry, &stored) {
+        Some(mut refresh) => {
+            owner::ask_for_identity(refresh.headers_mut());
+            match inner.call(refresh.map(ReqBody::from)).await {
+                Ok(answer) if answer.status().is_success() => {
+                    let (parts, body) = answer.into_parts();
+                    match buffer(body, settings.max_response_body).await {
+                        Buffered::Whole(bytes, _) => Some(Response::from_parts(parts, bytes)),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            }
+        }
+        None => None,
+    };
+    replay_response(settings.profile.replay(stored, refreshed))
+}
+
+/// A stored answer as a response: same status, same stored headers, same body, plus
+/// `idempotent-replayed: true`.
+fn replay_response<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
+    let mut response = Response::new(B::from(stored.body));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response.extensions_mut().insert(Outcome::Replayed);
+    response
+}

@@ -1,0 +1,409 @@
+//! The key's owner, in request order: execute the inner service under a renewed lease,
+//! [`classify`] the answer (a pure function), then [`settle`]: store or release the key,
+//! in the one place that writes the outcome to the store, and answer the caller.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{HeaderMap, HeaderValue, Request, Response, header, response};
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::body::{Buffered, buffer};
+use crate::budget::Held;
+use crate::future::FinishOnDrop;
+use crate::layer::Settings;
+use crate::outcome::Outcome;
+use crate::profile::Disposition;
+use crate::rejection::Rejection;
+use crate::service::{Answer, AnswerBody, Inner};
+use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
+
+/// The reservation a keyed request runs under, added to the request's extensions for
+/// the inner service. A service that keeps its state in the store's database can use it
+/// to finalize the record inside its own transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReservationHandle {
+    /// The record reserved.
+    pub id: RecordId,
+    /// The token that owns it.
+    pub token: FencingToken,
+}
+
+/// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
+/// (and records its answer) even when the caller drops the response future: the rest of
+/// the work then moves to a task of its own.
+pub(crate) async fn run<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<Bytes>,
+    id: RecordId,
+    token: FencingToken,
+    outcome: Outcome,
+    held: Held,
+) -> Answer<ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: AnswerBody,
+{
+    let tracker = settings.in_flight.clone();
+    let work = async move {
+        // The request's bytes stay taken from the budget while it runs, even after its
+        // caller went away.
+        let _held = held;
+        own(settings, inner, request, id, token, outcome).await
+    };
+    FinishOnDrop::new(&tracker, work).await
+}
+
+async fn own<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<Bytes>,
+    id: RecordId,
+    token: FencingToken,
+    outcome: Outcome,
+) -> Answer<ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: AnswerBody,
+{
+    let (parts, body) = match execute(&settings, inner, &request, &id, token).await {
+        Ok(Ok(ran)) => ran,
+        Ok(Err(error)) => {
+            release(&settings, &id, token, "the inner service returned an error").await;
+            return Err(error);
+        }
+        Err(panic) => {
+            release(&settings, &id, token, "the inner service panicked").await;
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let verdict = classify(&settings, &parts, &body);
+    Ok(settle(
+        &settings, &request, &id, token, verdict, parts, body, outcome,
+    )
+    .await)
+}
+
+type Panic = Box<dyn std::any::Any + Send>;
+
+/// Stage 4: runs the inner service on the request (with the reservation in its
+/// extensions) and reads its answer whole, while the lease is renewed.
+async fn execute<S, ReqBody, ResBody>(
+    settings: &Arc<Settings>,
+    mut inner: S,
+    request: &Request<Bytes>,
+    id: &RecordId,
+    token: FencingToken,
+) -> Result<Result<(response::Parts, Buffered), S::Error>, Panic>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: From<Bytes>,
+    ResBody: AnswerBody,
+{
+    let mut request = request.clone().map(ReqBody::from);
+    ask_for_identity(request.headers_mut());
+    request.extensions_mut().insert(ReservationHandle {
+        id: id.clone(),
+        token,
+    });
+    let max_body = settings.max_response_body;
+    let run = async move {
+        let (parts, body) = inner.call(request).await?.into_parts();
+        Ok((parts, buffer(body, max_body).await))
+    };
+    hold_lease(settings, id, token, AssertUnwindSafe(run).catch_unwind()).await
+}
+
+/// What happens to an answer.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Store it and replay it to every retry.
+    Store,
+    /// Release the key, so that a retry runs again; the caller gets the answer.
+    Release,
+    /// The answer is too large to keep: retries are told the request already ran; the
+    /// caller gets the answer.
+    TooLargeToStore,
+    /// The answer is encoded (`Content-Encoding`) although the layer asked for none: it
+    /// cannot be inspected, nor replayed to a retry that may not accept the encoding, so
+    /// retries are told the request already ran; the caller gets the answer.
+    Encoded,
+    /// The answer's body failed and its status releases the key: release it; the caller
+    /// is told the body failed.
+    FailedReleased,
+    /// The answer's body failed after a status that keeps the key: the mutation most
+    /// likely happened, so retries are told it already ran; so is the caller.
+    FailedKept,
+}
+
+/// Stage 5: what happens to an answer, by the generic rules (5xx and the release
+/// statuses release) and then the profile's.
+fn classify(settings: &Settings, parts: &response::Parts, body: &Buffered) -> Verdict {
+    let status = parts.status;
+    let releases = status.is_server_error() || settings.release_statuses.contains(&status);
+    let trailers = match body {
+        Buffered::Failed(_) if releases => return Verdict::FailedReleased,
+        Buffered::Failed(_) => return Verdict::FailedKept,
+        _ if releases => return Verdict::Release,
+        Buffered::Whole(_, trailers) | Buffered::TooLarge(_, trailers) => trailers.as_ref(),
+    };
+    match (settings.profile.classify(parts, trailers), body) {
+        (Disposition::Release, _) => Verdict::Release,
+        (_, Buffered::TooLarge(..)) => Verdict::TooLargeToStore,
+        _ if is_encoded(&parts.headers) => Verdict::Encoded,
+        _ => Verdict::Store,
+    }
+}
+
+/// Stage 6: writes the verdict to the store and builds the caller's answer.
+#[allow(clippy::too_many_arguments)]
+async fn settle<ResBody: AnswerBody>(
+    settings: &Settings,
+    request: &Request<Bytes>,
+    id: &RecordId,
+    token: FencingToken,
+    verdict: Verdict,
+    parts: response::Parts,
+    body: Buffered,
+    executed: Outcome,
+) -> Response<ResBody> {
+    let status = parts.status;
+    let body = match body {
+        Buffered::Whole(bytes, _) | Buffered::TooLarge(bytes, _) => bytes,
+        Buffered::Failed(error) => {
+            tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), %error, "idempotency: the response body failed while it was read");
+            let released = verdict == Verdict::FailedReleased;
+            let outcome = if released {
+                release(settings, id, token, "the response body failed").await;
+                Outcome::Released
+            } else {
+                let why = "its response failed before it could be stored";
+                finalize_rejection(
+                    settings,
+                    id,
+                    token,
+                    Rejection::not_stored(settings, status, why),
+                )
+                .await;
+                Outcome::ExecutedNotStored
+            };
+            let mut response = Rejection::response_failed(status, released).into_response(settings);
+            response.extensions_mut().insert(outcome);
+            return response;
+        }
+    };
+    let outcome = match verdict {
+        Verdict::Store => {
+            let stored = settings
+                .profile
+                .to_store(request, stored_response(settings, &parts, &body));
+            finalize(settings, id, token, &stored).await;
+            executed
+        }
+        Verdict::Release => {
+            release(settings, id, token, "the response releases the key").await;
+            Outcome::Released
+        }
+        Verdict::TooLargeToStore => {
+            tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), limit = settings.max_response_body, "idempotency: response too large to store; retries will be told it already ran");
+            let why = format!(
+                "its response was larger than the {} bytes kept for replay",
+                settings.max_response_body
+            );
+            finalize_rejection(
+                settings,
+                id,
+                token,
+                Rejection::not_stored(settings, status, &why),
+            )
+            .await;
+            Outcome::ExecutedNotStored
+        }
+        Verdict::Encoded => {
+            tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), "idempotency: the response is encoded although the layer asked for none; retries will be told it already ran (put compression outside the layer)");
+            let why = "its response was encoded (Content-Encoding), and encoded responses are not kept for replay";
+            finalize_rejection(
+                settings,
+                id,
+                token,
+                Rejection::not_stored(settings, status, why),
+            )
+            .await;
+            Outcome::ExecutedNotStored
+        }
+        Verdict::FailedReleased | Verdict::FailedKept => {
+            unreachable!("a failed body was answered above")
+        }
+    };
+    let mut response = Response::from_parts(parts, ResBody::from(body));
+    response.extensions_mut().insert(outcome);
+    response
+}
+
+/// Asks the inner service for an answer the layer can store, inspect and replay to any
+/// retry: one without a content encoding.
+pub(crate) fn ask_for_identity(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+}
+
+/// Whether an answer carries a content encoding other than `identity`.
+fn is_encoded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            !value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"identity")
+        })
+}
+
+/// The answer as the generic rules keep it: status, the replayed headers, the body.
+fn stored_response(settings: &Settings, parts: &response::Parts, body: &Bytes) -> StoredResponse {
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers: kept_headers(&parts.headers, |name| {
+            settings.replayed_headers.contains(name)
+        }),
+        body: body.clone(),
+    }
+}
+
+fn kept_headers(
+    headers: &HeaderMap,
+    keep: impl Fn(&http::HeaderName) -> bool,
+) -> Vec<(String, Bytes)> {
+    headers
+        .iter()
+        .filter(|(name, _)| keep(name))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                Bytes::copy_from_slice(value.as_bytes()),
+            )
+        })
+        .collect()
+}
+
+/// Stores a rendered rejection as the key's answer, for every retry to get.
+async fn finalize_rejection(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    rejection: Rejection,
+) {
+    let rendered = settings.render(&rejection);
+    let stored = StoredResponse {
+        status: rendered.status().as_u16(),
+        headers: kept_headers(rendered.headers(), |_| true),
+        body: rendered.into_body(),
+    };
+    finalize(settings, id, token, &stored).await;
+}
+
+/// Drives `work` while its lease is renewed every third of the lease's length.
+///
+/// The renewal runs on a task of its own, so the lease is kept even while nobody polls
+/// `work` (a caller may hold the response future for a while without polling it). It
+/// starts only if `work` does not finish on its first poll, and stops when `work` ends or
+/// is dropped. Losing the lease does not stop the work: the request is already running,
+/// and the store's fencing keeps the stale owner from overwriting the new one.
+async fn hold_lease<F: Future>(
+    settings: &Arc<Settings>,
+    id: &RecordId,
+    token: FencingToken,
+    work: F,
+) -> F::Output {
+    let mut work = std::pin::pin!(work);
+    let first_poll = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    if let Poll::Ready(output) = first_poll {
+        return output;
+    }
+    let _renewing = AbortOnDropHandle::new(tokio::spawn(renew_lease(
+        settings.clone(),
+        id.clone(),
+        token,
+    )));
+    work.await
+}
+
+async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
+    let lease = settings.lease();
+    let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
+    loop {
+        tokio::time::sleep(lease / 3).await;
+        if give_up_at.is_some_and(|at| Instant::now() >= at) {
+            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(&id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
+            return;
+        }
+        match settings.store.renew(&id, token, lease).await {
+            Ok(Ownership::Held) => {}
+            Ok(Ownership::Lost) => {
+                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(&id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(outcome = "store-error", key = %settings.log_key(&id), %error, "idempotency: renewing the lease failed; will retry")
+            }
+        }
+    }
+}
+
+async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) {
+    match settings.store.release(id, token).await {
+        Ok(Ownership::Held) => {
+            tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}")
+        }
+        Ok(Ownership::Lost) => {
+            tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: could not release a key it no longer owns ({why})")
+        }
+        Err(error) => {
+            tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: releasing the key failed; it stays reserved until its lease lapses ({why})")
+        }
+    }
+}
+
+/// Stores the answer, retrying a failing store with backoff for a bounded time. The
+/// caller gets the real answer either way.
+async fn finalize(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    stored: &StoredResponse,
+) {
+    let give_up_at = Instant::now() + settings.finalize_retry_for;
+    let mut pause = Duration::from_millis(25);
+    loop {
+        match settings.store.finalize(id, token, stored).await {
+            Ok(Ownership::Held) => {
+                tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
+                return;
+            }
+            Ok(Ownership::Lost) => {
+                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response was not stored: another request took over this key (this request's lease lapsed)");
+                return;
+            }
+            Err(error) if Instant::now() + pause < give_up_at => {
+                tracing::warn!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(error) => {
+                tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; giving up, the record will be taken over when its lease lapses");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The answers the layer gives on its own: every one is built here, and rendered by the
+//! profile (or an [`ErrorRenderer`] set on the layer).
+//!
+//! Every answer the layer produces instead of the inner service's says what was wrong and
+//! what to do, and none repeats anything of another request: a message may name the
+//! caller's own method and path, never the path, query or body a key was first used
+//! with. The default renderer, [`ProblemJson`], writes a small
+//! `application/problem+json` document; the Iceberg profile writes Iceberg's
+//! `ErrorModel`. Any `Fn(&Rejection) -> http::Response<Bytes>` is a renderer.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Response, StatusCode, header};
+
+use crate::layer::Settings;
+use crate::outcome::Outcome;
+
+/// Why the layer answered instead of the inner service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// A key is required on this route and none was sent.
+    MissingKey,
+    /// The header value is not a valid key.
+    InvalidKey,
+    /// The request carried more than one `Idempotency-Key` header.
+    DuplicateKeyHeader,
+    /// The key was first used for another method, path or body.
+    KeyReused,
+    /// The request body is larger than the layer buffers.
+    BodyTooLarge,
+    /// The request body could not be read.
+    UnreadableBody,
+    /// The request body did not arrive in time.
+    BodyTimeout,
+    /// The layer holds as many bytes as its memory budget allows.
+    OverBudget,
+    /// Another request with this key is still running.
+    InFlight,
+    /// The store could not be reached or failed.
+    StoreUnavailable,
+    /// The store is full of live records.
+    StoreFull,
+    /// The request ran, but its response was too large to store, so it cannot be replayed.
+    ResponseNotStored,
+    /// The request ran, but its response body failed while the layer was reading it; the
+    /// key was released.
+    ResponseFailed,
+}
+
+impl RejectionKind {
+    /// A short, stable, kebab-case name for logs and machine-readable bodies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing-key",
+            Self::InvalidKey => "invalid-key",
+            Self::DuplicateKeyHeader => "duplicate-key-header",
+            Self::KeyReused => "key-reused",
+            Self::BodyTooLarge => "body-too-large",
+            Self::UnreadableBody => "unreadable-body",
+            Self::BodyTimeout => "body-timeout",
+            Self::OverBudget => "over-budget",
+            Self::InFlight => "in-flight",
+            Self::StoreUnavailable => "store-unavailable",
+            Self::StoreFull => "store-full",
+            Self::ResponseNotStored => "response-not-stored",
+            Self::ResponseFailed => "response-failed",
+        }
+    }
+}
+
+/// An answer the layer gives on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// Why.
+    pub kind: RejectionKind,
+    /// The HTTP status to answer with.
+    pub status: StatusCode,
+    /// What was wrong and what to do, for the client.
+    pub message: String,
+    /// When set, the layer adds a `Retry-After` header (whole seconds, rounded up).
+    pub retry_after: Option<Duration>,
+}
+
+/// Renders a [`Rejection`] as a response. The layer adds `Retry-After` afterwards.
+pub trait ErrorRenderer: Send + Sync + 'static {
+    /// The response for this rejection.
+    fn render(&self, rejection: &Rejection) -> Response<Bytes>;
+}
+
+impl<F> ErrorRenderer for F
+where
+    F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn render(&self, rejection: &Rejection) -> Response<Bytes> {
+        self(rejection)
+    }
+}
+
+/// The default renderer: an RFC 9457 problem document,
+/// `{"type":"about:blank","title":…,"status":…,"detail":…,"kind":…}`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProblemJson;
+
+impl ErrorRenderer for ProblemJson {
+    fn render(&self, rejection: &Rejection) -> Response<Bytes> {
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": rejection.status.canonical_reason().unwrap_or("Error"),
+            "status": rejection.status.as_u16(),
+            "detail": rejection.message,
+            "kind": rejection.kind.as_str(),
+        });
+        json_response(rejection.status, "application/problem+json", &body)
+    }
+}
+
+/// A response with a JSON body and the given content type.
+pub(crate) fn json_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: &serde_json::Value,
+) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// The rejections the layer gives, each with its status and a message that says what to
+/// do. `settings` supplies the configurable statuses and limits.
+impl Rejection {
+    fn new(kind: RejectionKind, status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    pub(crate) fn duplicate_key_header() -> Self {
+        Self::new(
+            RejectionKind::DuplicateKeyHeader,
+            StatusCode::BAD_REQUEST,
+            "the request carries more than one Idempotency-Key header; send exactly one",
+        )
+    }
+
+    pub(crate) fn invalid_key(error: &crate::KeyError) -> Self {
+        Self::new(
+            RejectionKind::InvalidKey,
+            StatusCode::BAD_REQUEST,
+            error.to_string(),
+        )
+    }
+
+    pub(crate) fn missing_key(method: &Method, path: &str) -> Self {
+        Self::new(
+            RejectionKind::MissingKey,
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{method} {path} requires an Idempotency-Key header; send one (a new UUID per \
+                 operation, the same one on every retry)"
+            ),
+        )
+    }
+
+    pub(crate) fn body_too_large(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::BodyTooLarge,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the request body is larger than the {} bytes this server accepts for requests \
+                 with an Idempotency-Key; send a smaller body",
+                settings.max_request_body
+            ),
+        )
+    }
+
+    pub(crate) fn body_timeout(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::BodyTimeout,
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s; send it again, whole and without \
+                 pauses",
+                settings.request_body_timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    /// The layer holds as much request and response data as its memory budget allows.
+    pub(crate) fn over_budget(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::OverBudget,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is holding as many requests with an Idempotency-Key as it can right \
+             now; retry later with the same key",
+        )
+        .retry_after(settings.retry_after)
+    }
+
+    pub(crate) fn unreadable_body(error: &crate::BoxError) -> Self {
+        Self::new(
+            RejectionKind::UnreadableBody,
+            StatusCode::BAD_REQUEST,
+            format!("the request body could not be read ({error}); send the request again"),
+        )
+    }
+
+    /// The key is bound to another request. The message says so without naming that
+    /// request: its path, query and body belong to whoever sent it first.
+    pub(crate) fn key_reused(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::KeyReused,
+            settings.key_reused_status,
+            "this Idempotency-Key was already used for a different request (another method, \
+             path or body); a key identifies one operation, so send a new key for a different \
+             request",
+        )
+    }
+
+    pub(crate) fn in_flight(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::InFlight,
+            settings.in_flight_status,
+            "a request with this Idempotency-Key is still being processed; retry later with \
+             the same key to get its result",
+        )
+        .retry_after(settings.retry_after)
+    }
+
+    pub(crate) fn store_full(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::StoreFull,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is holding too many idempotency records to accept a new key right \
+             now; retry later with the same key",
+        )
+        .retry_after(settings.retry_after)
+    }
+
+    pub(crate) fn store_unavailable(settings: &Settings) -> Self {
+        Self::new(
+            RejectionKind::StoreUnavailable,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the idempotency store is unavailable, so the request was not run; retry later \
+             with the same Idempotency-Key",
+        )
+        .retry_after(settings.retry_after)
+    }
+
+    /// What a retry is told when the first answer (with `status`) ran but could not be
+    /// kept, and `why`.
+    pub(crate) fn not_stored(settings: &Settings, status: StatusCode, why: &str) -> Self {
+        Self::new(
+            RejectionKind::ResponseNotStored,
+            settings.not_stored_status,
+            format!(
+                "the request with this Idempotency-Key already ran (status {}), but {why}; read \
+                 the resource's current state instead of retrying",
+                status.as_u16()
+            ),
+        )
+    }
+
+    /// What the caller is told when the inner service's response body failed mid-way,
+    /// and whether the key was `released`.
+    pub(crate) fn response_failed(status: StatusCode, released: bool) -> Self {
+        let next = if released {
+            "the key was released, so a retry with the same key runs the request again"
+        } else {
+            "the key is kept, so a retry with the same key is told the request already ran; \
+             read the resource's current state to see its result"
+        };
+        Self::new(
+            RejectionKind::ResponseFailed,
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the request ran (status {}), but its response body failed before it was \
+                 complete; {next}",
+                status.as_u16()
+            ),
+        )
+    }
+
+    /// An answer the layer reads to advertise (Iceberg's `/v1/config`) failed mid-way.
+    pub(crate) fn advertised_answer_failed(error: &crate::BoxError) -> Self {
+        Self::new(
+            RejectionKind::ResponseFailed,
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the service's response failed before it was complete ({error}); send the request again"
+            ),
+        )
+    }
+
+    /// The rejection as a response: rendered by the profile (or the layer's renderer),
+    /// with `Retry-After` when it has one, and its [`Outcome`].
+    pub(crate) fn into_response<B: From<Bytes>>(self, settings: &Settings) -> Response<B> {
+        let mut response = settings.render(&self).map(B::from);
+        if let Some(retry_after) = self.retry_after {
+            let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+        }
+        response
+            .extensions_mut()
+            .insert(Outcome::Rejected(self.kind));
+        response
+    }
+}

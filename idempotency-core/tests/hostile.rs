@@ -1,0 +1,384 @@
+//! Hostile and careless clients: bodies that are too large, too slow or too many; keys and
+//! queries that must not leak into answers or logs; spellings of one path; encodings.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idempotency_core::{IdempotencyLayer, Outcome, RejectionKind};
+use idempotency_store_memory::MemoryStore;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tower::ServiceExt;
+
+/// A handler that counts its calls and answers with the request's Accept-Encoding.
+fn app(calls: Arc<AtomicUsize>) -> Router {
+    Router::new().route(
+        "/orders/{*rest}",
+        post(move |headers: HeaderMap, body: String| {
+            let calls = calls.clone();
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                let accepted = headers
+                    .get("accept-encoding")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_default();
+                let mut answer = (
+                    StatusCode::CREATED,
+                    [
+                        ("cache-control", "private, no-store"),
+                        ("vary", "authorization"),
+                    ],
+                    format!("call {n}, accepted {accepted:?}, body {body}"),
+                )
+                    .into_response();
+                if headers.contains_key("x-encode") {
+                    answer
+                        .headers_mut()
+                        .insert("content-encoding", "gzip".parse().unwrap());
+                }
+                answer
+            }
+        }),
+    )
+}
+
+async fn send(
+    app: &Router,
+    request: Request<Body>,
+) -> (StatusCode, HeaderMap, String, Option<Outcome>) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let outcome = response.extensions().get::<Outcome>().copied();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+        outcome,
+    )
+}
+
+fn keyed(uri: &str, key: &str, body: &str) -> Request<Body> {
+    Request::post(uri)
+        .header("idempotency-key", key)
+        .header("accept-encoding", "gzip, br")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    address
+}
+
+/// Reads what the server sent until it closes or `wait` passes.
+async fn read_some(stream: &mut TcpStream, wait: Duration) -> String {
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Ok(read)) = tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+        if read == 0 {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&buffer[..read]));
+        if text.contains("\r\n\r\n") && !text.starts_with("HTTP/1.1 100") {
+            break;
+        }
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_declared_length_over_the_limit_is_refused_before_any_body_is_read() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let address = serve(app(calls.clone()).layer(IdempotencyLayer::new(MemoryStore::new()))).await;
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            b"POST /orders/1 HTTP/1.1\r\nhost: x\r\nidempotency-key: big-1\r\n\
+              content-length: 1073741824\r\nexpect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let answer = read_some(&mut stream, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        !answer.contains("100 Continue"),
+        "the client was invited to send 1 GiB: {answer}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_gets_408_and_frees_its_budget() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .with_request_body_timeout(Duration::from_millis(300))
+        .with_memory_budget(100_000);
+    let address = serve(app(calls.clone()).layer(layer)).await;
+
+    // Holds 60 kB of the budget and never sends the rest.
+    let mut slow = TcpStream::connect(address).await.unwrap();
+    slow.write_all(
+        b"POST /orders/1 HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-1\r\ncontent-length: 60000\r\n\r\nfirst bytes",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // Meanwhile another 60 kB request does not fit.
+    let mut other = TcpStream::connect(address).await.unwrap();
+    let body = "x".repeat(60_000);
+    other
+        .write_all(
+            format!(
+                "POST /orders/2 HTTP/1.1\r\nhost: x\r\nidempotency-key: other-1\r\ncontent-length: 60000\r\n\r\n{body}"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let answer = read_some(&mut other, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after"),
+        "{answer}"
+    );
+    assert!(answer.contains("over-budget"), "{answer}");
+
+    let answer = read_some(&mut slow, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body-timeout"), "{answer}");
+
+    // The slow request's bytes were let go: the same 60 kB request now runs.
+    let mut again = TcpStream::connect(address).await.unwrap();
+    again
+        .write_all(
+            format!(
+                "POST /orders/2 HTTP/1.1\r\nhost: x\r\nidempotency-key: other-1\r\ncontent-length: 60000\r\n\r\n{body}"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let answer = read_some(&mut again, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn answers_never_echo_another_requests_path_query_or_body() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(calls.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    send(
+        &app,
+        keyed(
+            "/orders/1?access_token=SECRET-OF-CALLER-A",
+            "shared-key",
+            "body of A",
+        ),
+    )
+    .await;
+    let (status, _, body, _) = send(&app, keyed("/orders/2?x=1", "shared-key", "body of B")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    for leak in [
+        "SECRET-OF-CALLER-A",
+        "access_token",
+        "/orders/1",
+        "body of A",
+    ] {
+        assert!(!body.contains(leak), "the 422 carries {leak:?}: {body}");
+    }
+}
+
+/// Collects the formatted log lines of the current thread.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn logs_never_show_a_key_and_a_key_cannot_forge_log_fields() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(calls).layer(IdempotencyLayer::new(MemoryStore::new()));
+    let forging = r#"KEY-42 outcome="replayed" key=other"#;
+    send(&app, keyed("/orders/1", forging, "a")).await; // executed
+    send(&app, keyed("/orders/1", forging, "a")).await; // replayed
+    send(&app, keyed("/orders/1", forging, "b")).await; // key reused
+    send(&app, keyed("/orders/1", &"k".repeat(300), "a")).await; // refused: too long
+
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("idempotency"), "nothing was logged: {text}");
+    for secret in ["KEY-42", "kkkkkkkk", r#"outcome="replayed" key=other"#] {
+        assert!(
+            !text.contains(secret),
+            "a log line shows {secret:?}:\n{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn replays_keep_cache_control_and_vary_and_no_encoding_is_stored() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(calls.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
+
+    let (_, _, first, _) = send(&app, keyed("/orders/1", "cache-1", "a")).await;
+    assert!(
+        first.contains(r#"accepted "identity""#),
+        "the inner service must be asked for an unencoded answer: {first}"
+    );
+    let (status, headers, replay, outcome) = send(&app, keyed("/orders/1", "cache-1", "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Replayed))
+    );
+    assert_eq!(replay, first);
+    assert_eq!(headers["cache-control"], "private, no-store");
+    assert_eq!(headers["vary"], "authorization");
+
+    // An inner service that encodes anyway: its caller gets the answer, retries are told
+    // it ran; nothing encoded is ever replayed to a retry that may not accept it.
+    let mut encoded = keyed("/orders/2", "gzip-1", "a");
+    encoded
+        .headers_mut()
+        .insert("x-encode", "1".parse().unwrap());
+    let (status, headers, _, outcome) = send(&app, encoded).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::ExecutedNotStored))
+    );
+    assert_eq!(headers["content-encoding"], "gzip");
+    let mut retry = keyed("/orders/2", "gzip-1", "a");
+    retry.headers_mut().insert("x-encode", "1".parse().unwrap());
+    let (status, headers, body, outcome) = send(&app, retry).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CONFLICT, Some(Outcome::Replayed))
+    );
+    assert!(headers.get("content-encoding").is_none());
+    assert!(body.contains("already ran"), "{body}");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn spellings_of_one_path_bind_as_one_and_a_different_query_does_not() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(calls.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    let (status, _, _, _) = send(&app, keyed("/orders/a/b", "path-1", "x")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for spelling in ["/orders//a/b", "/orders/a/b/", "/orders/%61/b"] {
+        let (status, _, _, outcome) = send(&app, keyed(spelling, "path-1", "x")).await;
+        assert_eq!(
+            (status, outcome),
+            (StatusCode::CREATED, Some(Outcome::Replayed)),
+            "{spelling}"
+        );
+    }
+    let (status, _, _, outcome) = send(&app, keyed("/orders/a/b?page=2", "path-1", "x")).await;
+    assert_eq!(
+        (status, outcome),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some(Outcome::Rejected(RejectionKind::KeyReused))
+        )
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+fn with_credential(mut request: Request<Body>, credential: &str) -> Request<Body> {
+    request
+        .headers_mut()
+        .insert("authorization", credential.parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn a_layer_without_a_scope_warns_once_when_requests_carry_credentials() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let warning = "has no scope";
+
+    let unscoped = app(Arc::default()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    for n in 0..3 {
+        let request = with_credential(keyed("/orders/1", &format!("w-{n}"), "a"), "Bearer a");
+        send(&unscoped, request).await;
+    }
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches(warning).count(), 1, "{text}");
+
+    logs.0.lock().unwrap().clear();
+    let scoped = app(Arc::default()).layer(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_scope(idempotency_core::CredentialScope::default()),
+    );
+    send(
+        &scoped,
+        with_credential(keyed("/orders/1", "w-9", "a"), "Bearer a"),
+    )
+    .await;
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(!text.contains(warning), "{text}");
+}
+
+#[tokio::test]
+async fn with_the_credential_scope_a_stolen_key_collects_nothing() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = app(calls.clone()).layer(
+        IdempotencyLayer::new(MemoryStore::new())
+            .with_scope(idempotency_core::CredentialScope::default()),
+    );
+    let alice = || {
+        with_credential(
+            keyed("/orders/1", "alices-key", "alice's order"),
+            "Bearer alice",
+        )
+    };
+    let (_, _, first, _) = send(&app, alice()).await;
+    let (_, _, replay, outcome) = send(&app, alice()).await;
+    assert_eq!(
+        (replay.as_str(), outcome),
+        (first.as_str(), Some(Outcome::Replayed))
+    );
+
+    let mallory = with_credential(
+        keyed("/orders/1", "alices-key", "alice's order"),
+        "Bearer mallory",
+    );
+    let (_, _, body, outcome) = send(&app, mallory).await;
+    assert_eq!(
+        outcome,
+        Some(Outcome::Executed),
+        "another credential is another scope"
+    );
+    assert_ne!(body, first, "mallory collected alice's answer");
+}
