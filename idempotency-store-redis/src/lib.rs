@@ -178,7 +178,7 @@
 //!
 //! This crate has no cargo features. It uses the `redis` crate (1.x) with `tokio-comp`,
 //! `connection-manager`, `cluster-async` and `script`, and re-exports it as
-//! [`redis`](crate::redis).
+//! [`redis`].
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
