@@ -164,6 +164,9 @@
 //!   narrows the window without closing it.
 //! - A full server (`noeviction` at `maxmemory`) refuses new reservations; the layer
 //!   answers 503.
+//! - Tested against Redis 7.0, a single server and a cluster. Valkey implements every
+//!   command the scripts use (`EVAL`/`EVALSHA`, `TIME`, `HMGET`, `HSET`, `PEXPIREAT`,
+//!   `DEL`), but no Valkey server runs in these tests.
 //!
 //! # Tests
 //!
