@@ -63,10 +63,13 @@ pub(crate) struct Settings {
     pub(crate) release_statuses: Vec<StatusCode>,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) require_key: bool,
+    pub(crate) forward_key: bool,
     pub(crate) fail_open: bool,
     pub(crate) finalize_retry_for: Duration,
     pub(crate) max_run_time: Option<Duration>,
     pub(crate) in_flight: TaskTracker,
+    /// Whether outcomes, store calls and waits are recorded as [metrics](crate::metrics).
+    pub(crate) metrics: bool,
 }
 
 impl Settings {
@@ -110,7 +113,7 @@ impl Settings {
 }
 
 /// See [`Settings::log_key`].
-pub(crate) struct LogKey<'a>(&'a RecordId);
+pub(crate) struct LogKey<'a>(pub(crate) &'a RecordId);
 
 impl std::fmt::Display for LogKey<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -171,6 +174,7 @@ impl IdempotencyLayer {
 
     /// A layer over a store that is already shared, e.g. with a purge task.
     pub fn from_shared_store(store: Arc<dyn IdempotencyStore>) -> Self {
+        crate::metrics::describe();
         Self {
             settings: Arc::new(Settings {
                 store,
@@ -207,10 +211,12 @@ impl IdempotencyLayer {
                     header::VARY,
                 ],
                 require_key: false,
+                forward_key: false,
                 fail_open: false,
                 finalize_retry_for: Duration::from_secs(5),
                 max_run_time: None,
                 in_flight: TaskTracker::new(),
+                metrics: true,
             }),
         }
     }
@@ -435,6 +441,25 @@ impl IdempotencyLayer {
         self.edit(|s| s.require_key = require)
     }
 
+    /// Whether the inner service sees the `Idempotency-Key` header (default: no).
+    ///
+    /// The layer alone decides what a key means. A wrapped service with key handling of
+    /// its own (an existing catalog may cache answers by key, with another lifetime and
+    /// no check of the body) would otherwise answer in the layer's place, and a key the
+    /// layer let run again could get the inner cache's stale answer. A handler that needs
+    /// the reservation reads it from the [`ReservationHandle`](crate::ReservationHandle)
+    /// request extension; set this only for a service that must pass the key on (e.g.
+    /// to a payment provider) and does nothing else with it.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_forwarded_key(true);
+    /// ```
+    pub fn with_forwarded_key(self, forward: bool) -> Self {
+        self.edit(|s| s.forward_key = forward)
+    }
+
     /// When the store fails before the inner service ran: fail closed (the default: 503
     /// with `Retry-After`, nothing runs) or, with `true`, fail open (run the request
     /// unprotected and log a warning).
@@ -475,6 +500,21 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_max_run_time(self, max_run_time: Duration) -> Self {
         self.edit(|s| s.max_run_time = Some(max_run_time))
+    }
+
+    /// Whether the layer records its [metrics](crate::metrics) (default on): every keyed
+    /// request's outcome, each store call's duration, each wait for an in-flight owner.
+    /// They go to the recorder the application installs through the `metrics` facade,
+    /// and cost next to nothing without one. Off, the layer makes no metrics call and
+    /// reads no clock for them; the `tracing` span and events stay.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_metrics(false);
+    /// ```
+    pub fn with_metrics(self, metrics: bool) -> Self {
+        self.edit(|s| s.metrics = metrics)
     }
 
     /// The profile: everything that depends on the protocol (see [`Profile`]). The

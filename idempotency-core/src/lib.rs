@@ -121,6 +121,7 @@ pub mod iso8601;
 mod key;
 mod keyed;
 mod layer;
+pub mod metrics;
 mod outcome;
 mod owner;
 mod policy;
@@ -144,9 +145,10 @@ pub use profile::{Disposition, HttpProfile, Profile};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency};
 pub use store::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership,
-    PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, StoreError, StoredResponse,
-    purge_all_expired, spawn_purge_task,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_REST_FACTOR, Purged,
+    RecordId, RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, is_settled,
+    purge_all_expired, spawn_purge_task, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

@@ -17,10 +17,11 @@ use crate::body::{Buffered, buffer};
 use crate::budget::Held;
 use crate::future::FinishOnDrop;
 use crate::layer::Settings;
+use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::profile::Disposition;
 use crate::rejection::Rejection;
-use crate::service::{Answer, AnswerBody, Inner};
+use crate::service::{Answer, AnswerBody, IDEMPOTENCY_KEY, Inner};
 use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 
 /// The reservation a keyed request runs under, added to the request's extensions for
@@ -78,10 +79,12 @@ where
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
+            metrics::outcome(&settings, Outcome::Released);
             return Err(error);
         }
         Err(panic) => {
             release(&settings, &id, token, "the inner service panicked").await;
+            metrics::outcome(&settings, Outcome::Released);
             std::panic::resume_unwind(panic);
         }
     };
@@ -109,7 +112,7 @@ where
     ResBody: AnswerBody,
 {
     let mut request = request.clone().map(ReqBody::from);
-    ask_for_identity(request.headers_mut());
+    prepare_for_inner(settings, request.headers_mut());
     request.extensions_mut().insert(ReservationHandle {
         id: id.clone(),
         token,
@@ -196,6 +199,7 @@ async fn settle<ResBody: AnswerBody>(
                 Outcome::ExecutedNotStored
             };
             let mut response = Rejection::response_failed(status, released).into_response(settings);
+            metrics::outcome(settings, outcome);
             response.extensions_mut().insert(outcome);
             return response;
         }
@@ -244,8 +248,18 @@ async fn settle<ResBody: AnswerBody>(
         }
     };
     let mut response = Response::from_parts(parts, ResBody::from(body));
+    metrics::outcome(settings, outcome);
     response.extensions_mut().insert(outcome);
     response
+}
+
+/// The headers a keyed request reaches the inner service with: asking for an unencoded
+/// answer, and without the key unless the layer forwards it.
+pub(crate) fn prepare_for_inner(settings: &Settings, headers: &mut HeaderMap) {
+    ask_for_identity(headers);
+    if !settings.forward_key {
+        headers.remove(IDEMPOTENCY_KEY);
+    }
 }
 
 /// Asks the inner service for an answer the layer can store, inspect and replay to any
@@ -348,7 +362,13 @@ async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken)
             tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(&id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
             return;
         }
-        match settings.store.renew(&id, token, lease).await {
+        match metrics::store_call(
+            &settings,
+            StoreCall::Renew,
+            settings.store.renew(&id, token, lease),
+        )
+        .await
+        {
             Ok(Ownership::Held) => {}
             Ok(Ownership::Lost) => {
                 tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(&id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
@@ -362,7 +382,13 @@ async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken)
 }
 
 async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) {
-    match settings.store.release(id, token).await {
+    match metrics::store_call(
+        settings,
+        StoreCall::Release,
+        settings.store.release(id, token),
+    )
+    .await
+    {
         Ok(Ownership::Held) => {
             tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}")
         }
@@ -386,7 +412,13 @@ async fn finalize(
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {
-        match settings.store.finalize(id, token, stored).await {
+        match metrics::store_call(
+            settings,
+            StoreCall::Finalize,
+            settings.store.finalize(id, token, stored),
+        )
+        .await
+        {
             Ok(Ownership::Held) => {
                 tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
                 return;

@@ -42,6 +42,8 @@ pub enum RejectionKind {
     StoreUnavailable,
     /// The store is full of live records.
     StoreFull,
+    /// The caller's scope holds as much as its quota allows.
+    QuotaExceeded,
     /// The request ran, but its response was too large to store, so it cannot be replayed.
     ResponseNotStored,
     /// The request ran, but its response body failed while the layer was reading it; the
@@ -64,6 +66,7 @@ impl RejectionKind {
             Self::InFlight => "in-flight",
             Self::StoreUnavailable => "store-unavailable",
             Self::StoreFull => "store-full",
+            Self::QuotaExceeded => "quota-exceeded",
             Self::ResponseNotStored => "response-not-stored",
             Self::ResponseFailed => "response-failed",
         }
@@ -239,14 +242,27 @@ impl Rejection {
         .retry_after(settings.retry_after)
     }
 
-    pub(crate) fn store_full(settings: &Settings) -> Self {
+    /// The store is full; `retry_after` is when it expects room, if it knows.
+    pub(crate) fn store_full(settings: &Settings, retry_after: Option<Duration>) -> Self {
         Self::new(
             RejectionKind::StoreFull,
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is holding too many idempotency records to accept a new key right \
              now; retry later with the same key",
         )
-        .retry_after(settings.retry_after)
+        .retry_after(retry_after.unwrap_or(settings.retry_after))
+    }
+
+    /// The caller's scope is at its quota; `retry_after` is when the store expects room
+    /// in it, if it knows.
+    pub(crate) fn quota_exceeded(settings: &Settings, retry_after: Option<Duration>) -> Self {
+        Self::new(
+            RejectionKind::QuotaExceeded,
+            StatusCode::TOO_MANY_REQUESTS,
+            "you hold as many idempotency records as your quota allows; retry later with the \
+             same key, or send fewer distinct keys",
+        )
+        .retry_after(retry_after.unwrap_or(settings.retry_after))
     }
 
     pub(crate) fn store_unavailable(settings: &Settings) -> Self {

@@ -382,3 +382,55 @@ async fn with_the_credential_scope_a_stolen_key_collects_nothing() {
     );
     assert_ne!(body, first, "mallory collected alice's answer");
 }
+
+#[tokio::test]
+async fn the_inner_service_does_not_see_the_key_unless_it_is_forwarded() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let recorder = |seen: Arc<Mutex<Vec<Option<String>>>>| {
+        Router::new().route(
+            "/orders",
+            post(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let key = headers
+                        .get("idempotency-key")
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    seen.lock().unwrap().push(key);
+                    StatusCode::CREATED
+                }
+            }),
+        )
+    };
+    let hidden = recorder(seen.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    send(&hidden, keyed("/orders", "k-1", "")).await;
+    let forwarding = recorder(seen.clone())
+        .layer(IdempotencyLayer::new(MemoryStore::new()).with_forwarded_key(true));
+    send(&forwarding, keyed("/orders", "k-2", "")).await;
+    assert_eq!(*seen.lock().unwrap(), [None, Some("k-2".to_owned())]);
+}
+
+#[tokio::test]
+async fn a_caller_at_its_quota_gets_429_and_others_carry_on() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = MemoryStore::new()
+        .with_scope_quota(idempotency_core::ScopeQuota::default().with_max_records(2));
+    let app = app(calls.clone()).layer(
+        IdempotencyLayer::new(store).with_scope(idempotency_core::CredentialScope::default()),
+    );
+    for n in 0..2 {
+        let request = with_credential(keyed("/orders/1", &format!("a-{n}"), "x"), "Bearer a");
+        assert_eq!(send(&app, request).await.0, StatusCode::CREATED);
+    }
+    let over = with_credential(keyed("/orders/1", "a-2", "x"), "Bearer a");
+    let (status, headers, body, outcome) = send(&app, over).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.contains_key("retry-after"));
+    assert!(body.contains("quota"), "{body}");
+    assert_eq!(
+        outcome,
+        Some(Outcome::Rejected(RejectionKind::QuotaExceeded))
+    );
+    let other = with_credential(keyed("/orders/1", "b-0", "x"), "Bearer b");
+    assert_eq!(send(&app, other).await.0, StatusCode::CREATED);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}

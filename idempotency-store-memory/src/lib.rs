@@ -2,20 +2,38 @@
 //!
 //! Records live in hash tables behind mutexes, sharded by key so that requests on
 //! different keys rarely wait for each other and a growing table pauses only its own
-//! shard. The store is bounded by `max_entries`
-//! (default 10,000): when it is full of live records, a new reservation fails with
-//! [`StoreError::Full`] (the layer answers 503 with `Retry-After`) instead of evicting a
-//! record that a retry may still need. Expired records are dropped to make room first.
-//! Duplicates waiting for an in-flight owner are woken by a notification, not by polling.
+//! shard. Duplicates waiting for an in-flight owner are woken by a notification, not by
+//! polling.
+//!
+//! # Bounds
+//!
+//! The store never grows without limit, and never evicts a record a retry may still
+//! need to make room:
+//!
+//! - **Records and bytes**: at most `max_entries` live records (default 10,000) holding
+//!   at most `max_bytes` (default 256 MiB; a record's bytes are its scope, key, binding
+//!   and stored answer). A reservation past either bound fails with
+//!   [`StoreError::Full`], and the layer answers 503 with `Retry-After` set to when the
+//!   next record expires. Expired records are dropped first to make room. Both the
+//!   refusal and the drop cost time in proportion to what is dropped, never to the size
+//!   of the store: each shard keeps its records' expiries in order.
+//! - **Per scope** (off by default): a [`ScopeQuota`] bounds what one scope (one tenant)
+//!   may hold, so that no tenant can fill the store and lock the others out; a scope at
+//!   its quota gets [`StoreError::QuotaExceeded`] (the layer answers 429). A
+//!   multi-tenant service sets one.
 //!
 //! Records do not survive a restart and are not shared between processes: run several
 //! replicas on a SQL store instead.
 //!
 //! ```
-//! use idempotency_core::IdempotencyLayer;
+//! use idempotency_core::{IdempotencyLayer, ScopeQuota};
 //! use idempotency_store_memory::MemoryStore;
 //!
-//! let layer = IdempotencyLayer::new(MemoryStore::new().with_max_entries(50_000));
+//! let store = MemoryStore::new()
+//!     .with_max_entries(50_000)
+//!     .with_max_bytes(512 << 20)
+//!     .with_scope_quota(ScopeQuota::default().with_max_records(1_000));
+//! let layer = IdempotencyLayer::new(store);
 //! # drop(layer);
 //! ```
 //!
@@ -26,22 +44,27 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    RecordState, Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
+    ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The default bound on live records.
 pub const DEFAULT_MAX_ENTRIES: usize = 10_000;
+/// The default bound on the bytes of live records: 256 MiB.
+pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Independent tables, each behind its own mutex.
 const SHARDS: usize = 16;
@@ -52,19 +75,44 @@ pub struct MemoryStore {
     shared: Arc<Shared>,
 }
 
+#[derive(Clone, Copy, Debug)]
+struct Bounds {
+    max_entries: usize,
+    max_bytes: u64,
+    quota: Option<ScopeQuota>,
+}
+
 #[derive(Debug)]
 struct Shared {
+    bounds: Bounds,
     shards: Box<[Mutex<Shard>]>,
     /// SipHash with random keys: the keys are chosen by clients, who must not be able to
     /// aim many of them at one bucket.
     hasher: RandomState,
     /// Records held in all shards, expired ones not yet dropped included.
     len: AtomicUsize,
-    max_entries: usize,
+    /// Their bytes.
+    bytes: AtomicU64,
+    /// What each scope holds, kept only when a quota is set; sharded by scope.
+    scopes: Box<[Mutex<HashMap<String, Usage>>]>,
     next_token: AtomicI64,
+    epoch: Epoch,
 }
 
-type Shard = HashTable<Slot>;
+#[derive(Debug, Default)]
+struct Shard {
+    table: HashTable<Slot>,
+    /// The records' expiries, soonest first, by the records' hashes. An entry may be
+    /// stale (its record was renewed, replaced or removed): it is checked when it comes
+    /// due, and a record whose expiry moves gets a new entry.
+    expiries: BinaryHeap<Reverse<(Instant, u64)>>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    records: u64,
+    bytes: u64,
+}
 
 /// A record's place in a table. The hash is kept so that a growing table never hashes a
 /// key again, and the record sits behind a pointer so that growing moves 16 bytes per
@@ -80,7 +128,11 @@ struct Record {
     id: RecordId,
     binding: Binding,
     state: State,
+    /// When the key was reserved (a takeover keeps it); only inspection reads it.
+    created_at: Instant,
     expires_at: Instant,
+    /// What the record counts against the bounds.
+    bytes: u64,
     /// Created when the first duplicate waits; woken whenever the record settles.
     waiters: Option<Arc<Notify>>,
 }
@@ -113,16 +165,38 @@ impl Record {
         self.expires_at > now
     }
 
+    /// The record as an operator sees it, with the store's instants as wall-clock times.
+    fn inspect(&self, clock: &WallClock) -> InspectedRecord {
+        let state = match &self.state {
+            State::InFlight { lease_until, .. } => InspectedState::InFlight {
+                lease_lapsed: *lease_until <= clock.now,
+                lease_expires_at: Some(clock.at(*lease_until)),
+            },
+            State::Completed(response) => InspectedState::Completed {
+                status: response.status,
+            },
+        };
+        InspectedRecord {
+            binding: self.binding.clone(),
+            state,
+            created_at: Some(clock.at(self.created_at)),
+            expires_at: Some(clock.at(self.expires_at)),
+            inspected_at: Some(clock.wall),
+        }
+    }
+
     fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
         self.is_live(now)
             && matches!(self.state, State::InFlight { token: owner, .. } if owner == token)
     }
 
     /// Puts the record in flight under `token` until `lease_until`, and keeps it from
-    /// expiring before then.
-    fn lease(&mut self, token: FencingToken, lease_until: Instant) {
+    /// expiring before then; says whether its expiry moved.
+    fn lease(&mut self, token: FencingToken, lease_until: Instant) -> bool {
         self.state = State::InFlight { token, lease_until };
+        let moved = lease_until > self.expires_at;
         self.expires_at = self.expires_at.max(lease_until);
+        moved
     }
 
     fn wake_waiters(&self) {
@@ -132,6 +206,60 @@ impl Record {
     }
 }
 
+/// The store's clock is monotonic ([`Instant`]); an inspection shows its instants as
+/// wall-clock times, counted from one pair of readings taken when the store was made, so
+/// that one instant always shows as the same time.
+#[derive(Clone, Copy, Debug)]
+struct Epoch {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl Epoch {
+    fn new() -> Self {
+        Self {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    fn clock(self) -> WallClock {
+        let now = Instant::now();
+        WallClock {
+            now,
+            wall: self.at(now),
+            epoch: self,
+        }
+    }
+
+    fn at(self, instant: Instant) -> SystemTime {
+        if instant >= self.instant {
+            self.wall + (instant - self.instant)
+        } else {
+            self.wall - (self.instant - instant)
+        }
+    }
+}
+
+/// "Now" for one inspection, in both clocks.
+struct WallClock {
+    now: Instant,
+    wall: SystemTime,
+    epoch: Epoch,
+}
+
+impl WallClock {
+    fn at(&self, instant: Instant) -> SystemTime {
+        self.epoch.at(instant)
+    }
+}
+
+/// Why a reservation found no room.
+enum NoRoom {
+    Full(String),
+    Quota(String),
+}
+
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -139,28 +267,42 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store bounded by [`DEFAULT_MAX_ENTRIES`].
+    /// An empty store bounded by [`DEFAULT_MAX_ENTRIES`] and [`DEFAULT_MAX_BYTES`], with
+    /// no per-scope quota.
     pub fn new() -> Self {
-        Self::with_capacity_bound(DEFAULT_MAX_ENTRIES)
+        Self::with_bounds(Bounds {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            quota: None,
+        })
     }
 
-    fn with_capacity_bound(max_entries: usize) -> Self {
+    fn with_bounds(bounds: Bounds) -> Self {
         // Sized up front for the usual bounds, so that the tables do not grow under load.
-        let per_shard = max_entries.min(1 << 16).div_ceil(SHARDS);
+        let per_shard = bounds.max_entries.min(1 << 16).div_ceil(SHARDS);
         Self {
             shared: Arc::new(Shared {
+                bounds,
                 shards: (0..SHARDS)
-                    .map(|_| Mutex::new(HashTable::with_capacity(per_shard)))
+                    .map(|_| {
+                        Mutex::new(Shard {
+                            table: HashTable::with_capacity(per_shard),
+                            expiries: BinaryHeap::with_capacity(per_shard),
+                        })
+                    })
                     .collect(),
                 hasher: RandomState::new(),
                 len: AtomicUsize::new(0),
-                max_entries,
+                bytes: AtomicU64::new(0),
+                scopes: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 next_token: AtomicI64::new(1),
+                epoch: Epoch::new(),
             }),
         }
     }
 
-    /// Bounds the store to `max_entries` live records (at least 1).
+    /// Bounds the store to `max_entries` live records (at least 1). Call it on a new
+    /// store: the bounds are set before any record is kept.
     ///
     /// ```
     /// use idempotency_store_memory::MemoryStore;
@@ -169,11 +311,49 @@ impl MemoryStore {
     /// assert_eq!(store.max_entries(), 100);
     /// ```
     pub fn with_max_entries(self, max_entries: usize) -> Self {
-        Self::with_capacity_bound(max_entries.max(1))
+        let bounds = self.shared.bounds;
+        Self::with_bounds(Bounds {
+            max_entries: max_entries.max(1),
+            ..bounds
+        })
+    }
+
+    /// Bounds the bytes the store's live records hold (at least 1 KiB). Call it on a new
+    /// store.
+    ///
+    /// ```
+    /// use idempotency_store_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new().with_max_bytes(64 << 20);
+    /// assert_eq!(store.max_bytes(), 64 << 20);
+    /// ```
+    pub fn with_max_bytes(self, max_bytes: u64) -> Self {
+        let bounds = self.shared.bounds;
+        Self::with_bounds(Bounds {
+            max_bytes: max_bytes.max(1024),
+            ..bounds
+        })
+    }
+
+    /// Bounds what each scope may hold. Call it on a new store.
+    ///
+    /// ```
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_memory::MemoryStore;
+    ///
+    /// let store = MemoryStore::new().with_scope_quota(ScopeQuota::default().with_max_records(100));
+    /// # drop(store);
+    /// ```
+    pub fn with_scope_quota(self, quota: ScopeQuota) -> Self {
+        let bounds = self.shared.bounds;
+        Self::with_bounds(Bounds {
+            quota: Some(quota),
+            ..bounds
+        })
     }
 
     /// The store a properties configuration names: bounded by
-    /// `idempotency-max-entries` when set.
+    /// `idempotency-max-entries` and the scope quota when set.
     ///
     /// ```
     /// use idempotency_core::config::IdempotencyConfig;
@@ -184,20 +364,34 @@ impl MemoryStore {
     /// # Ok::<(), idempotency_core::config::ConfigError>(())
     /// ```
     pub fn from_config(config: &idempotency_core::config::IdempotencyConfig) -> Self {
-        match config.max_entries {
-            Some(max_entries) => Self::new().with_max_entries(max_entries),
-            None => Self::new(),
+        let mut store = Self::new();
+        if let Some(max_entries) = config.max_entries {
+            store = store.with_max_entries(max_entries);
         }
+        if let Some(quota) = config.scope_quota {
+            store = store.with_scope_quota(quota);
+        }
+        store
     }
 
     /// The bound on live records.
     pub fn max_entries(&self) -> usize {
-        self.shared.max_entries
+        self.shared.bounds.max_entries
+    }
+
+    /// The bound on the bytes of live records.
+    pub fn max_bytes(&self) -> u64 {
+        self.shared.bounds.max_bytes
     }
 
     /// How many records the store holds, expired ones not yet purged included.
     pub fn len(&self) -> usize {
         self.shared.len.load(Ordering::Acquire)
+    }
+
+    /// How many bytes its records hold, expired ones not yet purged included.
+    pub fn bytes(&self) -> u64 {
+        self.shared.bytes.load(Ordering::Acquire)
     }
 
     /// Whether the store holds no records.
@@ -214,52 +408,162 @@ impl MemoryStore {
         (hash, lock(&self.shared.shards[shard]))
     }
 
+    fn scope_usage(&self, scope: &str) -> MutexGuard<'_, HashMap<String, Usage>> {
+        let shard = self.shared.hasher.hash_one(scope) as usize % SHARDS;
+        lock(&self.shared.scopes[shard])
+    }
+
     fn new_token(&self) -> FencingToken {
         FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Takes one unit of the bound for a new record, if any is left.
-    fn claim_room(&self) -> bool {
-        self.shared
+    /// Takes room for a new record of `bytes` bytes in `scope`: its scope's quota first,
+    /// then the store's bounds; gives back what it took when a later step refuses.
+    fn claim_room(&self, scope: &str, bytes: u64) -> Result<(), NoRoom> {
+        let bounds = &self.shared.bounds;
+        if let Some(quota) = bounds.quota {
+            let mut scopes = self.scope_usage(scope);
+            let usage = scopes.entry(scope.to_owned()).or_default();
+            if let Some(bound) = quota.refuses(usage.records, usage.bytes) {
+                if usage.records == 0 {
+                    scopes.remove(scope);
+                }
+                return Err(NoRoom::Quota(bound));
+            }
+            usage.records += 1;
+            usage.bytes += bytes;
+        }
+        let records = self
+            .shared
             .len
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |len| {
-                (len < self.shared.max_entries).then_some(len + 1)
-            })
-            .is_ok()
+                (len < bounds.max_entries).then_some(len + 1)
+            });
+        let refused = if records.is_err() {
+            Some(format!("{} live records", bounds.max_entries))
+        } else if self.shared.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes > bounds.max_bytes {
+            self.shared.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.shared.len.fetch_sub(1, Ordering::AcqRel);
+            Some(format!("{} bytes", bounds.max_bytes))
+        } else {
+            None
+        };
+        match refused {
+            None => Ok(()),
+            Some(bound) => {
+                self.forget_in_scope(scope, 1, bytes);
+                Err(NoRoom::Full(bound))
+            }
+        }
     }
 
-    /// Drops every expired record, waking whoever waits on one. Takes the shards' locks
-    /// one at a time, so it must be called without holding any.
+    /// Counts `bytes` more for a record of `scope` (its answer was stored).
+    fn grow(&self, scope: &str, bytes: u64) {
+        self.shared.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if self.shared.bounds.quota.is_some()
+            && let Some(usage) = self.scope_usage(scope).get_mut(scope)
+        {
+            usage.bytes += bytes;
+        }
+    }
+
+    /// Counts `bytes` fewer for a record of `scope`.
+    fn shrink(&self, scope: &str, bytes: u64) {
+        self.shared.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.forget_in_scope(scope, 0, bytes);
+    }
+
+    /// Gives back the room of a record that is gone.
+    fn forget(&self, record: &Record) {
+        self.shared.len.fetch_sub(1, Ordering::AcqRel);
+        self.shared.bytes.fetch_sub(record.bytes, Ordering::AcqRel);
+        self.forget_in_scope(&record.id.scope, 1, record.bytes);
+    }
+
+    fn forget_in_scope(&self, scope: &str, records: u64, bytes: u64) {
+        if self.shared.bounds.quota.is_none() {
+            return;
+        }
+        let mut scopes = self.scope_usage(scope);
+        if let Some(usage) = scopes.get_mut(scope) {
+            usage.records = usage.records.saturating_sub(records);
+            usage.bytes = usage.bytes.saturating_sub(bytes);
+            if usage.records == 0 {
+                scopes.remove(scope);
+            }
+        }
+    }
+
+    /// Drops up to `limit` expired records, soonest expired first, waking whoever waits
+    /// on them. Takes the shards' locks one at a time, so it must be called without
+    /// holding any. Its cost follows what it drops, not the size of the store.
     fn drop_expired(&self, now: Instant, limit: usize) -> usize {
         let mut dropped = 0;
         for shard in self.shared.shards.iter() {
+            let mut shard = lock(shard);
+            while dropped < limit {
+                let Some(&Reverse((due, hash))) = shard.expiries.peek() else {
+                    break;
+                };
+                if due > now {
+                    break;
+                }
+                shard.expiries.pop();
+                // The entry may be stale; only records that are expired now go.
+                while let Ok(expired) = shard
+                    .table
+                    .find_entry(hash, |slot| !slot.record.is_live(now))
+                {
+                    let (slot, _) = expired.remove();
+                    slot.record.wake_waiters();
+                    self.forget(&slot.record);
+                    dropped += 1;
+                }
+            }
             if dropped == limit {
                 break;
             }
-            let mut table = lock(shard);
-            for slot in table
-                .extract_if(|slot| !slot.record.is_live(now))
-                .take(limit - dropped)
-            {
-                slot.record.wake_waiters();
-                dropped += 1;
-            }
         }
-        self.shared.len.fetch_sub(dropped, Ordering::AcqRel);
         dropped
+    }
+
+    /// How long until the next record is due to expire, as far as the shards' expiries
+    /// tell: when room is expected.
+    fn next_expiry(&self, now: Instant) -> Option<Duration> {
+        self.shared
+            .shards
+            .iter()
+            .filter_map(|shard| lock(shard).expiries.peek().map(|Reverse((due, _))| *due))
+            .min()
+            .map(|due| due.saturating_duration_since(now))
+    }
+
+    /// Whether the record left the "in flight under a live lease" state, checked after a
+    /// waiter registered for notifications.
+    fn settled_since(&self, id: &RecordId) -> bool {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard_of(id);
+        match find(&mut shard, hash, id) {
+            Some(record) if record.is_live(now) => !matches!(
+                record.state,
+                State::InFlight { lease_until, .. } if lease_until > now
+            ),
+            _ => true,
+        }
     }
 }
 
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave a record half-written (every mutation
     // is a single assignment), so a poisoned shard is still consistent.
-    shard
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn find<'a>(table: &'a mut Shard, hash: u64, id: &RecordId) -> Option<&'a mut Record> {
-    table
+fn find<'a>(shard: &'a mut Shard, hash: u64, id: &RecordId) -> Option<&'a mut Record> {
+    shard
+        .table
         .find_mut(hash, |slot| slot.record.id == *id)
         .map(|slot| &mut *slot.record)
 }
@@ -274,6 +578,7 @@ impl IdempotencyStore for MemoryStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         let now = Instant::now();
+        let bytes = id.reserved_bytes(binding);
         let fresh = |token, waiters| Record {
             id: id.clone(),
             binding: binding.clone(),
@@ -281,14 +586,18 @@ impl IdempotencyStore for MemoryStore {
                 token,
                 lease_until: now + lease,
             },
+            created_at: now,
             // In flight under a live lease, a record never expires.
             expires_at: now + lifetime.max(lease),
+            bytes,
             waiters,
         };
         // A second pass only after making room by dropping expired records, which must
         // happen with no shard locked.
+        let mut no_room = None;
         for made_room in [false, true] {
-            let (hash, mut table) = self.shard_of(id);
+            let (hash, mut shard) = self.shard_of(id);
+            let Shard { table, expiries } = &mut *shard;
             match table.entry(hash, |slot| slot.record.id == *id, |slot: &Slot| slot.hash) {
                 TableEntry::Occupied(mut occupied) => {
                     let record = &mut occupied.get_mut().record;
@@ -296,35 +605,44 @@ impl IdempotencyStore for MemoryStore {
                         return Ok(Reservation::Exists(record.to_record(now)));
                     }
                     // An expired record counts as absent; whoever waits on it is woken.
+                    // It is replaced in place, in its scope: only its size changes.
                     record.wake_waiters();
                     let token = self.new_token();
-                    **record = fresh(token, record.waiters.take());
+                    let replacement = fresh(token, record.waiters.take());
+                    self.grow(&id.scope, bytes);
+                    self.shrink(&id.scope, record.bytes);
+                    expiries.push(Reverse((replacement.expires_at, hash)));
+                    **record = replacement;
                     return Ok(Reservation::Reserved(token));
                 }
-                TableEntry::Vacant(vacant) => {
-                    if self.claim_room() {
+                TableEntry::Vacant(vacant) => match self.claim_room(&id.scope, bytes) {
+                    Ok(()) => {
                         let token = self.new_token();
                         let record = Box::new(fresh(token, None));
+                        expiries.push(Reverse((record.expires_at, hash)));
                         vacant.insert(Slot { hash, record });
                         return Ok(Reservation::Reserved(token));
                     }
-                    if made_room {
-                        break;
-                    }
-                }
+                    Err(refusal) => no_room = Some(refusal),
+                },
             }
-            drop(table);
-            self.drop_expired(now, usize::MAX);
+            drop(shard);
+            if !made_room {
+                self.drop_expired(now, usize::MAX);
+            }
         }
-        Err(StoreError::Full {
-            max_entries: self.shared.max_entries,
+        let retry_after = self.next_expiry(now);
+        Err(match no_room {
+            Some(NoRoom::Quota(bound)) => StoreError::QuotaExceeded { bound, retry_after },
+            Some(NoRoom::Full(bound)) => StoreError::Full { bound, retry_after },
+            None => unreachable!("a reservation that found no room says why"),
         })
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = Instant::now();
-        let (hash, mut table) = self.shard_of(id);
-        Ok(find(&mut table, hash, id)
+        let (hash, mut shard) = self.shard_of(id);
+        Ok(find(&mut shard, hash, id)
             .filter(|record| record.is_live(now))
             .map(|record| record.to_record(now)))
     }
@@ -340,8 +658,8 @@ impl IdempotencyStore for MemoryStore {
             let waiters;
             let wake_at;
             {
-                let (hash, mut table) = self.shard_of(id);
-                let record = match find(&mut table, hash, id) {
+                let (hash, mut shard) = self.shard_of(id);
+                let record = match find(&mut shard, hash, id) {
                     Some(record) if record.is_live(now) => record,
                     _ => return Ok(None),
                 };
@@ -377,14 +695,15 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
         let now = Instant::now();
-        let (hash, mut table) = self.shard_of(id);
-        match find(&mut table, hash, id) {
-            Some(record) if record.owned_by(token, now) => {
-                record.lease(token, now + lease);
-                Ok(Ownership::Held)
-            }
-            _ => Ok(Ownership::Lost),
+        let (hash, mut shard) = self.shard_of(id);
+        let Some(record) = find(&mut shard, hash, id).filter(|r| r.owned_by(token, now)) else {
+            return Ok(Ownership::Lost);
+        };
+        if record.lease(token, now + lease) {
+            let due = record.expires_at;
+            shard.expiries.push(Reverse((due, hash)));
         }
+        Ok(Ownership::Held)
     }
 
     async fn finalize(
@@ -394,11 +713,14 @@ impl IdempotencyStore for MemoryStore {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
         let now = Instant::now();
-        let (hash, mut table) = self.shard_of(id);
-        match find(&mut table, hash, id) {
+        let (hash, mut shard) = self.shard_of(id);
+        match find(&mut shard, hash, id) {
             Some(record) if record.owned_by(token, now) => {
+                let added = response.stored_bytes();
                 record.state = State::Completed(response.clone());
+                record.bytes += added;
                 record.wake_waiters();
+                self.grow(&id.scope, added);
                 Ok(Ownership::Held)
             }
             _ => Ok(Ownership::Lost),
@@ -407,12 +729,12 @@ impl IdempotencyStore for MemoryStore {
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
         let now = Instant::now();
-        let (hash, mut table) = self.shard_of(id);
-        match table.find_entry(hash, |slot| slot.record.id == *id) {
+        let (hash, mut shard) = self.shard_of(id);
+        match shard.table.find_entry(hash, |slot| slot.record.id == *id) {
             Ok(occupied) if occupied.get().record.owned_by(token, now) => {
                 let (slot, _) = occupied.remove();
                 slot.record.wake_waiters();
-                self.shared.len.fetch_sub(1, Ordering::AcqRel);
+                self.forget(&slot.record);
                 Ok(Ownership::Held)
             }
             _ => Ok(Ownership::Lost),
@@ -426,8 +748,8 @@ impl IdempotencyStore for MemoryStore {
         lease: Duration,
     ) -> Result<Option<FencingToken>, StoreError> {
         let now = Instant::now();
-        let (hash, mut table) = self.shard_of(id);
-        let Some(record) = find(&mut table, hash, id) else {
+        let (hash, mut shard) = self.shard_of(id);
+        let Some(record) = find(&mut shard, hash, id) else {
             return Ok(None);
         };
         let lapsed_here = matches!(
@@ -438,8 +760,12 @@ impl IdempotencyStore for MemoryStore {
             return Ok(None);
         }
         let token = self.new_token();
-        record.lease(token, now + lease);
+        let moved = record.lease(token, now + lease);
         record.wake_waiters();
+        if moved {
+            let due = record.expires_at;
+            shard.expiries.push(Reverse((due, hash)));
+        }
         Ok(Some(token))
     }
 
@@ -448,20 +774,31 @@ impl IdempotencyStore for MemoryStore {
             self.drop_expired(Instant::now(), batch_size) as u64,
         ))
     }
-}
 
-impl MemoryStore {
-    /// Whether the record left the "in flight under a live lease" state, checked after a
-    /// waiter registered for notifications.
-    fn settled_since(&self, id: &RecordId) -> bool {
-        let now = Instant::now();
-        let (hash, mut table) = self.shard_of(id);
-        match find(&mut table, hash, id) {
-            Some(record) if record.is_live(now) => !matches!(
-                record.state,
-                State::InFlight { lease_until, .. } if lease_until > now
-            ),
-            _ => true,
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        let clock = self.shared.epoch.clock();
+        let (hash, mut shard) = self.shard_of(id);
+        Ok(find(&mut shard, hash, id)
+            .filter(|record| record.is_live(clock.now))
+            .map(|record| record.inspect(&clock)))
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        let clock = self.shared.epoch.clock();
+        // One lock for the look and the delete: the verdict is on the record as it stands.
+        let (hash, mut shard) = self.shard_of(id);
+        let occupied = match shard.table.find_entry(hash, |slot| slot.record.id == *id) {
+            Ok(occupied) if occupied.get().record.is_live(clock.now) => occupied,
+            _ => return Ok(Eviction::NotFound),
+        };
+        let inspected = occupied.get().record.inspect(&clock);
+        if inspected.is_in_flight() && in_flight == EvictInFlight::Refuse {
+            return Ok(Eviction::InFlight(inspected));
         }
+        // As release does: the record's expiry entry goes stale and is skipped when due.
+        let (slot, _) = occupied.remove();
+        slot.record.wake_waiters();
+        self.forget(&slot.record);
+        Ok(Eviction::Evicted(inspected))
     }
 }

@@ -35,8 +35,11 @@ async fn full_store_refuses_new_keys_without_evicting_live_ones() {
         .reserve(&RecordId::new("", "k3"), &binding(), long, long)
         .await
         .unwrap_err();
-    assert!(matches!(error, StoreError::Full { max_entries: 3 }));
-    assert!(error.to_string().contains("raise max_entries"));
+    assert!(
+        matches!(&error, StoreError::Full { bound, retry_after: Some(_) } if bound == "3 live records"),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("raise the bound"), "{error}");
     for i in 0..3 {
         let id = RecordId::new("", format!("k{i}"));
         assert!(store.load(&id).await.unwrap().is_some(), "k{i} was evicted");
@@ -127,4 +130,157 @@ async fn builds_from_the_properties_configuration() {
         store.reserve(&id, &binding(), long, long).await.unwrap(),
         Reservation::Reserved(_)
     ));
+}
+
+fn answer(bytes: usize) -> idempotency_core::StoredResponse {
+    idempotency_core::StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: vec![b'x'; bytes].into(),
+    }
+}
+
+#[tokio::test]
+async fn the_bound_counts_bytes_too() {
+    let store = MemoryStore::new().with_max_bytes(10_000);
+    let long = Duration::from_secs(60);
+    for i in 0..2 {
+        let id = RecordId::new("", format!("big-{i}"));
+        let Reservation::Reserved(token) =
+            store.reserve(&id, &binding(), long, long).await.unwrap()
+        else {
+            panic!("not reserved")
+        };
+        store.finalize(&id, token, &answer(5_000)).await.unwrap();
+    }
+    assert!(store.bytes() > 9_000, "{} bytes counted", store.bytes());
+    let error = store
+        .reserve(&RecordId::new("", "one-more"), &binding(), long, long)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Full { bound, .. } if bound.contains("bytes")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_scope_at_its_quota_does_not_lock_out_the_others() {
+    let store = MemoryStore::new().with_scope_quota(
+        idempotency_core::ScopeQuota::default()
+            .with_max_records(2)
+            .with_max_bytes(50_000),
+    );
+    let long = Duration::from_secs(60);
+    for i in 0..2 {
+        let id = RecordId::new("greedy", format!("k{i}"));
+        assert!(matches!(
+            store.reserve(&id, &binding(), long, long).await.unwrap(),
+            Reservation::Reserved(_)
+        ));
+    }
+    let error = store
+        .reserve(&RecordId::new("greedy", "k2"), &binding(), long, long)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::QuotaExceeded { bound, .. } if bound == "2 records"),
+        "{error:?}"
+    );
+    for other in ["modest", ""] {
+        assert!(
+            matches!(
+                store
+                    .reserve(&RecordId::new(other, "k0"), &binding(), long, long)
+                    .await
+                    .unwrap(),
+                Reservation::Reserved(_)
+            ),
+            "scope {other:?} was locked out"
+        );
+    }
+    // A released record gives its room back to its scope.
+    let id = RecordId::new("greedy", "k0");
+    let Reservation::Exists(record) = store.reserve(&id, &binding(), long, long).await.unwrap()
+    else {
+        panic!("k0 is held")
+    };
+    let idempotency_core::RecordState::InFlight { token, .. } = record.state else {
+        panic!("k0 is in flight")
+    };
+    store.release(&id, token).await.unwrap();
+    assert!(matches!(
+        store
+            .reserve(&RecordId::new("greedy", "k2"), &binding(), long, long)
+            .await
+            .unwrap(),
+        Reservation::Reserved(_)
+    ));
+    // Bytes count against the quota too.
+    let byte_bound = MemoryStore::new()
+        .with_scope_quota(idempotency_core::ScopeQuota::default().with_max_bytes(10_000));
+    let id = RecordId::new("t", "large");
+    let Reservation::Reserved(token) = byte_bound
+        .reserve(&id, &binding(), long, long)
+        .await
+        .unwrap()
+    else {
+        panic!("not reserved")
+    };
+    byte_bound
+        .finalize(&id, token, &answer(20_000))
+        .await
+        .unwrap();
+    assert!(matches!(
+        byte_bound
+            .reserve(&RecordId::new("t", "next"), &binding(), long, long)
+            .await,
+        Err(StoreError::QuotaExceeded { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_full_store_says_when_room_will_be_free() {
+    let store = MemoryStore::new().with_max_entries(2);
+    for (key, lifetime) in [("soon", 1_000), ("later", 5_000)] {
+        let lifetime = Duration::from_millis(lifetime);
+        store
+            .reserve(
+                &RecordId::new("", key),
+                &binding(),
+                Duration::from_millis(10),
+                lifetime,
+            )
+            .await
+            .unwrap();
+    }
+    let error = store
+        .reserve(
+            &RecordId::new("", "third"),
+            &binding(),
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap_err();
+    let StoreError::Full {
+        retry_after: Some(retry_after),
+        ..
+    } = error
+    else {
+        panic!("{error:?}")
+    };
+    assert!(
+        retry_after > Duration::from_millis(500) && retry_after <= Duration::from_millis(1_000),
+        "room in {retry_after:?}, expected when the first record expires"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enforces_a_scope_quota_under_concurrency() {
+    let store: Arc<dyn IdempotencyStore> = Arc::new(
+        MemoryStore::new()
+            .with_scope_quota(idempotency_core::ScopeQuota::default().with_max_records(5)),
+    );
+    idempotency_core::conformance::scope_quota_holds_under_concurrency(&store, 5).await;
 }

@@ -4,15 +4,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ScopeQuota, StoreError,
+    StoredResponse, async_trait, is_settled, wait_by_polling,
 };
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgRow};
 use sqlx::{FromRow, Row};
+use tokio::sync::{OnceCell, broadcast};
+use tokio::time::Instant;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
+    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -40,10 +44,80 @@ pub struct PostgresStore {
     pool: PgPool,
     table: TableName,
     sql: Arc<Statements>,
+    /// Started by the first `wait`; `None` inside when LISTEN is not available.
+    notices: Arc<OnceCell<Option<Notices>>>,
+    quota: Option<ScopeQuota>,
+}
+
+/// How often a waiter looks at its record although no notice came: a lapsed lease is
+/// not announced, and a notice can be lost while the listening connection reconnects.
+const SAFETY_POLL: Duration = Duration::from_secs(1);
+
+/// The announcements of settled records (finalized or released), heard on one
+/// connection per store and handed to every waiter of this process.
+#[derive(Debug)]
+struct Notices {
+    sender: broadcast::Sender<Arc<str>>,
+    _listening: AbortOnDrop,
+}
+
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Notices {
+    async fn start(pool: &PgPool, channel: &str) -> Result<Self, sqlx::Error> {
+        let mut listener = PgListener::connect_with(pool).await?;
+        listener.listen(channel).await?;
+        let (sender, _) = broadcast::channel(1024);
+        let announce = sender.clone();
+        let listening = tokio::spawn(async move {
+            loop {
+                match listener.recv().await {
+                    Ok(notice) => {
+                        let _ = announce.send(Arc::from(notice.payload()));
+                    }
+                    // The listener reconnects on the next `recv`; waiters meanwhile
+                    // fall back on their safety poll.
+                    Err(error) => {
+                        tracing::warn!(%error, "idempotency: listening for settled records failed; retrying");
+                        tokio::time::sleep(SAFETY_POLL).await;
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            sender,
+            _listening: AbortOnDrop(listening),
+        })
+    }
+}
+
+/// What finalize and release announce for a record: a hash of its id, which says nothing
+/// of the key to whoever else listens on the database.
+fn notice_for(id: &RecordId) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update((id.scope.len() as u64).to_be_bytes());
+    hasher.update(id.scope.as_bytes());
+    hasher.update(id.key.as_bytes());
+    hex(&hasher.finalize()[..16])
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 #[derive(Debug)]
 struct Statements {
+    /// The channel finalize and release notify, derived from the table name.
+    channel: String,
+    /// What a scope holds, read under the scope's lock when a quota is set.
+    scope_usage: String,
     migrate: String,
     reserve: String,
     replace_expired: String,
@@ -53,6 +127,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -63,6 +139,7 @@ impl Statements {
             "scope = $1 AND idempotency_key = $2 AND fencing_token = $3 \
              AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
         );
+        let channel = format!("idempotency_{}", hex(&Sha256::digest(table.as_str())[..8]));
         Self {
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
@@ -139,18 +216,39 @@ impl Statements {
                  FROM (SELECT {NOW_MS} AS now_ms) AS clock
                  WHERE {owned}"
             ),
+            // Finalize and release announce the settled record to waiters (on every
+            // node) in the same statement; the notice is sent when it commits.
             finalize: format!(
-                "UPDATE {t}
-                 SET response_status = $4, response_headers = $5, response_body = $6
-                 WHERE {owned}"
+                "WITH done AS (
+                     UPDATE {t}
+                     SET response_status = $4, response_headers = $5, response_body = $6
+                     WHERE {owned}
+                     RETURNING 1)
+                 SELECT pg_notify('{channel}', $7) FROM done"
             ),
-            release: format!("DELETE FROM {t} WHERE {owned}"),
+            release: format!(
+                "WITH done AS (DELETE FROM {t} WHERE {owned} RETURNING 1)
+                 SELECT pg_notify('{channel}', $4) FROM done"
+            ),
             take_over: format!(
                 "UPDATE {t}
                  SET fencing_token = $4, lease_expires_at_ms = clock.now_ms + $5::bigint,
                      expires_at_ms = GREATEST(expires_at_ms, clock.now_ms + $5::bigint)
                  FROM (SELECT {NOW_MS} AS now_ms) AS clock
                  WHERE {owned} AND lease_expires_at_ms <= clock.now_ms"
+            ),
+            channel,
+            scope_usage: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} AS k
+                                WHERE k.scope = $1 AND k.idempotency_key = $2
+                                  AND k.expires_at_ms > clock.now_ms) AS key_live,
+                        count(r.scope) AS records,
+                        COALESCE(sum({bytes}), 0)::bigint AS bytes,
+                        min(r.expires_at_ms) - clock.now_ms AS next_expiry_in_ms
+                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
+                 LEFT JOIN {t} AS r ON r.scope = $1 AND r.expires_at_ms > clock.now_ms
+                 GROUP BY clock.now_ms",
+                bytes = row_bytes("octet_length", "r"),
             ),
             purge: format!(
                 "DELETE FROM {t} AS d
@@ -159,6 +257,18 @@ impl Statements {
                         LIMIT $1
                         FOR UPDATE SKIP LOCKED) AS x
                  WHERE d.scope = x.scope AND d.idempotency_key = x.idempotency_key"
+            ),
+            inspect: format!(
+                "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.created_at_ms,
+                        r.expires_at_ms, r.lease_expires_at_ms, clock.now_ms, r.response_status
+                 FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
+                 WHERE r.scope = $1 AND r.idempotency_key = $2
+                   AND r.expires_at_ms > clock.now_ms"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
+                   AND (response_status IS NULL) = $4::boolean AND expires_at_ms > {NOW_MS}"
             ),
         }
     }
@@ -173,6 +283,8 @@ impl PostgresStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
+            notices: Arc::default(),
+            quota: None,
         }
     }
 
@@ -199,7 +311,27 @@ impl PostgresStore {
     pub fn with_table_name(mut self, name: &str) -> Result<Self, InvalidTableName> {
         self.table = TableName::new(name)?;
         self.sql = Arc::new(Statements::new(&self.table));
+        self.notices = Arc::default();
         Ok(self)
+    }
+
+    /// Bounds what each scope may hold (see [`ScopeQuota`]). Reservations of a new key
+    /// then take a transaction-scoped advisory lock on the scope, so that nodes sharing
+    /// the table check and claim the quota one at a time: a quota costs a transaction and
+    /// a scan of the scope's live records per new key.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_sql::PostgresStore;
+    ///
+    /// let store = PostgresStore::new(pool)
+    ///     .with_scope_quota(ScopeQuota::default().with_max_records(10_000).with_max_bytes(256 << 20));
+    /// # drop(store); }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
     }
 
     /// The pool the store runs on.
@@ -223,6 +355,8 @@ impl PostgresStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -247,6 +381,105 @@ impl PostgresStore {
         Ok(self)
     }
 
+    /// Reserves on one connection (a transaction's, when a quota is checked).
+    async fn reserve_on(
+        &self,
+        connection: &mut PgConnection,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let token = new_token();
+            let bind = |sql| {
+                sqlx::query(sql)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(&binding.method)
+                    .bind(&binding.path)
+                    .bind(&binding.body_sha256[..])
+                    .bind(token.0)
+                    .bind(millis(lease))
+                    // In flight under a live lease, a record never expires.
+                    .bind(millis(lifetime.max(lease)))
+            };
+            let row: Option<PgRow> = bind(&self.sql.reserve)
+                .fetch_optional(&mut *connection)
+                .await
+                .map_err(backend)?;
+            match row {
+                Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
+                    return Ok(Reservation::Reserved(token));
+                }
+                // An expired record counts as absent: replace it, unless another request
+                // replaced (or purge removed) it first, in which case look again.
+                Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
+                    let replaced = bind(&self.sql.replace_expired)
+                        .execute(&mut *connection)
+                        .await
+                        .map_err(backend)?;
+                    if replaced.rows_affected() == 1 {
+                        return Ok(Reservation::Reserved(token));
+                    }
+                }
+                Some(row) => {
+                    let raw = RawRecord::from_row(&row).map_err(backend)?;
+                    return Ok(Reservation::Exists(raw.into_record()?));
+                }
+                // The key is held by a row that the statement's snapshot cannot see: it
+                // was inserted by a transaction that committed after the statement began.
+                // Read it with a fresh snapshot; if it is gone again, try again.
+                None => {
+                    if let Some(record) = self.load_on(&mut *connection, id).await? {
+                        return Ok(Reservation::Exists(record));
+                    }
+                }
+            }
+        }
+        Err(too_many_races("reserve"))
+    }
+
+    async fn load_on(
+        &self,
+        connection: &mut PgConnection,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let raw: Option<RawRecord> = sqlx::query_as(&self.sql.load)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(connection)
+            .await
+            .map_err(backend)?;
+        raw.map(RawRecord::into_record).transpose()
+    }
+
+    /// Runs a fenced statement that announces what it did: the token held the record iff
+    /// it returned its one row.
+    async fn fenced_and_announced(&self, query: PgQuery<'_>) -> Result<Ownership, StoreError> {
+        let row = query.fetch_optional(&self.pool).await.map_err(backend)?;
+        Ok(ownership(u64::from(row.is_some())))
+    }
+
+    /// Hears the announcements of settled records, starting the listener on first use;
+    /// `None` when the database does not let us LISTEN (e.g. behind a pooler in
+    /// transaction mode), and waiters then poll.
+    async fn notices(&self) -> Option<broadcast::Receiver<Arc<str>>> {
+        let notices = self
+            .notices
+            .get_or_init(|| async {
+                match Notices::start(&self.pool, &self.sql.channel).await {
+                    Ok(notices) => Some(notices),
+                    Err(error) => {
+                        tracing::warn!(%error, "idempotency: cannot LISTEN for settled records; duplicates will poll instead");
+                        None
+                    }
+                }
+            })
+            .await;
+        notices.as_ref().map(|notices| notices.sender.subscribe())
+    }
+
     /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
     async fn fenced(&self, query: PgQuery<'_>) -> Result<Ownership, StoreError> {
         let done = query.execute(&self.pool).await.map_err(backend)?;
@@ -268,54 +501,40 @@ impl IdempotencyStore for PostgresStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let token = new_token();
-            let bind = |sql| {
-                sqlx::query(sql)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lease))
-                    // In flight under a live lease, a record never expires.
-                    .bind(millis(lifetime.max(lease)))
-            };
-            let row: Option<PgRow> = bind(&self.sql.reserve)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(backend)?;
-            match row {
-                Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
-                    return Ok(Reservation::Reserved(token));
-                }
-                // An expired record counts as absent: replace it, unless another request
-                // replaced (or purge removed) it first, in which case look again.
-                Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
-                    let replaced = bind(&self.sql.replace_expired)
-                        .execute(&self.pool)
-                        .await
-                        .map_err(backend)?;
-                    if replaced.rows_affected() == 1 {
-                        return Ok(Reservation::Reserved(token));
-                    }
-                }
-                Some(row) => {
-                    let raw = RawRecord::from_row(&row).map_err(backend)?;
-                    return Ok(Reservation::Exists(raw.into_record()?));
-                }
-                // The key is held by a row that the statement's snapshot cannot see: it
-                // was inserted by a transaction that committed after the statement began.
-                // Read it with a fresh snapshot; if it is gone again, try again.
-                None => {
-                    if let Some(record) = self.load(id).await? {
-                        return Ok(Reservation::Exists(record));
-                    }
-                }
-            }
+        let Some(quota) = self.quota else {
+            let mut connection = self.pool.acquire().await.map_err(backend)?;
+            return self
+                .reserve_on(&mut connection, id, binding, lease, lifetime)
+                .await;
+        };
+        // The scope's lock is held until the transaction ends, so the usage read here
+        // is still true when the new row commits. A replay is never refused.
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(self.table.scope_lock_key(&id.scope))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = sqlx::query(&self.sql.scope_usage)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = ScopeUsage {
+            key_live: usage.try_get("key_live").map_err(backend)?,
+            records: usage.try_get("records").map_err(backend)?,
+            bytes: usage.try_get("bytes").map_err(backend)?,
+            next_expiry_in_ms: usage.try_get("next_expiry_in_ms").map_err(backend)?,
+        };
+        if let Some(refusal) = usage.refusal(&quota) {
+            return Err(refusal);
         }
-        Err(too_many_races("reserve"))
+        let reservation = self
+            .reserve_on(&mut tx, id, binding, lease, lifetime)
+            .await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(reservation)
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -326,6 +545,46 @@ impl IdempotencyStore for PostgresStore {
             .await
             .map_err(backend)?;
         raw.map(RawRecord::into_record).transpose()
+    }
+
+    /// Waits on the announcements of settled records (LISTEN/NOTIFY) instead of polling:
+    /// a waiter loads its record when its announcement comes, and otherwise once a
+    /// second (a lapsed lease is not announced).
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let Some(mut notices) = self.notices().await else {
+            return wait_by_polling(self, id, timeout).await;
+        };
+        let notice = notice_for(id);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let record = self.load(id).await?;
+            let now = Instant::now();
+            if is_settled(&record) || now >= deadline {
+                return Ok(record);
+            }
+            let look_again_at = deadline.min(now + SAFETY_POLL);
+            loop {
+                match tokio::time::timeout_at(look_again_at, notices.recv()).await {
+                    Ok(Ok(heard)) if *heard == *notice => break,
+                    Ok(Ok(_)) => {}
+                    // Missed some: this record's may be among them.
+                    Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
+                    Ok(Err(broadcast::error::RecvError::Closed)) => {
+                        return wait_by_polling(
+                            self,
+                            id,
+                            deadline.saturating_duration_since(Instant::now()),
+                        )
+                        .await;
+                    }
+                    Err(_time_to_look) => break,
+                }
+            }
+        }
     }
 
     async fn renew(
@@ -348,18 +607,22 @@ impl IdempotencyStore for PostgresStore {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
         let headers = response.encode_headers();
-        self.fenced(
+        self.fenced_and_announced(
             self.owned_query(&self.sql.finalize, id, token)
                 .bind(i32::from(response.status))
                 .bind(headers)
-                .bind(&response.body[..]),
+                .bind(&response.body[..])
+                .bind(notice_for(id)),
         )
         .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.fenced(self.owned_query(&self.sql.release, id, token))
-            .await
+        self.fenced_and_announced(
+            self.owned_query(&self.sql.release, id, token)
+                .bind(notice_for(id)),
+        )
+        .await
     }
 
     async fn take_over(
@@ -387,5 +650,47 @@ impl IdempotencyStore for PostgresStore {
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let done = sqlx::query(&self.sql.evict)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .bind(raw.fencing_token)
+                .bind(raw.in_flight())
+                .execute(&self.pool)
+                .await
+                .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl PostgresStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        sqlx::query_as(&self.sql.inspect)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
     }
 }

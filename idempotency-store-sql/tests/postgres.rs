@@ -202,3 +202,123 @@ async fn reserve_sees_a_row_committed_after_its_snapshot() {
     }
     drop_table(&store).await;
 }
+
+/// Duplicates waiting for an owner are woken by its announcement (LISTEN/NOTIFY), on any
+/// node, and cost about one query a second each while they wait, not a poll every
+/// 200 ms. The store's pool counts every query a waiter sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use idempotency_core::{RecordState, Reservation};
+
+    let Some(owner) = node(&common::unique_table()).await else {
+        return;
+    };
+    let owner = owner.migrate().await.expect("migrate");
+    // The waiters' node: its own pool, counting the connections handed back to it.
+    let queries = Arc::new(AtomicUsize::new(0));
+    let counted = queries.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .after_release(move |_, _| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&url())
+        .await
+        .expect("second pool");
+    let waiters_node = PostgresStore::new(pool)
+        .with_table_name(owner.table_name().as_str())
+        .unwrap();
+
+    let id = common::id();
+    let Reservation::Reserved(token) = owner
+        .reserve(&id, &common::binding(), common::LONG, common::LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key not reserved")
+    };
+    // Start the listener first, so that the count is the waiters' alone.
+    let _ = waiters_node
+        .wait(&common::id(), Duration::ZERO)
+        .await
+        .unwrap();
+    let before = queries.load(Ordering::Relaxed);
+    let waiters: Vec<_> = (0..100)
+        .map(|_| {
+            let store = waiters_node.clone();
+            let id = id.clone();
+            tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let finalized_at = tokio::time::Instant::now();
+    owner
+        .finalize(&id, token, &common::response(b"done"))
+        .await
+        .unwrap();
+    for waiter in waiters {
+        let record = waiter.await.unwrap().unwrap().expect("finalized record");
+        assert_eq!(
+            record.state,
+            RecordState::Completed(common::response(b"done"))
+        );
+    }
+    let woken_after = finalized_at.elapsed();
+    let spent = queries.load(Ordering::Relaxed) - before;
+    assert!(
+        woken_after < Duration::from_millis(800),
+        "waiters woke {woken_after:?} after the finalize"
+    );
+    // Polling every 200 ms would be about 15 loads per waiter over 3 s; listening is
+    // one at the start, one a second, one when woken.
+    assert!(
+        spent <= 100 * 6,
+        "100 waiters sent {spent} queries in 3 s of waiting"
+    );
+    drop_table(&owner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enforces_a_scope_quota_across_two_nodes() {
+    use idempotency_core::ScopeQuota;
+    let table = common::unique_table();
+    let Some(a) = node(&table).await else { return };
+    let Some(b) = node(&table).await else { return };
+    let a = a.migrate().await.expect("migrate");
+    let quota = ScopeQuota::default().with_max_records(5);
+    let one: Arc<dyn IdempotencyStore> = Arc::new(a.clone().with_scope_quota(quota));
+    idempotency_core::conformance::scope_quota_holds_under_concurrency(&one, 5).await;
+    // Two nodes racing for one scope's last places: the quota still holds exactly.
+    let racing = Arc::new(a.clone().with_scope_quota(quota));
+    let other = Arc::new(b.with_scope_quota(quota));
+    let scope = format!("racing-{}", uuid::Uuid::new_v4());
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let store = if i % 2 == 0 {
+            racing.clone()
+        } else {
+            other.clone()
+        };
+        let id = idempotency_core::RecordId::new(scope.clone(), format!("k{i}"));
+        tasks.spawn(async move {
+            store
+                .reserve(&id, &common::binding(), common::LONG, common::LONG)
+                .await
+        });
+    }
+    let mut won = 0;
+    while let Some(result) = tasks.join_next().await {
+        match result.unwrap() {
+            Ok(idempotency_core::Reservation::Reserved(_)) => won += 1,
+            Err(idempotency_core::StoreError::QuotaExceeded { retry_after, .. }) => {
+                assert!(retry_after.is_some_and(|after| after <= common::LONG));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(won, 5);
+    drop_table(&a).await;
+}

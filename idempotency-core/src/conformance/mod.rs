@@ -26,9 +26,16 @@
 
 pub mod model;
 mod multi_node;
+mod operator;
 
 pub use multi_node::{
     concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
+};
+pub use operator::{
+    evict_deletes_a_completed_record_and_the_key_runs_again, evict_never_acts_on_a_stale_verdict,
+    evict_of_an_absent_or_expired_record_finds_nothing,
+    evict_refuses_an_in_flight_record_unless_forced, evict_wakes_waiters,
+    inspect_shows_state_and_times_without_the_body,
 };
 
 use std::sync::Arc;
@@ -75,6 +82,12 @@ pub async fn run_all(store: &Arc<dyn IdempotencyStore>) {
     header_values_that_are_not_utf8_round_trip(store).await;
     scopes_are_isolated(store).await;
     scope_and_key_never_run_together(store).await;
+    inspect_shows_state_and_times_without_the_body(store).await;
+    evict_deletes_a_completed_record_and_the_key_runs_again(store).await;
+    evict_refuses_an_in_flight_record_unless_forced(store).await;
+    evict_of_an_absent_or_expired_record_finds_nothing(store).await;
+    evict_wakes_waiters(store).await;
+    evict_never_acts_on_a_stale_verdict(store).await;
     model::check_random_sequences(store, 0, 20, 60).await;
 }
 
@@ -940,4 +953,56 @@ pub async fn scope_and_key_never_run_together(store: &Arc<dyn IdempotencyStore>)
             "scope {scope:?} with key {key:?} got another pair's answer: a replay across callers"
         );
     }
+}
+
+/// For a store built with a [`ScopeQuota`](crate::ScopeQuota) of `max_records` records per
+/// scope (and no smaller store-wide bound): many concurrent reservations in one scope win
+/// exactly `max_records` times and the rest get `QuotaExceeded`; another scope is not
+/// affected; a released record gives its room back.
+pub async fn scope_quota_holds_under_concurrency(
+    store: &Arc<dyn IdempotencyStore>,
+    max_records: u64,
+) {
+    let scope = format!("quota-{}", uuid::Uuid::new_v4());
+    let mut tasks = JoinSet::new();
+    for i in 0..(max_records * 2 + 8) {
+        let store = store.clone();
+        let id = RecordId::new(scope.clone(), format!("k{i}"));
+        tasks.spawn(async move {
+            let answer = store.reserve(&id, &binding(b"{}"), LONG, LONG).await;
+            (id, answer)
+        });
+    }
+    let mut winners = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        match joined.unwrap() {
+            (id, Ok(Reservation::Reserved(token))) => winners.push((id, token)),
+            (_, Err(crate::StoreError::QuotaExceeded { .. })) => {}
+            (_, other) => panic!("a reserve over the quota answered {other:?}"),
+        }
+    }
+    assert_eq!(
+        winners.len() as u64,
+        max_records,
+        "a scope with a quota of {max_records} records won {} reservations",
+        winners.len()
+    );
+    let other = RecordId::new(format!("{scope}-other"), "k0");
+    assert!(
+        matches!(
+            store.reserve(&other, &binding(b"{}"), LONG, LONG).await,
+            Ok(Reservation::Reserved(_))
+        ),
+        "a scope at its quota locked another scope out"
+    );
+    let (id, token) = &winners[0];
+    assert_eq!(store.release(id, *token).await.unwrap(), Ownership::Held);
+    let again = RecordId::new(scope.clone(), "after-release");
+    assert!(
+        matches!(
+            store.reserve(&again, &binding(b"{}"), LONG, LONG).await,
+            Ok(Reservation::Reserved(_))
+        ),
+        "a released record did not give its room back to its scope"
+    );
 }

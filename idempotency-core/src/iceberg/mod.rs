@@ -286,6 +286,7 @@ impl ErrorRenderer for IcebergErrorModel {
             | RejectionKind::UnreadableBody
             | RejectionKind::BodyTimeout => "BadRequestException",
             RejectionKind::KeyReused => "IdempotencyKeyReusedException",
+            RejectionKind::QuotaExceeded => "TooManyRequestsException",
             RejectionKind::BodyTooLarge => "RequestTooLargeException",
             RejectionKind::InFlight => "IdempotencyKeyInFlightException",
             RejectionKind::StoreUnavailable
