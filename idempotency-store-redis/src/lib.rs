@@ -96,6 +96,11 @@
 //!   and keeps the record's creation time. Finalize keeps the expiry: a record lives its
 //!   lifetime from its first submission.
 //!
+//! - **inspect** (for operators) returns the binding, state, status and times by the
+//!   server's clock, never the stored headers or body; **evict** decides and deletes in
+//!   one script (a record in flight only when forced), so a finalize cannot land between
+//!   the verdict and the deletion. Waiters polling the record find it gone.
+//!
 //! **Fencing tokens** are 63 random bits drawn by the client for each reservation and
 //! takeover, compared as strings inside the scripts (Lua numbers would round them). No
 //! counter is kept on the server, so there is no auxiliary key whose loss could make a
@@ -195,9 +200,12 @@ mod scripts;
 
 use std::time::Duration;
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use idempotency_core::{
-    Binding, Bytes, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    RecordState, Reservation, StoreError, StoredResponse, async_trait,
+    Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
+    StoreError, StoredResponse, async_trait,
 };
 use redis::{Cmd, RedisError, Value};
 
@@ -447,6 +455,34 @@ impl IdempotencyStore for RedisStore {
         Ok((outcome == Ownership::Held).then_some(token))
     }
 
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        match self.run(Operation::Inspect, id, |_| {}).await? {
+            Value::Nil => Ok(None),
+            view => decode_view(view).map(Some),
+        }
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        let force = matches!(in_flight, EvictInFlight::Force);
+        let answer = self
+            .run(Operation::Evict, id, |cmd| {
+                cmd.arg(if force { "force" } else { "refuse" });
+            })
+            .await?;
+        let parts = match answer {
+            Value::Nil => return Ok(Eviction::NotFound),
+            Value::Array(parts) if parts.len() == 2 => parts,
+            other => return Err(unexpected(Operation::Evict, &other)),
+        };
+        let [verdict, view]: [Value; 2] = parts.try_into().expect("two parts");
+        let view = decode_view(view)?;
+        match as_bytes(&verdict) {
+            Some(b"evicted") => Ok(Eviction::Evicted(view)),
+            Some(b"in-flight") => Ok(Eviction::InFlight(view)),
+            _ => Err(unexpected(Operation::Evict, &verdict)),
+        }
+    }
+
     /// Records expire natively (the key's TTL ends with the record's life, and the server
     /// deletes it), so there is nothing to purge: deletes nothing and says so.
     async fn purge_expired(&self, _batch_size: usize) -> Result<Purged, StoreError> {
@@ -588,6 +624,66 @@ fn decode_record(value: Value) -> Result<IdempotencyRecord, StoreError> {
         }
     };
     Ok(IdempotencyRecord { binding, state })
+}
+
+/// Decodes the scripts' `operator_view`: created, expires, lease end (epoch ms), status
+/// (nil in flight), method, path, body SHA-256, and the server's now.
+fn decode_view(value: Value) -> Result<InspectedRecord, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("a stored record {what}"));
+    let Value::Array(fields) = value else {
+        return Err(corrupt(&format!("came back as {}", describe(&value))));
+    };
+    let Ok::<[Value; 8], _>([created, expires, lease, status, method, path, sha, now]) =
+        fields.try_into()
+    else {
+        return Err(corrupt(
+            "does not have the eight fields the inspection returns",
+        ));
+    };
+    let text = |value: Value, name: &str| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map_err(|_| corrupt(&format!("has a {name} that is not UTF-8"))),
+        _ => Err(corrupt(&format!("has no {name}"))),
+    };
+    let millis = |value: Value, name: &str| -> Result<u64, StoreError> {
+        text(value, name)?
+            .parse::<u64>()
+            .map_err(|_| corrupt(&format!("has a {name} that is not epoch milliseconds")))
+    };
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    let now = millis(now, "clock reading")?;
+    let state = match status {
+        Value::Nil => {
+            let lease_end = millis(lease, "lease_expires_at_ms")?;
+            InspectedState::InFlight {
+                lease_lapsed: now >= lease_end,
+                lease_expires_at: Some(at(lease_end)),
+            }
+        }
+        status => InspectedState::Completed {
+            status: text(status, "response_status")?
+                .parse::<u16>()
+                .map_err(|_| corrupt("has a response_status that is not an HTTP status"))?,
+        },
+    };
+    let body_sha256: [u8; 32] = match sha {
+        Value::BulkString(bytes) => bytes
+            .try_into()
+            .map_err(|_| corrupt("has a body_sha256 that is not 32 bytes"))?,
+        _ => return Err(corrupt("has no body_sha256")),
+    };
+    let created_at: SystemTime = at(millis(created, "created_at_ms")?);
+    Ok(InspectedRecord {
+        binding: Binding {
+            method: text(method, "method")?,
+            path: text(path, "path")?,
+            body_sha256,
+        },
+        state,
+        created_at: Some(created_at),
+        expires_at: Some(at(millis(expires, "expires_at_ms")?)),
+        inspected_at: Some(at(now)),
+    })
 }
 
 /// A duration as whole milliseconds, rounded up (a 1 µs lease is 1 ms, not 0) and

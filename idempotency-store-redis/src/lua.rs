@@ -49,6 +49,20 @@ local function lease_for(key, expires_at, lease_ms)
     end
 end
 
+-- What an operator sees of the live record (no headers, no body), or false if there is
+-- none: created, expires, lease end, status (false in flight), method, path, body
+-- SHA-256, and now.
+local function operator_view(key)
+    local record = redis.call('HMGET', key,
+        'expires_at_ms', 'created_at_ms', 'lease_expires_at_ms', 'response_status',
+        'method', 'path', 'body_sha256')
+    if not record[1] or now >= tonumber(record[1]) then
+        return false
+    end
+    return {record[2], record[1], record[3], record[4], record[5], record[6], record[7],
+            digits(now)}
+end
+
 -- What `load` and a conflicting `reserve` answer: the live record, or false if there is
 -- none. Reads the response body only when the record has one.
 local function live_record(key)
@@ -158,4 +172,29 @@ end
 redis.call('HSET', KEYS[1], 'fencing_token', ARGV[2])
 lease_for(KEYS[1], tonumber(record[1]), tonumber(ARGV[3]))
 return 1
+"#;
+
+/// `inspect`.
+pub(crate) const INSPECT: &str = r#"
+-- inspect: the live record as an operator sees it (no headers, no body), or nil.
+-- KEYS[1] record; no ARGV.
+return operator_view(KEYS[1])
+"#;
+
+/// `evict`.
+pub(crate) const EVICT: &str = r#"
+-- evict: delete the live record on an operator's order, whatever token it holds.
+-- KEYS[1] record; ARGV: 'force' to delete a record in flight too, anything else to leave
+-- it. Answers nil (no live record), {'in-flight', <view>} (left alone) or
+-- {'evicted', <view>}: the verdict and the deletion are one step, so a finalize cannot
+-- slip between them.
+local view = operator_view(KEYS[1])
+if not view then
+    return false
+end
+if not view[4] and ARGV[1] ~= 'force' then
+    return {'in-flight', view}
+end
+redis.call('DEL', KEYS[1])
+return {'evicted', view}
 "#;

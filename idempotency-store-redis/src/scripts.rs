@@ -22,17 +22,23 @@ pub enum Operation {
     Release,
     /// Hand an in-flight record whose lease lapsed to a new token (fenced).
     TakeOver,
+    /// Read the live record as an operator sees it: no headers, no body.
+    Inspect,
+    /// Delete the live record on an operator's order.
+    Evict,
 }
 
 impl Operation {
     /// Every operation, in the order of the record's life.
-    pub const ALL: [Operation; 6] = [
+    pub const ALL: [Operation; 8] = [
         Operation::Reserve,
         Operation::Load,
         Operation::Renew,
         Operation::Finalize,
         Operation::Release,
         Operation::TakeOver,
+        Operation::Inspect,
+        Operation::Evict,
     ];
 
     /// The operation's name, as used in errors and logs.
@@ -44,6 +50,8 @@ impl Operation {
             Operation::Finalize => "finalize",
             Operation::Release => "release",
             Operation::TakeOver => "take_over",
+            Operation::Inspect => "inspect",
+            Operation::Evict => "evict",
         }
     }
 
@@ -56,6 +64,8 @@ impl Operation {
             Operation::Finalize => &scripts[3],
             Operation::Release => &scripts[4],
             Operation::TakeOver => &scripts[5],
+            Operation::Inspect => &scripts[6],
+            Operation::Evict => &scripts[7],
         }
     }
 }
@@ -85,7 +95,7 @@ impl Script {
     }
 }
 
-static SCRIPTS: LazyLock<[Script; 6]> = LazyLock::new(|| {
+static SCRIPTS: LazyLock<[Script; 8]> = LazyLock::new(|| {
     [
         lua::RESERVE,
         lua::LOAD,
@@ -93,6 +103,8 @@ static SCRIPTS: LazyLock<[Script; 6]> = LazyLock::new(|| {
         lua::FINALIZE,
         lua::RELEASE,
         lua::TAKE_OVER,
+        lua::INSPECT,
+        lua::EVICT,
     ]
     .map(Script::new)
 });
