@@ -521,7 +521,8 @@ fn redis_servers(o: &Options, server_bin: &PathBuf, base: &[&str], start: &mut S
         start(
             "idempotent 2.0 + Valkey store",
             &o.peer,
-            &[base, &["--valkey", url]].concat(),
+            // A port of its own: the memory peer already holds the default one.
+            &[base, &["--valkey", url, "--listen", "127.0.0.1:0"]].concat(),
             &["fresh", "fixed"],
         );
     }
