@@ -3,13 +3,14 @@
 #
 #   benches/run.sh --quick            # a few minutes on 2 cores
 #   benches/run.sh                    # the full run (about half an hour)
-#   benches/run.sh --quick --out /tmp/results.md --only http,sql
+#   benches/run.sh --quick --out /tmp/results.md --only http,sql,redis
 #
 # Every argument goes to the `compare` binary (see benches/src/bin/compare.rs). It needs:
 # wrk (Debian package, installed here if missing), PostgreSQL at
 # postgres://postgres@127.0.0.1:5432/test and MariaDB at mysql://root@127.0.0.1:3306/test
 # (override with BENCH_POSTGRES_URL / BENCH_MYSQL_URL); a database that does not answer is
-# reported as skipped. Everything runs on 127.0.0.1 only.
+# reported as skipped. The Redis benchmarks start a redis-server of their own on a free
+# port (or use BENCH_REDIS_URL). Everything runs on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,10 +22,11 @@ if ! command -v wrk >/dev/null 2>&1; then
 fi
 
 echo "building the benchmark binaries (release)…" >&2
-cargo build --release --locked -p benches --features sql --bins >&2
+cargo build --release --locked -p benches --features sql,redis --bins >&2
 
-# The peer (`idempotent` 2.x) declares rust-version 1.98; it is its own workspace with its
-# own lockfile and builds on 1.95 with --ignore-rust-version.
+# The peer (`idempotent` 2.x, with its memory and Valkey/Redis stores) declares
+# rust-version 1.98; it is its own workspace with its own lockfile and builds on 1.95 with
+# --ignore-rust-version.
 peer_dir=benches/peer-idempotent
 echo "building the idempotent-crate peer server (release)…" >&2
 cargo build --release --locked --ignore-rust-version \

@@ -7,6 +7,8 @@ pub mod app;
 pub mod harness;
 pub mod http_load;
 pub mod inprocess;
+#[cfg(feature = "redis")]
+pub mod redis_store;
 pub mod report;
 pub mod scale;
 #[cfg(feature = "sql")]

@@ -7,11 +7,14 @@
 //!   reuse with another body, the `idempotency-key-lifetime` config field (parsed by
 //!   `java.time.Duration.parse` itself), Iceberg error bodies and `{prefix}` paths.
 //! - A server stopped with SIGTERM and started again on its SQLite file still replays.
+//! - With `--idempotency-store redis://…` the records live in a Redis server the test
+//!   starts itself: a retry is replayed from it, also after the catalog restarts.
 //! - Two replicas over one PostgreSQL (and one MariaDB/MySQL) database act as one catalog:
 //!   a keyed retry on replica B replays replica A's answer, and commits racing on one base
 //!   across both have exactly one winner.
 //!
-//! Under `CI=true` an unreachable database, a failed `pip install` or a missing `java` is
+//! Under `CI=true` an unreachable database, a failed `pip install`, a missing `java` or
+//! `redis-server` is
 //! a failure; elsewhere the test that needs it says why and returns early.
 
 use std::fs;
@@ -1355,6 +1358,163 @@ async fn two_replicas_over_mysql_replay_each_other_and_commit_atomically() {
         return;
     };
     two_replicas_act_as_one_catalog(&url).await;
+}
+
+// ------------------------------------------------------------------------------------------
+// Idempotency records in Redis (--idempotency-store)
+// ------------------------------------------------------------------------------------------
+
+/// A `redis-server` of the test's own on a free port (append-only file on, so that its
+/// records survive its restart); killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    /// `None` (outside CI) when `redis-server` is not installed.
+    fn start() -> Option<Self> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            unavailable("redis-server is not installed (apt-get install redis-server)");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--appendonly", "yes", "--save", ""])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let redis = Redis {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while redis.cli(&["PING"]).trim() != "PONG" {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(redis)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn idempotency_records_can_live_in_redis() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!("redis://127.0.0.1:{}", redis.port);
+    let mut server = Server::start(dir.path(), &["--idempotency-store", &store]);
+    assert!(
+        server.log_text().contains(&format!("in {store}")),
+        "the start-up line names the Redis store:\n{}",
+        server.log_text()
+    );
+    let client = client();
+    create_namespace(&client, &server, "db").await;
+
+    let key = key();
+    let body = create_table_body("events");
+    let url = server.url("/v1/namespaces/db/tables");
+    let first = post(&client, url.clone(), Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let retry = post(&client, url.clone(), Some(&key), &body).await;
+    assert!(retry.replayed, "retry not replayed: {}", retry.body);
+    // Same JSON (a table-loading answer is reloaded on replay for fresh credentials).
+    assert_eq!(retry.json(), first.json());
+    assert_eq!(table_names(&client, &server, "db").await, ["events"]);
+    assert_eq!(
+        metadata_files(&dir.path().join("warehouse"), "db", "events"),
+        1
+    );
+
+    // The record is a hash in Redis, under the key the store documents.
+    let records = redis.cli(&["--scan", "--pattern", "idempotency:*"]);
+    let record = format!("idempotency:{{0::{key}}}");
+    assert!(
+        records.lines().any(|line| line == record),
+        "{record} not among Redis keys:\n{records}"
+    );
+    assert_eq!(
+        redis.cli(&["HGET", &record, "response_status"]).trim(),
+        "200"
+    );
+
+    // A restarted catalog replays from Redis; the catalog's own state is still in SQLite.
+    assert!(server.terminate(), "exit status after SIGTERM");
+    let restarted = Server::start(dir.path(), &["--idempotency-store", &store]);
+    let again = post(
+        &client,
+        restarted.url("/v1/namespaces/db/tables"),
+        Some(&key),
+        &body,
+    )
+    .await;
+    assert!(
+        again.replayed,
+        "not replayed after a restart: {}",
+        again.body
+    );
+    assert_eq!(again.json(), first.json());
+    assert_eq!(table_names(&client, &restarted, "db").await, ["events"]);
+}
+
+#[test]
+fn a_bad_idempotency_store_url_stops_the_catalog_with_what_to_fix() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(BINARY)
+        .current_dir(dir.path())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--idempotency-store",
+            "memcached://127.0.0.1:11211",
+        ])
+        .output()
+        .expect("run iceberg-catalog");
+    assert!(!output.status.success());
+    let printed = String::from_utf8_lossy(&output.stderr).into_owned()
+        + &String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("--idempotency-store"), "{printed}");
+    assert!(printed.contains("redis://host:port"), "{printed}");
+
+    let help = Command::new(BINARY).arg("--help").output().expect("--help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--idempotency-store <URL>"), "{help}");
+    assert!(help.contains("redis+cluster://"), "{help}");
 }
 
 // ------------------------------------------------------------------------------------------

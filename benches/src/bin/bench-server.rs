@@ -1,4 +1,4 @@
-//! The benchmark app over HTTP: `bench-server --mode bare|memory|sqlite|postgres
+//! The benchmark app over HTTP: `bench-server --mode bare|memory|sqlite|postgres|mysql|redis
 //! --listen 127.0.0.1:0 [--threads 1] [--database-url URL]`.
 //!
 //! Prints `listening on ADDR` once it accepts connections, then serves until killed.
@@ -57,12 +57,23 @@ async fn layer(args: &Args) -> Option<IdempotencyLayer> {
                 .await
                 .unwrap_or_else(|error| panic!("cannot set up the {mode} store: {error}")),
         ),
+        #[cfg(feature = "redis")]
+        "redis" => Some(
+            benches::redis_store::server_layer(args.database_url.as_deref())
+                .await
+                .unwrap_or_else(|error| panic!("cannot set up the Redis store: {error}")),
+        ),
         other => panic!(
-            "unknown --mode {other} (bare, memory{})",
+            "unknown --mode {other} (bare, memory{}{})",
             if cfg!(feature = "sql") {
                 ", sqlite, postgres, mysql"
             } else {
                 "; the SQL modes need --features sql"
+            },
+            if cfg!(feature = "redis") {
+                ", redis"
+            } else {
+                "; redis needs --features redis"
             }
         ),
     }

@@ -1,14 +1,16 @@
-//! `compare [--quick] [--only inprocess,http,sql,scale] [--out FILE] …`: runs every
+//! `compare [--quick] [--only inprocess,http,sql,redis,scale] [--out FILE] …`: runs every
 //! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
 //!
 //! Options:
 //! - `--quick`: short runs (a few minutes in all on 2 cores);
-//! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `sql`, `scale`;
+//! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `sql`, `redis`, `scale`;
 //! - `--connections LIST`: HTTP concurrency levels (default `1,16,64`);
 //! - `--seconds N`, `--rounds N`: length of each `wrk` run and interleaved rounds;
 //! - `--server-threads N`: tokio worker threads of each HTTP server (default 1);
 //! - `--peer PATH`: the `peer-idempotent` binary (default: its release build);
 //! - `--postgres-url`, `--mysql-url`: databases for the SQL benchmarks;
+//! - `--redis-url`: the Redis for the Redis benchmarks (default: a `redis-server` of the
+//!   benchmark's own on a free port, without persistence, stopped at the end);
 //! - `--out FILE`: also write the tables to FILE.
 
 use std::collections::BTreeMap;
@@ -29,13 +31,14 @@ struct Options {
     peer: PathBuf,
     postgres_url: String,
     mysql_url: String,
+    redis_url: Option<String>,
     out: Option<PathBuf>,
 }
 
 fn options() -> Options {
     let mut o = Options {
         quick: false,
-        sections: ["inprocess", "http", "sql", "scale"]
+        sections: ["inprocess", "http", "sql", "redis", "scale"]
             .map(str::to_owned)
             .to_vec(),
         connections: vec![1, 16, 64],
@@ -50,6 +53,7 @@ fn options() -> Options {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
         mysql_url: std::env::var("BENCH_MYSQL_URL")
             .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+        redis_url: std::env::var("BENCH_REDIS_URL").ok(),
         out: None,
     };
     let mut args = std::env::args().skip(1);
@@ -75,6 +79,7 @@ fn options() -> Options {
             "--peer" => o.peer = PathBuf::from(value),
             "--postgres-url" => o.postgres_url = value,
             "--mysql-url" => o.mysql_url = value,
+            "--redis-url" => o.redis_url = Some(value),
             "--out" => o.out = Some(PathBuf::from(value)),
             other => panic!("unknown argument {other}"),
         }
@@ -204,6 +209,7 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
         );
     }
     sql_servers(o, &server_bin, &base, &mut start);
+    redis_servers(o, &server_bin, &base, &mut start);
     rows.append(&mut start_errors);
 
     if servers.first().is_none_or(|s| s.name != "bare") {
@@ -441,7 +447,23 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
         "ahead of the peer (> 1×)",
         Some(&|r| r > 1.0),
     );
-    for label in ["ours + SQLite", "ours + PostgreSQL"] {
+    summary_row(
+        "HTTP, first execution: ours vs idempotent 2.0 (both on one Redis)",
+        find("ours + Redis, first execution"),
+        find("idempotent 2.0 + Valkey store, first execution"),
+        "idempotent 2.0",
+        "ahead of the peer (> 1×)",
+        Some(&|r| r > 1.0),
+    );
+    summary_row(
+        "HTTP, replay: ours vs idempotent 2.0 (both on one Redis)",
+        find("ours + Redis, replay"),
+        find("idempotent 2.0 + Valkey store, replay"),
+        "idempotent 2.0",
+        "ahead of the peer (> 1×)",
+        Some(&|r| r > 1.0),
+    );
+    for label in ["ours + SQLite", "ours + PostgreSQL", "ours + Redis"] {
         for what in ["first execution", "replay"] {
             summary_row(
                 &format!("HTTP, {what} ({label})"),
@@ -484,6 +506,52 @@ fn sql_servers(o: &Options, server_bin: &PathBuf, base: &[&str], start: &mut Sta
 #[cfg(not(feature = "sql"))]
 fn sql_servers(_: &Options, _: &PathBuf, _: &[&str], _: &mut StartServer<'_>) {}
 
+#[cfg(feature = "redis")]
+fn redis_servers(o: &Options, server_bin: &PathBuf, base: &[&str], start: &mut StartServer<'_>) {
+    let Some(url) = o.redis_url.as_deref() else {
+        return;
+    };
+    start(
+        "ours + Redis",
+        server_bin,
+        &[base, &["--mode", "redis", "--database-url", url]].concat(),
+        &["fresh", "fixed"],
+    );
+    if o.peer.exists() {
+        start(
+            "idempotent 2.0 + Valkey store",
+            &o.peer,
+            // A port of its own: the memory peer already holds the default one.
+            &[base, &["--valkey", url, "--listen", "127.0.0.1:0"]].concat(),
+            &["fresh", "fixed"],
+        );
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_servers(_: &Options, _: &PathBuf, _: &[&str], _: &mut StartServer<'_>) {}
+
+#[cfg(feature = "redis")]
+fn redis_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
+    let settings = if o.quick {
+        benches::redis_store::Settings::quick()
+    } else {
+        benches::redis_store::Settings::full()
+    };
+    match o.redis_url.as_deref() {
+        Some(url) => benches::redis_store::run(settings, url, rows, tables),
+        None => rows.push(skipped("Redis store", "no Redis to run against")),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
+    rows.push(skipped(
+        "Redis store",
+        "built without the `redis` feature (benches/run.sh turns it on)",
+    ));
+}
+
 #[cfg(feature = "sql")]
 fn sql_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     let settings = if o.quick {
@@ -511,10 +579,28 @@ fn date() -> String {
 }
 
 fn main() {
-    let o = options();
+    let mut o = options();
     let mut rows = Vec::new();
     let mut tables = Vec::new();
-    let wants = |s: &str| o.sections.iter().any(|x| x == s);
+    let wants = |o: &Options, s: &str| o.sections.iter().any(|x| x == s);
+    // One Redis for both sides of every Redis comparison: ours and the peer's, same run.
+    #[cfg(feature = "redis")]
+    let _own_redis = if o.redis_url.is_none() && (wants(&o, "http") || wants(&o, "redis")) {
+        match benches::redis_store::BenchRedis::start() {
+            Ok(redis) => {
+                o.redis_url = Some(redis.url.clone());
+                Some(redis)
+            }
+            Err(error) => {
+                rows.push(skipped("Redis", error));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let o = o;
+    let wants = |s: &str| wants(&o, s);
     if wants("inprocess") {
         eprintln!("in-process layer overhead…");
         let settings = if o.quick {
@@ -531,6 +617,10 @@ fn main() {
     if wants("sql") {
         eprintln!("SQL stores…");
         sql_section(&o, &mut rows, &mut tables);
+    }
+    if wants("redis") {
+        eprintln!("Redis store…");
+        redis_section(&o, &mut rows, &mut tables);
     }
     if wants("scale") {
         eprintln!("memory store scale…");

@@ -6,38 +6,67 @@
 //! a duplicate is in flight, and the top-level `idempotency-key-lifetime` added to this
 //! catalog's `GET /v1/config` answers.
 //!
-//! It is set up the way a catalog configured from properties would be: the command
-//! line becomes `idempotency-*` properties, read by
-//! [`IdempotencyConfig`]. The records live
-//! in the catalog's own database, in a table of their own (`idempotency_records`):
-//! SQLite for one process, PostgreSQL or MySQL for replicas, which then replay each
-//! other's answers. A background task purges expired records.
+//! By default it is set up the way a catalog configured from properties would be: the
+//! command line becomes `idempotency-*` properties, read by [`IdempotencyConfig`]. The
+//! records live in the catalog's own database, in a table of their own
+//! (`idempotency_records`): SQLite for one process, PostgreSQL or MySQL for replicas,
+//! which then replay each other's answers. A background task purges expired records.
+//!
+//! With `--idempotency-store redis://…` (or `redis+cluster://…`) the records live in
+//! Redis or Valkey instead, one server or a cluster, where they expire by themselves; the
+//! catalog's own state stays in its database.
 
 use std::time::Duration;
 
 use idempotency_core::IdempotencyLayer;
-use idempotency_core::config::{ConfigError, IdempotencyConfig};
+use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
+use idempotency_store_redis::{RedisOptions, RedisStore};
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The layer for the catalog on `database_url`, keeping answers for `lifetime`.
+/// Where the idempotency records are kept.
+pub(crate) enum Records<'a> {
+    /// In the catalog's database (`--database`).
+    Database(&'a str),
+    /// In Redis or Valkey (`--idempotency-store`).
+    Redis(&'a str),
+}
+
+/// The layer for the catalog, keeping answers for `lifetime` where `records` says.
 pub(crate) async fn layer(
-    database_url: &str,
+    records: Records<'_>,
     lifetime: Duration,
-) -> Result<IdempotencyLayer, ConfigError> {
-    let config = IdempotencyConfig::from_properties([
-        ("idempotency-enabled", "true".to_owned()),
-        ("idempotency-key-lifetime", format_duration(lifetime)),
-        ("idempotency-store-type", "sql".to_owned()),
-        ("idempotency-database-url", database_url.to_owned()),
-        (
-            "idempotency-purge-interval",
-            format_duration(PURGE_INTERVAL),
-        ),
-    ])?;
-    let store = idempotency_store_sql::open(&config).await?;
-    config.spawn_purge_task(store.clone());
-    Ok(config.iceberg_layer(store))
+) -> Result<IdempotencyLayer, Box<dyn std::error::Error + Send + Sync>> {
+    match records {
+        Records::Database(database_url) => {
+            let config = IdempotencyConfig::from_properties([
+                ("idempotency-enabled", "true".to_owned()),
+                ("idempotency-key-lifetime", format_duration(lifetime)),
+                ("idempotency-store-type", "sql".to_owned()),
+                ("idempotency-database-url", database_url.to_owned()),
+                (
+                    "idempotency-purge-interval",
+                    format_duration(PURGE_INTERVAL),
+                ),
+            ])?;
+            let store = idempotency_store_sql::open(&config).await?;
+            config.spawn_purge_task(store.clone());
+            Ok(config.iceberg_layer(store))
+        }
+        Records::Redis(url) => {
+            let options = RedisOptions::from_url(url).map_err(|error| {
+                format!(
+                    "--idempotency-store: {error}; or leave it out to keep the records in \
+                     --database"
+                )
+            })?;
+            let store = RedisStore::connect_with(options)
+                .await
+                .map_err(|error| format!("--idempotency-store: {error}"))?;
+            // Records expire in Redis by themselves: no purge task.
+            Ok(IdempotencyLayer::iceberg(store).with_lifetime(lifetime))
+        }
+    }
 }

@@ -37,6 +37,13 @@
 //! location, and a retry that lands on the other replica is replayed from the shared
 //! record.
 //!
+//! # Idempotency records in Redis
+//!
+//! `--idempotency-store redis://host:port` (or `redis+cluster://host:port,host:port`)
+//! keeps the idempotency records in Redis or Valkey, for a deployment whose shared state
+//! lives there; the catalog's own state stays in `--database`. Replicas then share the
+//! Redis server as well as the database.
+//!
 //! # Modules
 //!
 //! - [`routes`]: the REST routes, with and without `{prefix}`, and their handlers.
@@ -93,8 +100,16 @@ struct Args {
     #[arg(long, default_value = "PT30M", value_parser = idempotency_core::iso8601::parse_duration)]
     idempotency_lifetime: Duration,
 
+    /// Keep the idempotency records in Redis or Valkey instead of `--database`:
+    /// `redis://host:port[/db]` for one server, `redis+cluster://host:port,host:port` for a
+    /// Redis Cluster. The catalog's own state stays in `--database`. The server must run
+    /// with `maxmemory-policy noeviction` (and `appendonly yes` for records that survive
+    /// its restart).
+    #[arg(long, value_name = "URL")]
+    idempotency_store: Option<String>,
+
     /// Serve without the idempotency layer: keys are ignored and not advertised.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "idempotency_store")]
     no_idempotency: bool,
 
     /// How long a shutdown waits for keyed requests still running (ISO-8601). Those still
@@ -146,7 +161,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let layer = if args.no_idempotency {
         None
     } else {
-        Some(idempotency::layer(&args.database, args.idempotency_lifetime).await?)
+        let records = match &args.idempotency_store {
+            Some(url) => idempotency::Records::Redis(url),
+            None => idempotency::Records::Database(&args.database),
+        };
+        Some(idempotency::layer(records, args.idempotency_lifetime).await?)
     };
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
     let admin = admin::router(
@@ -171,8 +190,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         warehouse,
         if in_flight.is_some() {
             format!(
-                "on, keys kept {}",
-                idempotency_core::iso8601::format_duration(args.idempotency_lifetime)
+                "on, keys kept {} in {}",
+                idempotency_core::iso8601::format_duration(args.idempotency_lifetime),
+                match &args.idempotency_store {
+                    Some(url) => redact(url),
+                    None => "the database".to_owned(),
+                }
             )
         } else {
             "off".to_owned()

@@ -1,0 +1,187 @@
+//! The connection a store runs on, how a script is sent over it, and how a cluster
+//! connection that stopped answering is replaced.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, RedisFuture, RedisResult, Value};
+
+use crate::scripts::Script;
+
+/// The connection a [`RedisStore`](crate::RedisStore) sends its scripts over: one
+/// multiplexed connection to a single server that reconnects by itself, or a cluster
+/// connection that routes each command to the primary of its key's slot, follows
+/// `MOVED`/`ASK` redirections and reconnects to nodes by itself.
+///
+/// Cheap to clone (clones share the connection). It implements
+/// [`redis::aio::ConnectionLike`], so your own commands can use it too.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// A single server.
+    Server(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RedisConnection::Server(_) => "RedisConnection::Server",
+            RedisConnection::Cluster(_) => "RedisConnection::Cluster",
+        })
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Server(connection) => connection.req_packed_command(cmd),
+            RedisConnection::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Server(connection) => {
+                connection.req_packed_commands(cmd, offset, count)
+            }
+            RedisConnection::Cluster(connection) => {
+                connection.req_packed_commands(cmd, offset, count)
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Server(connection) => connection.get_db(),
+            RedisConnection::Cluster(connection) => connection.get_db(),
+        }
+    }
+}
+
+/// What a store holds: a single server's connection manager (which reconnects by itself),
+/// or a cluster connection and the client to make a new one with.
+#[derive(Clone)]
+pub(crate) enum Link {
+    Server(ConnectionManager),
+    Cluster(Arc<ClusterLink>),
+}
+
+/// A cluster connection that is replaced when it stops answering.
+///
+/// The cluster client reconnects to nodes by itself, and re-sends a command whose
+/// connection dropped. But after every connection to every node was killed at once
+/// (`CLIENT KILL` on each primary, under load), its connection was seen to stop
+/// answering altogether: every command timed out, for as long as anyone waited. So an
+/// operation that times out or loses its connection also starts (in the background, one
+/// at a time) a fresh cluster connection, which takes the old one's place once it is up.
+pub(crate) struct ClusterLink {
+    client: ClusterClient,
+    current: Mutex<ClusterConnection>,
+    replacing: AtomicBool,
+    connect_budget: Duration,
+}
+
+impl Link {
+    pub(crate) fn cluster(
+        client: ClusterClient,
+        connection: ClusterConnection,
+        connect_budget: Duration,
+    ) -> Self {
+        Link::Cluster(Arc::new(ClusterLink {
+            client,
+            current: Mutex::new(connection),
+            replacing: AtomicBool::new(false),
+            connect_budget,
+        }))
+    }
+
+    /// The connection to send the next command over.
+    pub(crate) fn connection(&self) -> RedisConnection {
+        match self {
+            Link::Server(manager) => RedisConnection::Server(manager.clone()),
+            Link::Cluster(link) => RedisConnection::Cluster(
+                link.current
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone(),
+            ),
+        }
+    }
+
+    /// Called when an operation timed out or lost its connection: a cluster connection
+    /// is replaced in the background (a single server's manager reconnects by itself).
+    pub(crate) fn suspect(&self) {
+        let Link::Cluster(link) = self else {
+            return;
+        };
+        if link.replacing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let link = link.clone();
+        tokio::spawn(async move {
+            let fresh =
+                tokio::time::timeout(link.connect_budget, link.client.get_async_connection()).await;
+            match fresh {
+                Ok(Ok(connection)) => {
+                    *link
+                        .current
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = connection;
+                    tracing::info!("idempotency store: replaced the Redis Cluster connection");
+                }
+                Ok(Err(error)) => tracing::warn!(
+                    %error,
+                    "idempotency store: a new Redis Cluster connection failed; the next failing operation tries again"
+                ),
+                Err(_) => tracing::warn!(
+                    "idempotency store: a new Redis Cluster connection timed out; the next failing operation tries again"
+                ),
+            }
+            link.replacing.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl RedisConnection {
+    /// Runs `script` on the record at `key`: `EVALSHA`, and after a server that does not
+    /// know the script yet (first use, a restart, a failover) answers `NOSCRIPT`, `EVAL`
+    /// with the whole source, which also caches it there. `args` appends the script's
+    /// arguments to either command.
+    pub(crate) async fn run(
+        &self,
+        script: &Script,
+        key: &[u8],
+        args: impl Fn(&mut Cmd),
+    ) -> RedisResult<Value> {
+        let command = |verb: &str, script_ref: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script_ref).arg(1).arg(key);
+            args(&mut cmd);
+            cmd
+        };
+        let mut connection = self.clone();
+        match command("EVALSHA", script.sha1())
+            .query_async(&mut connection)
+            .await
+        {
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                command("EVAL", script.source())
+                    .query_async(&mut connection)
+                    .await
+            }
+            answer => answer,
+        }
+    }
+}

@@ -1,0 +1,777 @@
+//! A Redis / Valkey [`IdempotencyStore`] for `idempotency-core`, on a single server or a
+//! Redis Cluster.
+//!
+//! For teams whose shared state already lives in Redis: every replica of a service that
+//! points at the same server (or cluster) sees every key, leases and expiry run on the
+//! server's clock, and records expire by themselves at the end of their lifetime.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use idempotency_core::IdempotencyLayer;
+//! use idempotency_store_redis::RedisStore;
+//!
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/orders", axum::routing::post(|| async { "created" }))
+//!     .layer(IdempotencyLayer::new(store));
+//! # drop(app); Ok(()) }
+//! ```
+//!
+//! A cluster, a key prefix of your own, shorter timeouts:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use idempotency_store_redis::{RedisOptions, RedisStore};
+//!
+//! let options = RedisOptions::cluster(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"])
+//!     .key_prefix("orders:idempotency:")?
+//!     .operation_timeout(Duration::from_millis(500));
+//! let store = RedisStore::connect_with(options).await?;
+//! // Or from one string (a flag, a config file):
+//! let same = RedisStore::connect_with(RedisOptions::from_url(
+//!     "redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
+//! )?)
+//! .await?;
+//! # drop((store, same)); Ok(()) }
+//! ```
+//!
+//! # Which store
+//!
+//! | you run | store |
+//! | --- | --- |
+//! | one process, tests, development | `MemoryStore` (`idempotency-store-memory`) |
+//! | one host, records must survive restarts | `SqliteStore` (`idempotency-store-sql`) |
+//! | several replicas with a SQL database | `PostgresStore` / `MySqlStore` (`idempotency-store-sql`) |
+//! | several replicas with Redis or Valkey | `RedisStore` (this crate), single server or cluster |
+//!
+//! # Records
+//!
+//! A record is one Redis hash. Its key is the configured prefix (default
+//! [`DEFAULT_KEY_PREFIX`], `idempotency:`) and the scope and key, length-prefixed inside a
+//! Redis Cluster hash tag:
+//!
+//! ```text
+//! idempotency:{6:tenant:0b7f5e2c-…}        scope "tenant", key "0b7f5e2c-…"
+//! idempotency:{0::0b7f5e2c-…}              no scope
+//! ```
+//!
+//! The scope's length in bytes comes first, so no pair of (scope, key) can share a Redis
+//! key whatever bytes they hold (scope `a:b` + key `c` is `{3:a:b:c}`; scope `a` + key
+//! `b:c` is `{1:a:b:c}`). The braces make the whole id the hash tag: every key a record
+//! has lives in one slot, and records spread over all slots.
+//!
+//! | field | holds |
+//! | --- | --- |
+//! | `method`, `path`, `body_sha256` | the binding (the SHA-256 as 32 raw bytes) |
+//! | `fencing_token` | the owner's token, a decimal string |
+//! | `created_at_ms`, `expires_at_ms`, `lease_expires_at_ms` | epoch milliseconds, by the server's clock |
+//! | `response_status`, `response_headers`, `response_body` | absent while in flight; the headers encoded by `StoredResponse::encode_headers` |
+//! | `response_trailers` | absent when the answer had none; encoded by `StoredResponse::encode_trailers` |
+//!
+//! A hash leaves room for what later versions store beside a response (trailers, quota
+//! accounting, fields an operator inspects without reading the body).
+//!
+//! # The scripts
+//!
+//! Every operation is one Lua script, so it is atomic: the server runs it to the end
+//! before any other command. Each script touches exactly one key, the record's, so it
+//! runs on a cluster as on a single server. "Now" is the server's `TIME`, read inside
+//! the script; the client's clock is never used, so clock skew between replicas cannot
+//! cause a double execution. A lease or an expiry ending at `t` is over at `t`. The
+//! scripts are sent by SHA-1 (`EVALSHA`); a server that does not know one yet (first
+//! use, after a restart or a failover) gets it once with `EVAL`. [`RedisStore::script`]
+//! shows each script.
+//!
+//! - **reserve**: if a live record holds the key, return it whole (so a replay is one
+//!   round trip). Otherwise (absent, or expired but not yet dropped) write a fresh
+//!   in-flight record: lease until `now + lease`, expiry at `now + max(lifetime, lease)`
+//!   (a record in flight under a live lease never expires), and `PEXPIREAT` at that
+//!   expiry, so the server deletes the record by itself when its life ends.
+//! - **load**: the live record, with `lease_lapsed` decided by the server's clock.
+//! - **renew**, **finalize**, **release**, **take over** are fenced: they act only if the
+//!   record exists, has not expired, is in flight and holds the given token (an owner
+//!   whose lease lapsed may still finish until someone takes over). Renew and take over
+//!   start a lease of `now + lease` and move the expiry (field and TTL) out to the lease's
+//!   end if it would otherwise come first. Take over also needs the lease to have lapsed,
+//!   and keeps the record's creation time. Finalize keeps the expiry: a record lives its
+//!   lifetime from its first submission.
+//!
+//! - **inspect** (for operators) returns the binding, state, status and times by the
+//!   server's clock, never the stored headers or body; **evict** decides and deletes in
+//!   one script (a record in flight only when forced), so a finalize cannot land between
+//!   the verdict and the deletion. Waiters polling the record find it gone.
+//!
+//! **Fencing tokens** are 63 random bits drawn by the client for each reservation and
+//! takeover, compared as strings inside the scripts (Lua numbers would round them). No
+//! counter is kept on the server, so there is no auxiliary key whose loss could make a
+//! token repeat; a takeover never hands out the token it replaces, and a reservation
+//! never reuses the token of the expired record it replaces.
+//!
+//! **Expiry** is native: the key's TTL ends with the record's lifetime, and the server
+//! deletes it then. [`IdempotencyStore::purge_expired`] therefore deletes nothing and
+//! answers [`Purged::ByBackend`]; there is no purge task to run (`spawn_purge_task` ends
+//! after its first round on this store).
+//!
+//! # Connections, failures, timeouts
+//!
+//! A single server is reached through one multiplexed connection
+//! ([`redis::aio::ConnectionManager`]) and a cluster through the cluster client's
+//! connection, which routes every script to the primary of its record's slot and follows
+//! `MOVED`/`ASK`. Both reconnect by themselves: after a restart, a failover or a killed
+//! connection, the operations caught in it fail (the layer answers 503 with
+//! `Retry-After`) and the following ones go through, without restarting the application.
+//! Every operation is bounded by [`RedisOptions::operation_timeout`] (2 s by default),
+//! reconnecting included, so a dead server fails requests fast instead of holding them.
+//!
+//! Two details make this hold on a cluster too:
+//!
+//! - The cluster client re-sends a command whose connection dropped, so a script may run
+//!   twice. Every script is safe to run twice: a re-sent reservation finds the record in
+//!   flight under the very token it proposed (63 random bits, nobody else's) and reports
+//!   it reserved; a re-sent takeover finds the record already under its new token; renew
+//!   is idempotent; a re-sent finalize or release finds the record no longer in flight
+//!   and reports the ownership lost, which the layer only logs (the record holds the
+//!   answer, or is gone, as intended).
+//! - After every connection to every node was killed at once under load, the cluster
+//!   client's connection was seen to stop answering for good. So an operation that times
+//!   out or loses its connection also makes a fresh cluster connection in the background
+//!   (one at a time), which replaces the old one once it is up.
+//!
+//! Duplicates waiting for an in-flight owner poll the record (the trait's default `wait`:
+//! 5 ms, doubling to 200 ms); they are not notified.
+//!
+//! # Checks at connect
+//!
+//! [`RedisStore::connect`] fails with a [`ConnectError`] that says what to fix when:
+//!
+//! - the URL does not parse, or no server answers in time;
+//! - cluster options meet a server that is not a cluster node, or single-server options
+//!   meet a cluster node;
+//! - the cluster does not serve all 16384 hash slots;
+//! - a primary's `maxmemory-policy` is not `noeviction`. Every record has a TTL, so the
+//!   `volatile-*` policies evict live records as readily as the `allkeys-*` ones, and an
+//!   evicted record runs its mutation again. [`RedisOptions::accept_evicting_policy`]
+//!   turns the refusal into a logged warning.
+//!
+//! A server without the append-only file (`appendonly no`) is accepted with a warning.
+//!
+//! # Guarantees and limits
+//!
+//! - One of any number of concurrent first requests with a key wins, from any number of
+//!   replicas, on a single server or a cluster.
+//! - With `appendonly yes` and `appendfsync always`, a record the store reported written
+//!   survives a server restart. With `appendfsync everysec` (Redis's default when AOF is
+//!   on) a crash can lose the last second of writes; without AOF, everything since the
+//!   last snapshot. A lost reservation lets a duplicate run beside its owner; a lost
+//!   finalized record runs the mutation again on the next retry.
+//! - Replication is asynchronous: a failover to a replica can lose the latest
+//!   reservations and finalized records in the same way. `WAIT` is not used, because it
+//!   narrows the window without closing it.
+//! - A full server (`noeviction` at `maxmemory`) refuses new reservations; the layer
+//!   answers 503.
+//! - Tested against Redis 7.0, a single server and a cluster. Valkey implements every
+//!   command the scripts use (`EVAL`/`EVALSHA`, `TIME`, `HMGET`, `HSET`, `PEXPIREAT`,
+//!   `DEL`), but no Valkey server runs in these tests.
+//!
+//! # Tests
+//!
+//! The crate's tests start their own `redis-server` processes on free ports of
+//! 127.0.0.1: a single server with `appendonly yes`, and a three-primary Redis Cluster
+//! made with `redis-cli --cluster create`. They run the conformance suite and the
+//! reference model on both, race 64 requests through the layer over two store handles,
+//! restart the server and kill its connections under load, and check each connect-time
+//! error.
+//!
+//! # Feature flags
+//!
+//! This crate has no cargo features. It uses the `redis` crate (1.x) with `tokio-comp`,
+//! `connection-manager`, `cluster-async` and `script`, and re-exports it as
+//! [`redis`].
+#![deny(unsafe_code, unreachable_pub)]
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod connect;
+mod connection;
+mod keys;
+mod lua;
+mod options;
+mod scripts;
+
+use std::time::Duration;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use idempotency_core::{
+    Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
+    StoreError, StoredResponse, async_trait,
+};
+use redis::{Cmd, RedisError, Value};
+
+pub use connect::ConnectError;
+pub use connection::RedisConnection;
+pub use keys::{DEFAULT_KEY_PREFIX, InvalidKeyPrefix, KeyPrefix};
+pub use options::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, RedisOptions, Target, UnsupportedUrl,
+};
+/// The `redis` crate this store is built on (1.x), for options and your own commands.
+pub use redis;
+pub use scripts::{Operation, Script};
+
+/// Durations are clamped to this many milliseconds (about 100 years), so that
+/// `now + duration` stays exact in a Lua number (a double).
+const MAX_DURATION_MS: u128 = 100 * 366 * 24 * 60 * 60 * 1000;
+
+/// How many times a reservation draws a new token after drawing the very token of the
+/// expired record it would replace (a one-in-2^63 event each time).
+const MAX_TOKEN_DRAWS: usize = 4;
+
+/// An [`IdempotencyStore`] on Redis or Valkey: one server, or a Redis Cluster. Cheap to
+/// clone: clones share the connection.
+///
+/// See the [crate docs](crate) for the record layout, the scripts and the guarantees.
+#[derive(Clone)]
+pub struct RedisStore {
+    link: connection::Link,
+    prefix: KeyPrefix,
+    operation_timeout: Duration,
+    target: String,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .field("operation_timeout", &self.operation_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to `url` with the default options: `redis://host:port[/db]` for one
+    /// server, `redis+cluster://host:port,host:port` for a cluster (see
+    /// [`RedisOptions::from_url`]).
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Self::connect_with(RedisOptions::from_url(url)?).await
+    }
+
+    /// Connects as `options` say, and checks the server(s): see
+    /// [Checks at connect](crate#checks-at-connect).
+    pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
+        let link = connect::open(&options).await?;
+        let target = match &options.target {
+            Target::Server(url) => connect::redact(url),
+            Target::Cluster(nodes) => format!(
+                "cluster {}",
+                nodes
+                    .iter()
+                    .map(|n| connect::redact(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        Ok(Self {
+            link,
+            prefix: options.prefix,
+            operation_timeout: options.operation_timeout,
+            target,
+        })
+    }
+
+    /// The connection the store runs on, for your own commands beside it.
+    pub fn connection(&self) -> RedisConnection {
+        self.link.connection()
+    }
+
+    /// The prefix of every key the store writes.
+    pub fn key_prefix(&self) -> &KeyPrefix {
+        &self.prefix
+    }
+
+    /// The Redis key of `id`'s record, e.g. to look at it with `redis-cli HGETALL`.
+    pub fn record_key(&self, id: &RecordId) -> Vec<u8> {
+        self.prefix.record_key(&id.scope, &id.key)
+    }
+
+    /// The Lua script `operation` runs, exactly as the store sends it.
+    pub fn script(operation: Operation) -> &'static Script {
+        operation.script()
+    }
+
+    /// Runs `operation`'s script on `id`'s record within the operation timeout.
+    async fn run(
+        &self,
+        operation: Operation,
+        id: &RecordId,
+        args: impl Fn(&mut Cmd),
+    ) -> Result<Value, StoreError> {
+        let key = self.record_key(id);
+        let connection = self.link.connection();
+        let running = connection.run(operation.script(), &key, args);
+        match tokio::time::timeout(self.operation_timeout, running).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(source)) => {
+                if source.is_timeout() || source.is_io_error() || source.is_connection_dropped() {
+                    self.link.suspect();
+                }
+                Err(StoreError::backend(OperationError::Failed {
+                    operation: operation.name(),
+                    hint: hint(&source),
+                    source,
+                }))
+            }
+            Err(_) => {
+                self.link.suspect();
+                Err(StoreError::backend(OperationError::TimedOut {
+                    operation: operation.name(),
+                    timeout: self.operation_timeout,
+                }))
+            }
+        }
+    }
+
+    /// Runs a fenced operation: the script answers 1 when the token held the record.
+    async fn fenced(
+        &self,
+        operation: Operation,
+        id: &RecordId,
+        args: impl Fn(&mut Cmd),
+    ) -> Result<Ownership, StoreError> {
+        match self.run(operation, id, args).await? {
+            Value::Int(1) => Ok(Ownership::Held),
+            Value::Int(0) => Ok(Ownership::Lost),
+            other => Err(unexpected(operation, &other)),
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for RedisStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let (lease, lifetime) = (millis(lease), millis(lifetime));
+        for _ in 0..MAX_TOKEN_DRAWS {
+            let token = new_token();
+            let answer = self
+                .run(Operation::Reserve, id, |cmd| {
+                    cmd.arg(token.0)
+                        .arg(lease)
+                        .arg(lifetime)
+                        .arg(&binding.method)
+                        .arg(&binding.path)
+                        .arg(&binding.body_sha256[..]);
+                })
+                .await?;
+            let Value::Array(mut parts) = answer else {
+                return Err(unexpected(Operation::Reserve, &answer));
+            };
+            let record = (parts.len() == 2).then(|| parts.pop()).flatten();
+            match (parts.first().and_then(as_bytes), record) {
+                (Some(b"reserved"), None) => return Ok(Reservation::Reserved(token)),
+                (Some(b"exists"), Some(record)) => {
+                    let record = decode_record(record)?;
+                    // The cluster client re-sends a command whose connection dropped; a
+                    // re-sent reservation whose first run went through finds the record
+                    // in flight under the token it proposed (63 random bits: nobody
+                    // else's), and it is this caller's.
+                    if let RecordState::InFlight { token: held, .. } = record.state
+                        && held == token
+                    {
+                        return Ok(Reservation::Reserved(token));
+                    }
+                    return Ok(Reservation::Exists(record));
+                }
+                (Some(b"token-taken"), None) => continue,
+                _ => return Err(unexpected(Operation::Reserve, &Value::Array(parts))),
+            }
+        }
+        Err(StoreError::backend(format!(
+            "reserve drew the token of the expired record it replaces {MAX_TOKEN_DRAWS} times \
+             in a row; the random source is broken"
+        )))
+    }
+
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        match self.run(Operation::Load, id, |_| {}).await? {
+            Value::Nil => Ok(None),
+            record => decode_record(record).map(Some),
+        }
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.fenced(Operation::Renew, id, |cmd| {
+            cmd.arg(token.0).arg(millis(lease));
+        })
+        .await
+    }
+
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let headers = response.encode_headers();
+        let trailers = response.encode_trailers();
+        self.fenced(Operation::Finalize, id, |cmd| {
+            cmd.arg(token.0)
+                .arg(response.status)
+                .arg(&headers[..])
+                .arg(&response.body[..])
+                .arg(&trailers[..]);
+        })
+        .await
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.fenced(Operation::Release, id, |cmd| {
+            cmd.arg(token.0);
+        })
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let token = new_token_other_than(lapsed);
+        let outcome = self
+            .fenced(Operation::TakeOver, id, |cmd| {
+                cmd.arg(lapsed.0).arg(token.0).arg(millis(lease));
+            })
+            .await?;
+        Ok((outcome == Ownership::Held).then_some(token))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        match self.run(Operation::Inspect, id, |_| {}).await? {
+            Value::Nil => Ok(None),
+            view => decode_view(view).map(Some),
+        }
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        let force = matches!(in_flight, EvictInFlight::Force);
+        let answer = self
+            .run(Operation::Evict, id, |cmd| {
+                cmd.arg(if force { "force" } else { "refuse" });
+            })
+            .await?;
+        let parts = match answer {
+            Value::Nil => return Ok(Eviction::NotFound),
+            Value::Array(parts) if parts.len() == 2 => parts,
+            other => return Err(unexpected(Operation::Evict, &other)),
+        };
+        let [verdict, view]: [Value; 2] = parts.try_into().expect("two parts");
+        let view = decode_view(view)?;
+        match as_bytes(&verdict) {
+            Some(b"evicted") => Ok(Eviction::Evicted(view)),
+            Some(b"in-flight") => Ok(Eviction::InFlight(view)),
+            _ => Err(unexpected(Operation::Evict, &verdict)),
+        }
+    }
+
+    /// Records expire natively (the key's TTL ends with the record's life, and the server
+    /// deletes it), so there is nothing to purge: deletes nothing and says so.
+    async fn purge_expired(&self, _batch_size: usize) -> Result<Purged, StoreError> {
+        Ok(Purged::ByBackend)
+    }
+}
+
+/// A store operation that did not complete.
+#[derive(Debug, thiserror::Error)]
+enum OperationError {
+    #[error(
+        "Redis did not answer {operation} within {timeout:?}: the server is down, overloaded \
+         or unreachable; the store reconnects by itself once it answers (raise \
+         RedisOptions::operation_timeout if the server is only slow)"
+    )]
+    TimedOut {
+        operation: &'static str,
+        timeout: Duration,
+    },
+    #[error("Redis {operation} failed: {source}{hint}")]
+    Failed {
+        operation: &'static str,
+        hint: &'static str,
+        #[source]
+        source: RedisError,
+    },
+}
+
+/// What to do about a failed operation, where the error alone does not say.
+fn hint(error: &RedisError) -> &'static str {
+    if error.code() == Some("OOM") {
+        "; the server is at its maxmemory: free memory or raise maxmemory (records are never \
+         evicted under noeviction, so new reservations wait for records to expire)"
+    } else if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
+        "; the connection to the server was lost; the store reconnects by itself"
+    } else if error.code() == Some("CLUSTERDOWN") {
+        "; the cluster is down or does not serve this record's slot: check `CLUSTER INFO`"
+    } else {
+        ""
+    }
+}
+
+fn unexpected(operation: Operation, answer: &Value) -> StoreError {
+    StoreError::Corrupt(format!(
+        "the {} script answered {}, which this version of the store does not expect; is \
+         another program writing under the same key prefix?",
+        operation.name(),
+        describe(answer)
+    ))
+}
+
+/// A short description of a value, never its content (which may be a caller's response).
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Nil => "nil".to_owned(),
+        Value::Int(n) => format!("the integer {n}"),
+        Value::BulkString(bytes) => format!("a string of {} bytes", bytes.len()),
+        Value::Array(items) => format!("an array of {} items", items.len()),
+        other => format!("a value of another type ({})", value_kind(other)),
+    }
+}
+
+fn value_kind(value: &Value) -> &'static str {
+    match value {
+        Value::SimpleString(_) => "simple string",
+        Value::Okay => "OK",
+        Value::Map(_) => "map",
+        Value::Set(_) => "set",
+        Value::Double(_) => "double",
+        Value::Boolean(_) => "boolean",
+        _ => "other",
+    }
+}
+
+fn as_bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+/// Decodes what the scripts' `live_record` answers: token, lease lapsed (0/1), method,
+/// path, body SHA-256, and the status, headers, body and trailers, nil while in flight
+/// (trailers also nil when the answer had none).
+fn decode_record(value: Value) -> Result<IdempotencyRecord, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("a stored record {what}"));
+    let Value::Array(fields) = value else {
+        return Err(corrupt(&format!("came back as {}", describe(&value))));
+    };
+    let Ok::<[Value; 9], _>(
+        [
+            token,
+            lapsed,
+            method,
+            path,
+            sha,
+            status,
+            headers,
+            body,
+            trailers,
+        ],
+    ) = fields.try_into()
+    else {
+        return Err(corrupt("does not have the nine fields the scripts return"));
+    };
+    let text = |value: Value, name: &str| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map_err(|_| corrupt(&format!("has a {name} that is not UTF-8"))),
+        _ => Err(corrupt(&format!("has no {name}"))),
+    };
+    let token = text(token, "fencing_token")?
+        .parse::<i64>()
+        .map_err(|_| corrupt("has a fencing_token that is not a 64-bit integer"))?;
+    let body_sha256: [u8; 32] = match sha {
+        Value::BulkString(bytes) => bytes
+            .try_into()
+            .map_err(|_| corrupt("has a body_sha256 that is not 32 bytes"))?,
+        _ => return Err(corrupt("has no body_sha256")),
+    };
+    let binding = Binding {
+        method: text(method, "method")?,
+        path: text(path, "path")?,
+        body_sha256,
+    };
+    let state = match status {
+        Value::Nil => RecordState::InFlight {
+            token: FencingToken(token),
+            lease_lapsed: matches!(lapsed, Value::Int(1)),
+        },
+        status => {
+            let status = text(status, "response_status")?
+                .parse::<u16>()
+                .ok()
+                .filter(|status| (100..=999).contains(status))
+                .ok_or_else(|| corrupt("has a response_status that is not an HTTP status"))?;
+            let headers = match headers {
+                Value::BulkString(bytes) => StoredResponse::decode_headers(&bytes)?,
+                Value::Nil => Vec::new(),
+                _ => return Err(corrupt("has response_headers of the wrong type")),
+            };
+            let body = match body {
+                Value::BulkString(bytes) => Bytes::from(bytes),
+                _ => return Err(corrupt("is completed but has no response_body")),
+            };
+            let trailers = match trailers {
+                Value::BulkString(bytes) => StoredResponse::decode_trailers(&bytes)?,
+                Value::Nil => Vec::new(),
+                _ => return Err(corrupt("has response_trailers of the wrong type")),
+            };
+            RecordState::Completed(StoredResponse {
+                status,
+                headers,
+                body,
+                trailers,
+            })
+        }
+    };
+    Ok(IdempotencyRecord { binding, state })
+}
+
+/// Decodes the scripts' `operator_view`: created, expires, lease end (epoch ms), status
+/// (nil in flight), method, path, body SHA-256, and the server's now.
+fn decode_view(value: Value) -> Result<InspectedRecord, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("a stored record {what}"));
+    let Value::Array(fields) = value else {
+        return Err(corrupt(&format!("came back as {}", describe(&value))));
+    };
+    let Ok::<[Value; 8], _>([created, expires, lease, status, method, path, sha, now]) =
+        fields.try_into()
+    else {
+        return Err(corrupt(
+            "does not have the eight fields the inspection returns",
+        ));
+    };
+    let text = |value: Value, name: &str| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes)
+            .map_err(|_| corrupt(&format!("has a {name} that is not UTF-8"))),
+        _ => Err(corrupt(&format!("has no {name}"))),
+    };
+    let millis = |value: Value, name: &str| -> Result<u64, StoreError> {
+        text(value, name)?
+            .parse::<u64>()
+            .map_err(|_| corrupt(&format!("has a {name} that is not epoch milliseconds")))
+    };
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    let now = millis(now, "clock reading")?;
+    let state = match status {
+        Value::Nil => {
+            let lease_end = millis(lease, "lease_expires_at_ms")?;
+            InspectedState::InFlight {
+                lease_lapsed: now >= lease_end,
+                lease_expires_at: Some(at(lease_end)),
+            }
+        }
+        status => InspectedState::Completed {
+            status: text(status, "response_status")?
+                .parse::<u16>()
+                .map_err(|_| corrupt("has a response_status that is not an HTTP status"))?,
+        },
+    };
+    let body_sha256: [u8; 32] = match sha {
+        Value::BulkString(bytes) => bytes
+            .try_into()
+            .map_err(|_| corrupt("has a body_sha256 that is not 32 bytes"))?,
+        _ => return Err(corrupt("has no body_sha256")),
+    };
+    let created_at: SystemTime = at(millis(created, "created_at_ms")?);
+    Ok(InspectedRecord {
+        binding: Binding {
+            method: text(method, "method")?,
+            path: text(path, "path")?,
+            body_sha256,
+        },
+        state,
+        created_at: Some(created_at),
+        expires_at: Some(at(millis(expires, "expires_at_ms")?)),
+        inspected_at: Some(at(now)),
+    })
+}
+
+/// A duration as whole milliseconds, rounded up (a 1 µs lease is 1 ms, not 0) and
+/// clamped to [`MAX_DURATION_MS`].
+fn millis(duration: Duration) -> u64 {
+    duration.as_nanos().div_ceil(1_000_000).min(MAX_DURATION_MS) as u64
+}
+
+/// A fresh fencing token: 63 random bits (positive, never zero).
+fn new_token() -> FencingToken {
+    loop {
+        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+        let token = ((high ^ low.rotate_left(17)) >> 1) as i64;
+        if token != 0 {
+            return FencingToken(token);
+        }
+    }
+}
+
+/// A fresh token that differs from `old`.
+fn new_token_other_than(old: FencingToken) -> FencingToken {
+    loop {
+        let token = new_token();
+        if token != old {
+            return token;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_up_and_clamp() {
+        assert_eq!(millis(Duration::ZERO), 0);
+        assert_eq!(millis(Duration::from_nanos(1)), 1);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), MAX_DURATION_MS as u64);
+    }
+
+    #[test]
+    fn tokens_are_positive_63_bit_and_differ() {
+        for _ in 0..1000 {
+            let token = new_token();
+            assert!(token.0 > 0);
+            assert_ne!(new_token_other_than(token), token);
+        }
+    }
+
+    #[test]
+    fn every_operation_has_a_script_with_the_prelude() {
+        for operation in Operation::ALL {
+            let script = RedisStore::script(operation);
+            assert!(script.source().contains("redis.call('TIME')"));
+            assert_eq!(script.sha1().len(), 40);
+        }
+    }
+
+    #[test]
+    fn errors_describe_values_without_their_content() {
+        let message = unexpected(
+            Operation::Load,
+            &Value::BulkString(b"secret response".to_vec()),
+        )
+        .to_string();
+        assert!(message.contains("15 bytes"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+    }
+}

@@ -1,0 +1,203 @@
+//! [`RedisOptions`]: where the store connects and how patient it is.
+
+use std::time::Duration;
+
+use crate::keys::{InvalidKeyPrefix, KeyPrefix};
+
+/// What the store connects to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// One server (or a proxy in front of several): `redis://[user:password@]host:port[/db]`.
+    Server(String),
+    /// A Redis Cluster, found through any of these nodes (`redis://host:port` each).
+    Cluster(Vec<String>),
+}
+
+/// Settings for [`RedisStore::connect_with`](crate::RedisStore::connect_with).
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotency_store_redis::{RedisOptions, Target};
+///
+/// let single = RedisOptions::server("redis://127.0.0.1:6379")
+///     .operation_timeout(Duration::from_secs(1));
+/// let cluster = RedisOptions::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?
+///     .key_prefix("orders-idempotency:")?;
+/// assert_eq!(
+///     cluster.target(),
+///     &Target::Cluster(vec!["redis://10.0.0.1:7000".into(), "redis://10.0.0.2:7000".into()])
+/// );
+/// # drop(single); Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisOptions {
+    pub(crate) target: Target,
+    pub(crate) prefix: KeyPrefix,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
+    pub(crate) accept_evicting_policy: bool,
+}
+
+/// How long connecting to a server may take, by default: 2 seconds.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one operation may take, reconnecting included, by default: 2 seconds. A
+/// server that is down then fails requests within this bound (the layer answers 503 with
+/// `Retry-After`) instead of holding them.
+pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl RedisOptions {
+    /// One server (or a proxy): `redis://[user:password@]host:port[/db]`.
+    pub fn server(url: impl Into<String>) -> Self {
+        Self::new(Target::Server(url.into()))
+    }
+
+    /// A Redis Cluster, found through any of `nodes` (`redis://host:port` each; one is
+    /// enough, the others are tried when it does not answer).
+    pub fn cluster<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> Self {
+        Self::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
+    }
+
+    /// Reads a target from one string, as a command-line flag or a config file gives it:
+    /// `redis://…` (or `rediss://…`) is one server; `redis+cluster://host:port,host:port/`
+    /// (or `rediss+cluster://…`) a cluster found through those nodes, each getting the
+    /// same credentials, path and query.
+    pub fn from_url(url: &str) -> Result<Self, UnsupportedUrl> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(UnsupportedUrl::new(url));
+        };
+        match scheme {
+            "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "unix" => {
+                Ok(Self::server(url))
+            }
+            "redis+cluster" | "rediss+cluster" | "valkey+cluster" | "valkeys+cluster" => {
+                let scheme = scheme.trim_end_matches("+cluster");
+                let (credentials, rest) = match rest.rsplit_once('@') {
+                    Some((credentials, rest)) => (format!("{credentials}@"), rest),
+                    None => (String::new(), rest),
+                };
+                let (hosts, tail) = match rest.find(['/', '?']) {
+                    Some(at) => rest.split_at(at),
+                    None => (rest, ""),
+                };
+                let nodes: Vec<String> = hosts
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|host| !host.is_empty())
+                    .map(|host| format!("{scheme}://{credentials}{host}{tail}"))
+                    .collect();
+                if nodes.is_empty() {
+                    return Err(UnsupportedUrl::new(url));
+                }
+                Ok(Self::cluster(nodes))
+            }
+            _ => Err(UnsupportedUrl::new(url)),
+        }
+    }
+
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            prefix: KeyPrefix::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            operation_timeout: DEFAULT_OPERATION_TIMEOUT,
+            accept_evicting_policy: false,
+        }
+    }
+
+    /// What the store connects to.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// Puts every record under `prefix` instead of
+    /// [`DEFAULT_KEY_PREFIX`](crate::DEFAULT_KEY_PREFIX) (`idempotency:`), e.g. to give two
+    /// services on one server key spaces of their own. Refused if it holds `{` or `}`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Result<Self, InvalidKeyPrefix> {
+        self.prefix = KeyPrefix::new(prefix)?;
+        Ok(self)
+    }
+
+    /// How long one connection attempt may take (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long one store operation may take, waiting for a reconnection included
+    /// (default 2 s). A 6 MiB response takes tens of milliseconds on a local network, so
+    /// the default leaves room for large bodies on a loaded server.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Connects even when a server's `maxmemory-policy` is not `noeviction`, logging a
+    /// warning instead of refusing.
+    ///
+    /// Every record has a TTL, so any other policy — the `volatile-*` ones included — lets
+    /// the server evict live records under memory pressure: a finalized record that is
+    /// evicted runs its mutation again on the next retry, and an evicted reservation lets a
+    /// duplicate run beside its owner. Only opt in where the server can never reach its
+    /// `maxmemory`, or where an occasional double execution is acceptable.
+    pub fn accept_evicting_policy(mut self, accept: bool) -> Self {
+        self.accept_evicting_policy = accept;
+        self
+    }
+}
+
+/// A URL [`RedisOptions::from_url`] does not understand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{url:?} is not a Redis URL: use redis://host:port for one server, or \
+     redis+cluster://host:port,host:port for a Redis Cluster (rediss:// for TLS)"
+)]
+pub struct UnsupportedUrl {
+    url: String,
+}
+
+impl UnsupportedUrl {
+    fn new(url: &str) -> Self {
+        Self {
+            url: crate::connect::redact(url),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_share_credentials_path_and_query() {
+        let options =
+            RedisOptions::from_url("redis+cluster://app:secret@h1:7000,h2:7001/0?protocol=resp3")
+                .unwrap();
+        assert_eq!(
+            options.target(),
+            &Target::Cluster(vec![
+                "redis://app:secret@h1:7000/0?protocol=resp3".to_owned(),
+                "redis://app:secret@h2:7001/0?protocol=resp3".to_owned(),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_plain_url_is_one_server() {
+        assert_eq!(
+            RedisOptions::from_url("redis://127.0.0.1:6379/2")
+                .unwrap()
+                .target(),
+            &Target::Server("redis://127.0.0.1:6379/2".to_owned())
+        );
+    }
+
+    #[test]
+    fn other_schemes_are_refused_without_showing_the_password() {
+        let error = RedisOptions::from_url("postgres://u:hunter2@db/x").unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("redis+cluster://"), "{message}");
+        assert!(!message.contains("hunter2"), "{message}");
+        assert!(RedisOptions::from_url("redis+cluster:///").is_err());
+        assert!(RedisOptions::from_url("localhost:6379").is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! Store checks run on a single server and on a cluster alike: the public conformance
+//! suite and reference model, its multi-node checks with two store handles, native
+//! expiry, and 64 racers through the layer over two handles.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idempotency_core::conformance::{self, model};
+use idempotency_core::{
+    IdempotencyLayer, IdempotencyStore, Outcome, RecordId, RejectionKind, Reservation,
+};
+use idempotency_store_redis::RedisStore;
+use redis::AsyncCommands as _;
+use tower::ServiceExt as _;
+
+use super::{binding, id, response};
+
+/// The public conformance suite: every single-store check and the reference model.
+pub async fn conformance_suite(store: Arc<dyn IdempotencyStore>) {
+    conformance::run_all(&store).await;
+}
+
+/// The reference model on `runs` more random sequences, from `first_seed`.
+pub async fn reference_model(store: Arc<dyn IdempotencyStore>, first_seed: u64, runs: u64) {
+    model::check_random_sequences(&store, first_seed, runs, 60).await;
+}
+
+async fn reserve_new(
+    store: &dyn IdempotencyStore,
+    id: &RecordId,
+    lease: Duration,
+    lifetime: Duration,
+) -> idempotency_core::FencingToken {
+    match store
+        .reserve(id, &binding(), lease, lifetime)
+        .await
+        .unwrap()
+    {
+        Reservation::Reserved(token) => token,
+        Reservation::Exists(record) => panic!("a fresh key held {record:?}"),
+    }
+}
+
+/// Redis-specific: records carry a native TTL that matches their expiry, renew and
+/// take-over move it out, and an expired record's key is gone from the server.
+pub async fn expiry_is_native(store: &RedisStore) {
+    let mut connection = store.connection();
+    let id = id();
+    let key = store.record_key(&id);
+    let token = reserve_new(store, &id, Duration::from_secs(5), Duration::from_secs(30)).await;
+    let ttl: i64 = connection.pttl(&key).await.unwrap();
+    assert!(
+        (29_000..=30_000).contains(&ttl),
+        "PTTL {ttl} after a 30 s reserve"
+    );
+    store
+        .renew(&id, token, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let ttl: i64 = connection.pttl(&key).await.unwrap();
+    assert!(
+        (89_000..=90_000).contains(&ttl),
+        "PTTL {ttl} after a 90 s renewal"
+    );
+    store.finalize(&id, token, &response(b"x")).await.unwrap();
+    let kept: i64 = connection.pttl(&key).await.unwrap();
+    assert!(
+        kept <= ttl && kept > 88_000,
+        "finalize changed the TTL to {kept}"
+    );
+
+    let short = super::id();
+    let short_key = store.record_key(&short);
+    reserve_new(store, &short, Duration::ZERO, Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let exists: bool = connection.exists(&short_key).await.unwrap();
+    assert!(!exists, "an expired record's key must be gone");
+    // The record is a hash whose fields an operator can read with HGETALL.
+    let fields: Vec<String> = connection.hkeys(&key).await.unwrap();
+    for field in [
+        "method",
+        "path",
+        "body_sha256",
+        "fencing_token",
+        "created_at_ms",
+        "expires_at_ms",
+        "lease_expires_at_ms",
+        "response_status",
+        "response_headers",
+        "response_body",
+    ] {
+        assert!(
+            fields.iter().any(|f| f == field),
+            "no {field} in {fields:?}"
+        );
+    }
+}
+
+/// The public multi-node checks with two store handles (two connections) as two replicas.
+pub async fn two_handles(a: Arc<dyn IdempotencyStore>, b: Arc<dyn IdempotencyStore>) {
+    conformance::run_multi_node(&a, &b).await;
+}
+
+/// The service's side effect, shared by both replicas.
+#[derive(Clone, Default)]
+pub struct Calls(pub Arc<AtomicUsize>);
+
+/// `POST /tables`: counts its calls, takes 300 ms, answers 201 with the call number.
+pub fn app(calls: Calls, layer: IdempotencyLayer) -> Router {
+    async fn create(State(calls): State<Calls>) -> (StatusCode, String) {
+        let n = calls.0.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (StatusCode::CREATED, format!(r#"{{"call":{n}}}"#))
+    }
+    Router::new()
+        .route("/tables", post(create))
+        .with_state(calls)
+        .layer(layer)
+}
+
+pub async fn send(app: &Router, key: &str) -> (StatusCode, Vec<u8>, Option<Outcome>) {
+    let request = Request::post("/tables")
+        .header("idempotency-key", key)
+        .body(Body::from(r#"{"name":"t1"}"#))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let outcome = response.extensions().get::<Outcome>().copied();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        body.collect().await.unwrap().to_bytes().to_vec(),
+        outcome,
+    )
+}
+
+/// 64 requests with one key over two replicas (two layers, two store handles): the
+/// handler runs once; every other request gets the replay or the in-flight answer.
+pub async fn sixty_four_racers_over_two_handles_run_once(a: RedisStore, b: RedisStore) {
+    let calls = Calls::default();
+    let replicas = [
+        app(calls.clone(), IdempotencyLayer::new(a)),
+        app(calls.clone(), IdempotencyLayer::new(b)),
+    ];
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let app = replicas[i % 2].clone();
+        let key = key.clone();
+        tasks.spawn(async move { send(&app, &key).await });
+    }
+    let (mut executed, mut replayed, mut in_flight) = (0, 0, 0);
+    let mut bodies = std::collections::HashSet::new();
+    while let Some(result) = tasks.join_next().await {
+        let (status, body, outcome) = result.unwrap();
+        match outcome {
+            Some(Outcome::Executed) => executed += 1,
+            Some(Outcome::Replayed) => replayed += 1,
+            Some(Outcome::Rejected(RejectionKind::InFlight)) => {
+                in_flight += 1;
+                continue;
+            }
+            other => panic!("unexpected outcome {other:?} ({status})"),
+        }
+        assert_eq!(status, StatusCode::CREATED);
+        bodies.insert(body);
+    }
+    assert_eq!(
+        calls.0.load(Ordering::SeqCst),
+        1,
+        "the handler must run exactly once"
+    );
+    assert_eq!(executed, 1);
+    assert_eq!(executed + replayed + in_flight, 64);
+    assert_eq!(bodies.len(), 1, "every replay must be the first answer");
+    for app in &replicas {
+        let (status, body, outcome) = send(app, &key).await;
+        assert_eq!(
+            (status, outcome),
+            (StatusCode::CREATED, Some(Outcome::Replayed))
+        );
+        assert!(bodies.contains(&body));
+    }
+    assert_eq!(calls.0.load(Ordering::SeqCst), 1);
+}

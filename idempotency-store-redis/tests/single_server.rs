@@ -1,0 +1,66 @@
+//! The store on one real `redis-server` (started by the test on a free port, with the
+//! append-only file on): the conformance suite, the reference model, native expiry, and
+//! two store handles acting as two replicas, directly and through the layer.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{RedisServer, bounded, checks, redis_available};
+use idempotency_store_redis::RedisStore;
+
+async fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::connect(&server.url())
+        .await
+        .unwrap_or_else(|error| panic!("connect to the test server: {error}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_the_conformance_suite() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    bounded(120, async {
+        checks::conformance_suite(Arc::new(store(&server).await)).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matches_the_reference_model_on_random_sequences() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    bounded(120, async {
+        checks::reference_model(Arc::new(store(&server).await), 1_000, 200).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_expire_natively_and_are_readable_hashes() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    bounded(60, async {
+        checks::expiry_is_native(&store(&server).await).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_store_handles_act_as_two_replicas() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    bounded(120, async {
+        let (a, b) = (store(&server).await, store(&server).await);
+        checks::two_handles(Arc::new(a.clone()), Arc::new(b.clone())).await;
+        checks::sixty_four_racers_over_two_handles_run_once(a, b).await;
+    })
+    .await;
+}
