@@ -150,6 +150,7 @@ fn response() -> StoredResponse {
             Bytes::from_static(b"application/json"),
         )],
         body: Bytes::from_static(crate::app::RESPONSE_BODY.as_bytes()),
+        trailers: Vec::new(),
     }
 }
 
@@ -210,6 +211,7 @@ impl Bench {
                     r.status.to_string().as_bytes(),
                     &r.encode_headers(),
                     &r.body,
+                    &r.encode_trailers(),
                 ],
             )
             .await?;
