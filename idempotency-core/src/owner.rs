@@ -16,23 +16,13 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::body::{Buffered, buffer};
 use crate::budget::Held;
 use crate::future::FinishOnDrop;
+use crate::in_transaction::{self, ReservationHandle};
 use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::profile::Disposition;
 use crate::rejection::Rejection;
 use crate::service::{Answer, AnswerBody, IDEMPOTENCY_KEY, Inner};
 use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
-
-/// The reservation a keyed request runs under, added to the request's extensions for
-/// the inner service. A service that keeps its state in the store's database can use it
-/// to finalize the record inside its own transaction.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReservationHandle {
-    /// The record reserved.
-    pub id: RecordId,
-    /// The token that owns it.
-    pub token: FencingToken,
-}
 
 /// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
 /// (and records its answer) even when the caller drops the response future: the rest of
@@ -74,7 +64,7 @@ where
     ReqBody: From<Bytes> + Send + 'static,
     ResBody: AnswerBody,
 {
-    let (parts, body) = match execute(&settings, inner, &request, &id, token).await {
+    let (mut parts, body) = match execute(&settings, inner, &request, &id, token).await {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
@@ -85,6 +75,11 @@ where
             std::panic::resume_unwind(panic);
         }
     };
+    if let Some(answer) =
+        in_transaction::finalized_answer(&settings, &id, token, &mut parts, &body, outcome)
+    {
+        return Ok(answer);
+    }
     let verdict = classify(&settings, &parts, &body);
     Ok(settle(
         &settings, &request, &id, token, verdict, parts, body, outcome,
@@ -108,23 +103,21 @@ where
     ReqBody: From<Bytes>,
     ResBody: AnswerBody,
 {
+    let reservation = ReservationHandle::new(settings.clone(), request.clone(), id.clone(), token);
     let mut request = request.clone().map(ReqBody::from);
     prepare_for_inner(settings, request.headers_mut());
-    request.extensions_mut().insert(ReservationHandle {
-        id: id.clone(),
-        token,
-    });
+    request.extensions_mut().insert(reservation.clone());
     let max_body = settings.max_response_body;
     let run = async move {
         let (parts, body) = inner.call(request).await?.into_parts();
         Ok((parts, buffer(body, max_body).await))
     };
-    hold_lease(settings, id, token, AssertUnwindSafe(run).catch_unwind()).await
+    hold_lease(settings, reservation, AssertUnwindSafe(run).catch_unwind()).await
 }
 
 /// What happens to an answer.
 #[derive(Debug, PartialEq, Eq)]
-enum Verdict {
+pub(crate) enum Verdict {
     /// Store it and replay it to every retry.
     Store,
     /// Release the key, so that a retry runs again; the caller gets the answer.
@@ -146,7 +139,7 @@ enum Verdict {
 
 /// Stage 5: what happens to an answer, by the generic rules (5xx and the release
 /// statuses release) and then the profile's.
-fn classify(settings: &Settings, parts: &response::Parts, body: &Buffered) -> Verdict {
+pub(crate) fn classify(settings: &Settings, parts: &response::Parts, body: &Buffered) -> Verdict {
     let status = parts.status;
     let releases = status.is_server_error() || settings.release_statuses.contains(&status);
     let trailers = match body {
@@ -280,7 +273,11 @@ fn is_encoded(headers: &HeaderMap) -> bool {
 }
 
 /// The answer as the generic rules keep it: status, the replayed headers, the body.
-fn stored_response(settings: &Settings, parts: &response::Parts, body: &Bytes) -> StoredResponse {
+pub(crate) fn stored_response(
+    settings: &Settings,
+    parts: &response::Parts,
+    body: &Bytes,
+) -> StoredResponse {
     StoredResponse {
         status: parts.status.as_u16(),
         headers: kept_headers(&parts.headers, |name| {
@@ -331,8 +328,7 @@ async fn finalize_rejection(
 /// and the store's fencing keeps the stale owner from overwriting the new one.
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
-    id: &RecordId,
-    token: FencingToken,
+    reservation: ReservationHandle,
     work: F,
 ) -> F::Output {
     let mut work = std::pin::pin!(work);
@@ -340,31 +336,37 @@ async fn hold_lease<F: Future>(
     if let Poll::Ready(output) = first_poll {
         return output;
     }
-    let _renewing = AbortOnDropHandle::new(tokio::spawn(renew_lease(
-        settings.clone(),
-        id.clone(),
-        token,
-    )));
+    let _renewing =
+        AbortOnDropHandle::new(tokio::spawn(renew_lease(settings.clone(), reservation)));
     work.await
 }
 
-async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
+async fn renew_lease(settings: Arc<Settings>, reservation: ReservationHandle) {
+    let (id, token) = (&reservation.id, reservation.token);
     let lease = settings.lease();
     let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
     loop {
         tokio::time::sleep(lease / 3).await;
-        if give_up_at.is_some_and(|at| Instant::now() >= at) {
-            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(&id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
+        // The handler wrote the answer in its transaction: the record settles when it
+        // commits, and a renewal would only wait for the transaction's row lock.
+        if reservation.finalized_in_transaction() {
             return;
         }
-        match settings.store.renew(&id, token, lease).await {
+        if give_up_at.is_some_and(|at| Instant::now() >= at) {
+            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
+            return;
+        }
+        match settings.store.renew(id, token, lease).await {
             Ok(Ownership::Held) => {}
+            // A renewal that waited for the handler's transaction finds the record
+            // finalized by it.
+            Ok(Ownership::Lost) if reservation.finalized_in_transaction() => return,
             Ok(Ownership::Lost) => {
-                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(&id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
+                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
                 return;
             }
             Err(error) => {
-                tracing::warn!(outcome = "store-error", key = %settings.log_key(&id), %error, "idempotency: renewing the lease failed; will retry")
+                tracing::warn!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: renewing the lease failed; will retry")
             }
         }
     }

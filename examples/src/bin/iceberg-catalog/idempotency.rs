@@ -12,21 +12,27 @@
 //! in the catalog's own database, in a table of their own (`idempotency_records`):
 //! SQLite for one process, PostgreSQL or MySQL for replicas, which then replay each
 //! other's answers. A background task purges expired records.
+//!
+//! Being in the same database, a change's answer is written into its record in the
+//! change's own transaction ([`AnyFinalizer`], on the catalog's `Any` connections), so
+//! that the two commit together: see [`crate::catalog`].
 
 use std::time::Duration;
 
 use idempotency_core::IdempotencyLayer;
 use idempotency_core::config::{ConfigError, IdempotencyConfig};
 use idempotency_core::iso8601::format_duration;
+use idempotency_store_sql::AnyFinalizer;
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The layer for the catalog on `database_url`, keeping answers for `lifetime`.
+/// The layer for the catalog on `database_url`, keeping answers for `lifetime`, and
+/// the finalizer that writes an answer into its record in the catalog's transactions.
 pub(crate) async fn layer(
     database_url: &str,
     lifetime: Duration,
-) -> Result<IdempotencyLayer, ConfigError> {
+) -> Result<(IdempotencyLayer, AnyFinalizer), ConfigError> {
     let config = IdempotencyConfig::from_properties([
         ("idempotency-enabled", "true".to_owned()),
         ("idempotency-key-lifetime", format_duration(lifetime)),
@@ -39,5 +45,6 @@ pub(crate) async fn layer(
     ])?;
     let store = idempotency_store_sql::open(&config).await?;
     config.spawn_purge_task(store.clone());
-    Ok(config.iceberg_layer(store))
+    // `open` keeps the records in the default table.
+    Ok((config.iceberg_layer(store), AnyFinalizer::default()))
 }
