@@ -1044,7 +1044,9 @@ async fn sigterm_stops_cleanly_and_a_restart_still_replays_from_sqlite() {
 /// that run at once wait for the one that sets it up.
 fn pyiceberg_python() -> Option<PathBuf> {
     static SETTING_UP: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = SETTING_UP.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one_at_a_time = SETTING_UP
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let requirements_file =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg-requirements.txt");
     let requirements = fs::read_to_string(&requirements_file).expect("requirements file");

@@ -172,13 +172,13 @@ impl Store {
     async fn execute(&self, statement: &str) {
         match self {
             Self::Postgres(store) => {
-                drop(sqlx::query(statement).execute(store.pool()).await.unwrap())
+                sqlx::query(statement).execute(store.pool()).await.unwrap();
             }
             Self::MariaDb(store) => {
-                drop(sqlx::query(statement).execute(store.pool()).await.unwrap())
+                sqlx::query(statement).execute(store.pool()).await.unwrap();
             }
             Self::Sqlite(store) => {
-                drop(sqlx::query(statement).execute(store.pool()).await.unwrap())
+                sqlx::query(statement).execute(store.pool()).await.unwrap();
             }
         }
     }
@@ -261,8 +261,11 @@ struct Script {
     /// Told when the handler runs, then awaited before its transaction begins.
     before_transaction: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
     /// Told the finalize's outcome, then awaited for commit (`true`) or rollback.
-    after_finalize: Option<(oneshot::Sender<Result<(), String>>, oneshot::Receiver<bool>)>,
+    after_finalize: Option<(oneshot::Sender<FinalizeOutcome>, oneshot::Receiver<bool>)>,
 }
+
+/// What the handler's `finalize_in` returned: `Ok`, or the error's message.
+type FinalizeOutcome = Result<(), String>;
 
 #[derive(Clone)]
 struct App {
