@@ -1537,3 +1537,429 @@ print(json.dumps({"schema_id": table.schema().schema_id,
     .await;
     assert_eq!(dropped.status, 204);
 }
+
+// ------------------------------------------------------------------------------------------
+// Operating it: Prometheus metrics, and the admin endpoints that inspect and evict records
+// ------------------------------------------------------------------------------------------
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Every sample of a Prometheus text scrape, by series (`name{labels}`, labels as the
+/// exporter prints them).
+fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn scrape(
+    client: &reqwest::Client,
+    url: &str,
+) -> (String, std::collections::BTreeMap<String, f64>) {
+    let response = client.get(url).send().await.expect("scrape /metrics");
+    assert_eq!(response.status(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(content_type.starts_with("text/plain"), "{content_type}");
+    let text = response.text().await.expect("metrics text");
+    let parsed = samples(&text);
+    (text, parsed)
+}
+
+#[tokio::test]
+async fn metrics_served_for_prometheus_count_keyed_requests_by_outcome() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let metrics_port = free_port();
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let server = Server::start(dir.path(), &["--metrics-listen", &metrics_listen]);
+    let client = client();
+    let metrics_url = format!("http://{metrics_listen}/metrics");
+    let (_, before) = scrape(&client, &metrics_url).await;
+    let count = |samples: &std::collections::BTreeMap<String, f64>, series: &str| {
+        samples.get(series).copied().unwrap_or(0.0)
+    };
+
+    // Executed, then replayed (create_namespace retries its key); the key reused with
+    // another body; a malformed key; requests without a key, which are not counted.
+    let key = key();
+    let body = json!({"namespace": ["metered"]});
+    let first = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let retry = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert!(retry.replayed);
+    let reused = post(
+        &client,
+        server.url("/v1/namespaces"),
+        Some(&key),
+        &json!({"namespace": ["other"]}),
+    )
+    .await;
+    assert_eq!(reused.status, 422);
+    let malformed = post(&client, server.url("/v1/namespaces"), Some("nope"), &body).await;
+    assert_eq!(malformed.status, 400);
+    assert_eq!(get(&client, server.url("/v1/namespaces")).await.status, 200);
+    let unkeyed = post(
+        &client,
+        server.url("/v1/namespaces"),
+        None,
+        &json!({"namespace": ["plain"]}),
+    )
+    .await;
+    assert_eq!(unkeyed.status, 200);
+
+    let (text, after) = scrape(&client, &metrics_url).await;
+    let moved = |series: &str| count(&after, series) - count(&before, series);
+    assert_eq!(
+        moved(r#"idempotency_requests{idempotency_outcome="executed"}"#),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        moved(r#"idempotency_requests{idempotency_outcome="replayed"}"#),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        moved(
+            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="key-reused"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        moved(
+            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="invalid-key"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    let requests: f64 = after
+        .iter()
+        .filter(|(series, _)| series.starts_with("idempotency_requests{"))
+        .map(|(_, value)| value)
+        .sum();
+    assert_eq!(requests, 4.0, "nothing else was counted: {text}");
+    // Three reservations reached the store (executed, replayed, reused), one finalize.
+    assert_eq!(
+        moved(
+            r#"idempotency_store_duration_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#
+        ),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        moved(
+            r#"idempotency_store_duration_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE idempotency_requests counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE idempotency_store_duration histogram"),
+        "{text}"
+    );
+    assert!(text.contains("# HELP idempotency_requests "), "{text}");
+    // No key, path or namespace in any label.
+    for secret in [key.as_str(), "/v1/", "metered"] {
+        assert!(!text.contains(secret), "{secret:?} in the metrics:\n{text}");
+    }
+
+    // Without --admin-token the admin endpoints are off, and say how to turn them on.
+    let off = get(
+        &client,
+        server.url(&format!("/admin/idempotency/records/{key}")),
+    )
+    .await;
+    assert_eq!(off.status, 404, "{}", off.body);
+    assert!(off.body.contains("--admin-token"), "{}", off.body);
+}
+
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+async fn admin(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: String,
+    token: Option<&str>,
+) -> (u16, Option<String>, Value) {
+    let mut request = client.request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("admin request");
+    let status = response.status().as_u16();
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.json().await.expect("admin answers are JSON");
+    (status, challenge, body)
+}
+
+fn parse_time(value: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::DateTime::parse_from_rfc3339(value.as_str().expect("an RFC 3339 time"))
+        .expect("an RFC 3339 time")
+}
+
+#[tokio::test]
+async fn admin_endpoints_inspect_and_evict_records_behind_a_token() {
+    use idempotency_core::{Binding, IdempotencyStore, RecordId, Reservation};
+    use sha2::Digest as _;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Server::start(dir.path(), &["--admin-token", ADMIN_TOKEN]);
+    let client = client();
+    let record_url = |key: &str| server.url(&format!("/admin/idempotency/records/{key}"));
+
+    // A keyed createNamespace, stored.
+    let key = key();
+    let body = json!({"namespace": ["admin_db"], "properties": {"owner": "alice"}});
+    let first = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+
+    // No token, a wrong token: 401, saying what to send.
+    let (status, challenge, answer) =
+        admin(&client, reqwest::Method::GET, record_url(&key), None).await;
+    assert_eq!(status, 401, "{answer}");
+    assert_eq!(
+        challenge.as_deref(),
+        Some("Bearer realm=\"idempotency-admin\"")
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Bearer")
+    );
+    let (status, _, answer) = admin(
+        &client,
+        reqwest::Method::DELETE,
+        record_url(&key),
+        Some("not-the-token-at-all-0000"),
+    )
+    .await;
+    assert_eq!(status, 401, "{answer}");
+
+    // Inspect, with the key in capitals as a client log might show it.
+    let (status, _, record) = admin(
+        &client,
+        reqwest::Method::GET,
+        record_url(&key.to_uppercase()),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["scope"], json!(""));
+    assert_eq!(record["key"], json!(key));
+    assert_eq!(record["state"], json!("completed"));
+    assert_eq!(record["status"], json!(200));
+    assert_eq!(record["binding"]["method"], json!("POST"));
+    assert_eq!(record["binding"]["path"], json!("/v1/namespaces"));
+    let body_sha256: String = sha2::Sha256::digest(body.to_string().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(record["binding"]["body_sha256"], json!(body_sha256));
+    let (created, expires, inspected) = (
+        parse_time(&record["created_at"]),
+        parse_time(&record["expires_at"]),
+        parse_time(&record["inspected_at"]),
+    );
+    assert!(created <= inspected && inspected < expires, "{record}");
+    assert_eq!(
+        (expires - created).num_seconds(),
+        30 * 60,
+        "the default lifetime"
+    );
+    // Never the stored answer.
+    let shown = record.to_string();
+    assert!(
+        !shown.contains("alice") && !shown.contains("properties"),
+        "{shown}"
+    );
+
+    // Evict it: the key runs again (and now conflicts, the namespace exists).
+    let (status, _, evicted) = admin(
+        &client,
+        reqwest::Method::DELETE,
+        record_url(&key),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{evicted}");
+    assert_eq!(evicted["evicted"], json!(true));
+    assert_eq!(evicted["record"]["state"], json!("completed"));
+    let (status, _, gone) = admin(
+        &client,
+        reqwest::Method::GET,
+        record_url(&key),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 404, "{gone}");
+    let again = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+    assert!(!again.replayed, "an evicted key runs again");
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert_eq!(again.error_type(), "AlreadyExistsException");
+
+    // A request in flight, as a stuck owner leaves it: reserved in the catalog's own
+    // database with a long lease, through the store API.
+    let database = dir.path().join("iceberg-catalog.db");
+    let store = idempotency_store_sql::SqliteStore::connect(
+        &format!("sqlite:{}", database.display()),
+        &idempotency_store_sql::PoolSettings::default(),
+    )
+    .await
+    .expect("open the catalog's SQLite file");
+    let binding = Binding {
+        method: "POST".into(),
+        path: "/v1/namespaces".into(),
+        body_sha256: [7; 32],
+    };
+    let stuck = self::key();
+    let reserved = store
+        .reserve(
+            &RecordId::new("", stuck.clone()),
+            &binding,
+            Duration::from_secs(600),
+            Duration::from_secs(1800),
+        )
+        .await
+        .expect("reserve");
+    assert!(matches!(reserved, Reservation::Reserved(_)));
+    let (status, _, refused) = admin(
+        &client,
+        reqwest::Method::DELETE,
+        record_url(&stuck),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["type"], json!("RecordInFlight"));
+    let why = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        why.contains("running now") && why.contains("?force=true"),
+        "{why}"
+    );
+    assert_eq!(refused["record"]["state"], json!("in-flight"));
+    assert_eq!(refused["record"]["lease_lapsed"], json!(false));
+    let (status, _, still) = admin(
+        &client,
+        reqwest::Method::GET,
+        record_url(&stuck),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(
+        (status, &still["state"]),
+        (200, &json!("in-flight")),
+        "{still}"
+    );
+    let (status, _, bad_force) = admin(
+        &client,
+        reqwest::Method::DELETE,
+        format!("{}?force=yes", record_url(&stuck)),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 400, "{bad_force}");
+    let (status, _, forced) = admin(
+        &client,
+        reqwest::Method::DELETE,
+        format!("{}?force=true", record_url(&stuck)),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{forced}");
+    assert_eq!(forced["record"]["state"], json!("in-flight"));
+    assert!(
+        store
+            .load(&RecordId::new("", stuck.clone()))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // A named scope, percent-encoded in the path; scopes never see each other's records.
+    let scope = "tenant a/b%";
+    let scoped = self::key();
+    store
+        .reserve(
+            &RecordId::new(scope, scoped.clone()),
+            &binding,
+            Duration::from_secs(600),
+            Duration::from_secs(1800),
+        )
+        .await
+        .expect("reserve");
+    let (status, _, found) = admin(
+        &client,
+        reqwest::Method::GET,
+        server.url(&format!(
+            "/admin/idempotency/scopes/tenant%20a%2Fb%25/records/{scoped}"
+        )),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["scope"], json!(scope));
+    let (status, _, other_scope) = admin(
+        &client,
+        reqwest::Method::GET,
+        record_url(&scoped),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 404, "{other_scope}");
+
+    // Not a key this catalog stores.
+    let (status, _, bad) = admin(
+        &client,
+        reqwest::Method::GET,
+        record_url("not-a-uuid"),
+        Some(ADMIN_TOKEN),
+    )
+    .await;
+    assert_eq!(status, 400, "{bad}");
+
+    // The log tells what was evicted by its hash, never the keys.
+    let log = server.log_text();
+    assert!(log.contains("evicted an idempotency record"), "{log}");
+    for secret in [&key, &key.to_uppercase(), &stuck, &scoped] {
+        assert!(!log.contains(secret.as_str()), "a key in the log:\n{log}");
+    }
+}
+
+#[test]
+fn a_short_admin_token_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(BINARY)
+        .current_dir(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--admin-token", "short"])
+        .output()
+        .expect("run iceberg-catalog");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("at least 16 characters"),
+        "stderr: {stderr}\nstdout: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+}

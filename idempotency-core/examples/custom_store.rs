@@ -14,11 +14,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    RecordState, Reservation, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
+    StoreError, StoredResponse, async_trait,
 };
 use tokio::time::Instant;
 
@@ -35,6 +36,7 @@ struct Record {
     binding: Binding,
     in_flight: Option<(FencingToken, Instant)>, // the owner and its lease's end
     response: Option<StoredResponse>,           // set once finalized
+    created_at: Instant,                        // kept by a takeover; for inspection
     expires_at: Instant,
 }
 
@@ -65,6 +67,37 @@ impl Record {
         IdempotencyRecord {
             binding: self.binding.clone(),
             state,
+        }
+    }
+
+    /// The record as an operator sees it: never the stored response's headers or body.
+    /// The map keeps tokio instants; an inspection shows them as wall-clock times (a
+    /// database would select its timestamp columns and its own "now").
+    fn inspect(&self, now: Instant) -> InspectedRecord {
+        let wall_now = SystemTime::now();
+        let wall = |at: Instant| {
+            if at >= now {
+                wall_now + (at - now)
+            } else {
+                wall_now - (now - at)
+            }
+        };
+        let state = match (&self.response, self.in_flight) {
+            (Some(response), _) => InspectedState::Completed {
+                status: response.status,
+            },
+            (None, Some((_, lease_until))) => InspectedState::InFlight {
+                lease_lapsed: now >= lease_until,
+                lease_expires_at: Some(wall(lease_until)),
+            },
+            (None, None) => unreachable!("a record is in flight or completed"),
+        };
+        InspectedRecord {
+            binding: self.binding.clone(),
+            state,
+            created_at: Some(wall(self.created_at)),
+            expires_at: Some(wall(self.expires_at)),
+            inspected_at: Some(wall_now),
         }
     }
 }
@@ -100,6 +133,7 @@ impl IdempotencyStore for MapStore {
             binding: binding.clone(),
             in_flight: None,
             response: None,
+            created_at: now,
             expires_at: now + lifetime,
         };
         record.lease(token, now + lease);
@@ -192,6 +226,33 @@ impl IdempotencyStore for MapStore {
             records.remove(id);
         }
         Ok(Purged::Deleted(expired.len() as u64))
+    }
+
+    // For operators: read a record without its answer, and delete one on their order.
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        let now = Instant::now();
+        Ok(self
+            .records()
+            .get(id)
+            .filter(|r| r.is_live(now))
+            .map(|r| r.inspect(now)))
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        let now = Instant::now();
+        // One lock for the look and the delete, so the verdict is on the record as it
+        // stands (a database deletes only the row version it read, and reads again if
+        // that found nothing).
+        let mut records = self.records();
+        let Some(record) = records.get(id).filter(|r| r.is_live(now)) else {
+            return Ok(Eviction::NotFound);
+        };
+        let inspected = record.inspect(now);
+        if inspected.is_in_flight() && in_flight == EvictInFlight::Refuse {
+            return Ok(Eviction::InFlight(inspected));
+        }
+        records.remove(id);
+        Ok(Eviction::Evicted(inspected))
     }
     // `wait` keeps its default, which polls `load`; a store that can notify waiters
     // (LISTEN/NOTIFY, keyspace events) should override it.

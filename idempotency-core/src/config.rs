@@ -39,6 +39,8 @@
 //! | `idempotency-database-password` | from the URL | sql (PostgreSQL, MySQL) only; never printed |
 //! | `idempotency-database-pool-size` | 10 | sql only: positive integer |
 //! | `idempotency-purge-interval` | no purging | ISO-8601 duration, > 0 |
+//! | `idempotency-scope-max-records` | no quota | positive integer: the live records one scope may hold |
+//! | `idempotency-scope-max-bytes` | no quota | positive integer: the bytes one scope's records may hold |
 //!
 //! Keys that do not start with `idempotency-` are ignored, so a service can pass its
 //! whole configuration map. An unknown `idempotency-*` key, a bad value, a missing URL or
@@ -52,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::iso8601::{format_duration, parse_duration};
-use crate::{IdempotencyLayer, IdempotencyStore, StoreError};
+use crate::{IdempotencyLayer, IdempotencyStore, ScopeQuota, StoreError};
 
 /// `idempotency-enabled`
 pub const ENABLED: &str = "idempotency-enabled";
@@ -72,8 +74,12 @@ pub const DATABASE_PASSWORD: &str = "idempotency-database-password";
 pub const DATABASE_POOL_SIZE: &str = "idempotency-database-pool-size";
 /// `idempotency-purge-interval`
 pub const PURGE_INTERVAL: &str = "idempotency-purge-interval";
+/// `idempotency-scope-max-records`
+pub const SCOPE_MAX_RECORDS: &str = "idempotency-scope-max-records";
+/// `idempotency-scope-max-bytes`
+pub const SCOPE_MAX_BYTES: &str = "idempotency-scope-max-bytes";
 
-const KNOWN_KEYS: [&str; 9] = [
+const KNOWN_KEYS: [&str; 11] = [
     ENABLED,
     KEY_LIFETIME,
     STORE_TYPE,
@@ -83,6 +89,8 @@ const KNOWN_KEYS: [&str; 9] = [
     DATABASE_PASSWORD,
     DATABASE_POOL_SIZE,
     PURGE_INTERVAL,
+    SCOPE_MAX_RECORDS,
+    SCOPE_MAX_BYTES,
 ];
 
 /// The default record lifetime: 30 minutes.
@@ -172,6 +180,9 @@ pub struct IdempotencyConfig {
     /// `idempotency-purge-interval`: how often expired records are purged (default:
     /// never; expired records still count as absent).
     pub purge_interval: Option<Duration>,
+    /// `idempotency-scope-max-records` and `idempotency-scope-max-bytes`: what one scope
+    /// may hold (default: no quota).
+    pub scope_quota: Option<ScopeQuota>,
 }
 
 impl Default for IdempotencyConfig {
@@ -186,6 +197,7 @@ impl Default for IdempotencyConfig {
             database_password: None,
             database_pool_size: None,
             purge_interval: None,
+            scope_quota: None,
         }
     }
 }
@@ -208,6 +220,7 @@ impl fmt::Debug for IdempotencyConfig {
             )
             .field("database_pool_size", &self.database_pool_size)
             .field("purge_interval", &self.purge_interval)
+            .field("scope_quota", &self.scope_quota)
             .finish()
     }
 }
@@ -218,7 +231,7 @@ impl fmt::Debug for IdempotencyConfig {
 pub enum ConfigError {
     /// An `idempotency-*` key this crate does not know (often a typo).
     #[error(
-        "unknown property `{key}`; the idempotency properties are: idempotency-enabled, idempotency-key-lifetime, idempotency-store-type, idempotency-max-entries, idempotency-database-url, idempotency-database-user, idempotency-database-password, idempotency-database-pool-size, idempotency-purge-interval"
+        "unknown property `{key}`; the idempotency properties are: idempotency-enabled, idempotency-key-lifetime, idempotency-store-type, idempotency-max-entries, idempotency-database-url, idempotency-database-user, idempotency-database-password, idempotency-database-pool-size, idempotency-purge-interval, idempotency-scope-max-records, idempotency-scope-max-bytes"
     )]
     UnknownKey {
         /// The key as given.
@@ -352,6 +365,16 @@ impl IdempotencyConfig {
         }
         if let Some(value) = seen.get(PURGE_INTERVAL) {
             config.purge_interval = Some(positive_duration(PURGE_INTERVAL, value)?);
+        }
+        if let Some(value) = seen.get(SCOPE_MAX_RECORDS) {
+            let quota = config.scope_quota.unwrap_or_default();
+            config.scope_quota =
+                Some(quota.with_max_records(positive_integer(SCOPE_MAX_RECORDS, value)?));
+        }
+        if let Some(value) = seen.get(SCOPE_MAX_BYTES) {
+            let quota = config.scope_quota.unwrap_or_default();
+            config.scope_quota =
+                Some(quota.with_max_bytes(positive_integer(SCOPE_MAX_BYTES, value)?));
         }
         config.check_combination()?;
         Ok(config)

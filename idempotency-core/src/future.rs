@@ -28,8 +28,9 @@ pin_project! {
     enum Kind<F, B, E> {
         // No key, or not taking part: the inner future, untouched.
         Passthrough { #[pin] future: F },
-        // A keyed request, or a config answer being rewritten.
-        Boxed { future: Boxed<B, E> },
+        // A keyed request (in its span, entered on every poll), or a config answer being
+        // rewritten (no span).
+        Boxed { future: Boxed<B, E>, span: tracing::Span },
         // Answered by the layer before anything ran.
         Ready { response: Option<Response<B>> },
     }
@@ -43,8 +44,12 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     }
 
     pub(crate) fn boxed(future: Boxed<B, E>) -> Self {
+        Self::in_span(future, tracing::Span::none())
+    }
+
+    pub(crate) fn in_span(future: Boxed<B, E>, span: tracing::Span) -> Self {
         Self {
-            kind: Kind::Boxed { future },
+            kind: Kind::Boxed { future, span },
         }
     }
 
@@ -66,7 +71,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Passthrough { future } => future.poll(cx),
-            KindProj::Boxed { future } => future.as_mut().poll(cx),
+            KindProj::Boxed { future, span } => {
+                let _entered = span.enter();
+                future.as_mut().poll(cx)
+            }
             KindProj::Ready { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("ResponseFuture polled after completion"))),
@@ -83,6 +91,9 @@ where
 /// graceful shutdown waits for it.
 pub(crate) struct FinishOnDrop<T: Send + 'static> {
     work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    // The request's span, entered on every poll, and handed to the task the work moves
+    // to: the work stays in it without being wrapped (and moved) once more.
+    span: tracing::Span,
     // Set while the work is being polled: if a poll panics, the work is left in a
     // state it cannot be resumed from, and must not be moved to a task.
     poisoned: bool,
@@ -95,6 +106,12 @@ impl<T: Send + 'static> FinishOnDrop<T> {
     ) -> Self {
         Self {
             work: Some(Box::pin(tracker.track_future(work))),
+            // Only a subscriber that wants INFO gets the request's span (`keyed::begin`).
+            span: if tracing::level_enabled!(tracing::Level::INFO) {
+                tracing::Span::current()
+            } else {
+                tracing::Span::none()
+            },
             poisoned: false,
         }
     }
@@ -110,7 +127,7 @@ impl<T: Send + 'static> Future for FinishOnDrop<T> {
             .as_mut()
             .expect("FinishOnDrop polled after completion");
         this.poisoned = true;
-        let output = work.as_mut().poll(cx);
+        let output = this.span.in_scope(|| work.as_mut().poll(cx));
         this.poisoned = false;
         if output.is_ready() {
             this.work = None;
@@ -128,7 +145,10 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
             return;
         }
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(work)),
+            Ok(runtime) => {
+                let span = std::mem::replace(&mut self.span, tracing::Span::none());
+                drop(runtime.spawn(tracing::Instrument::instrument(work, span)));
+            }
             // Outside a runtime nothing can finish it: the reservation stays until its
             // lease lapses and a retry takes it over.
             Err(_) => tracing::warn!(

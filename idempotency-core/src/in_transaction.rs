@@ -298,6 +298,7 @@ pub(crate) fn finalized_answer<ResBody: From<Bytes>>(
     parts.status = mark.status;
     parts.version = mark.version;
     parts.headers = mark.headers;
+    crate::metrics::outcome(settings, outcome);
     parts.extensions.insert(outcome);
     Some(Response::from_parts(parts, ResBody::from(mark.body)))
 }

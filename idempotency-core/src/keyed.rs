@@ -15,6 +15,7 @@ use crate::binding;
 use crate::body::{Buffered, buffer};
 use crate::budget::Held;
 use crate::layer::Settings;
+use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::owner;
 use crate::policy::{self, is_mutation};
@@ -64,19 +65,19 @@ pub(crate) fn read_key<B>(
     }
 }
 
-/// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
-/// replay or run as the owner.
-pub(crate) async fn handle<S, ReqBody, ResBody>(
-    settings: Arc<Settings>,
-    inner: S,
-    request: Request<ReqBody>,
+/// The start of a keyed request, before anything is awaited: whose key it is (the
+/// scope), and the request's span.
+///
+/// The span (`idempotency`) carries the key as logs show it (a short hash of scope and
+/// key, never the key: a key is what collects a response) and, once decided, the
+/// `outcome` ([`Outcome`]'s `Display`, e.g. `replayed`, `rejected:key-reused`). The
+/// [`ResponseFuture`](crate::ResponseFuture) enters it on every poll of [`handle`]'s
+/// future, which saves wrapping (and moving) that large future once more.
+pub(crate) fn begin<B>(
+    settings: &Settings,
+    request: Request<B>,
     key: String,
-) -> Answer<ResBody, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: RequestBody,
-    ResBody: AnswerBody,
-{
+) -> (Request<B>, RecordId, tracing::Span) {
     let (parts, body) = request.into_parts();
     if let Some(once) = &settings.unscoped_warning
         && policy::looks_authenticated(&parts)
@@ -86,13 +87,41 @@ where
         });
     }
     let id = RecordId::new(settings.scope.scope(&parts), key);
+    // Without a `tracing` subscriber that wants INFO, no span at all: a disabled span
+    // still feeds the `log` crate fallback (on in every axum application) at each poll.
+    let span = if tracing::level_enabled!(tracing::Level::INFO) {
+        tracing::info_span!(
+            "idempotency",
+            key = %settings.log_key(&id),
+            outcome = tracing::field::Empty,
+        )
+    } else {
+        tracing::Span::none()
+    };
+    (Request::from_parts(parts, body), id, span)
+}
+
+/// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
+/// replay or run as the owner.
+pub(crate) async fn handle<S, ReqBody, ResBody>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<ReqBody>,
+    id: RecordId,
+) -> Answer<ResBody, S::Error>
+where
+    S: Inner<ReqBody, ResBody>,
+    ReqBody: RequestBody,
+    ResBody: AnswerBody,
+{
+    let (parts, body) = request.into_parts();
     // The request's bytes stay taken from the memory budget until it is answered.
     let mut held = Held::default();
     let body = match read_body(&settings, &parts.headers, body, &mut held).await {
         Ok(body) => body,
         Err(rejection) => {
             tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
-            return Ok(rejection.into_response(&settings));
+            return Ok(refuse(&settings, rejection));
         }
     };
     let request = Request::from_parts(parts, body);
@@ -100,10 +129,14 @@ where
 
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
-        let reservation = settings
-            .store
-            .reserve(&id, &binding, settings.lease(), settings.kept_for())
-            .await;
+        let reservation = metrics::store_call(
+            &settings,
+            StoreCall::Reserve,
+            settings
+                .store
+                .reserve(&id, &binding, settings.lease(), settings.kept_for()),
+        )
+        .await;
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
@@ -115,7 +148,7 @@ where
         };
         if record.binding != binding {
             tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
-            return Ok(Rejection::key_reused(&settings).into_response(&settings));
+            return Ok(refuse(&settings, Rejection::key_reused(&settings)));
         }
         let settled = match record.state {
             RecordState::InFlight {
@@ -124,7 +157,12 @@ where
             } => {
                 let remaining = wait_until.saturating_duration_since(Instant::now());
                 tracing::debug!(outcome = "waiting", key = %settings.log_key(&id), "idempotency: waiting for the in-flight owner");
-                match settings.store.wait(&id, remaining).await {
+                let waiting_since = settings.metrics.then(std::time::Instant::now);
+                let waited = settings.store.wait(&id, remaining).await;
+                if let Some(since) = waiting_since {
+                    metrics::wait_duration(&settings, since.elapsed());
+                }
+                match waited {
                     Ok(Some(IdempotencyRecord { state, .. })) => state,
                     // Released or expired while we waited: reserve again.
                     Ok(None) => continue,
@@ -136,12 +174,19 @@ where
         match settled {
             RecordState::Completed(stored) => {
                 tracing::debug!(outcome = "replayed", key = %settings.log_key(&id), status = stored.status, "idempotency: replayed the stored response");
+                metrics::outcome(&settings, Outcome::Replayed);
                 return Ok(replay(&settings, inner, &request, stored).await);
             }
             RecordState::InFlight {
                 token,
                 lease_lapsed: true,
-            } => match settings.store.take_over(&id, token, settings.lease()).await {
+            } => match metrics::store_call(
+                &settings,
+                StoreCall::TakeOver,
+                settings.store.take_over(&id, token, settings.lease()),
+            )
+            .await
+            {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(&id), "idempotency: took over a reservation whose owner stopped renewing its lease");
                     return owner::run(
@@ -163,7 +208,13 @@ where
         }
     }
     tracing::info!(outcome = "conflict", key = %settings.log_key(&id), "idempotency: the owner is still running; answered in flight");
-    Ok(Rejection::in_flight(&settings).into_response(&settings))
+    Ok(refuse(&settings, Rejection::in_flight(&settings)))
+}
+
+/// The layer's own answer to a keyed request, with its outcome recorded.
+fn refuse<B: From<Bytes>>(settings: &Settings, rejection: Rejection) -> Response<B> {
+    metrics::outcome(settings, Outcome::Rejected(rejection.kind));
+    rejection.into_response(settings)
 }
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
@@ -233,16 +284,23 @@ where
     match error {
         StoreError::Full { retry_after, .. } => {
             tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-            return Ok(Rejection::store_full(&settings, *retry_after).into_response(&settings));
+            return Ok(refuse(
+                &settings,
+                Rejection::store_full(&settings, *retry_after),
+            ));
         }
         StoreError::QuotaExceeded { retry_after, .. } => {
             tracing::info!(outcome = "quota-exceeded", key = %settings.log_key(id), "idempotency: {error}");
-            return Ok(Rejection::quota_exceeded(&settings, *retry_after).into_response(&settings));
+            return Ok(refuse(
+                &settings,
+                Rejection::quota_exceeded(&settings, *retry_after),
+            ));
         }
         _ => {}
     }
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
+        metrics::outcome(&settings, Outcome::RanUnprotected);
         let mut request = request.map(ReqBody::from);
         owner::prepare_for_inner(&settings, request.headers_mut());
         let mut response = inner.call(request).await?;
@@ -250,7 +308,7 @@ where
         return Ok(response);
     }
     tracing::error!(outcome = "store-unavailable", key = %settings.log_key(id), %error, "idempotency: store failed before the request ran");
-    Ok(Rejection::store_unavailable(&settings).into_response(&settings))
+    Ok(refuse(&settings, Rejection::store_unavailable(&settings)))
 }
 
 /// Stage 7, the replay: the stored answer, with what the profile adds back. When the

@@ -68,6 +68,8 @@ pub(crate) struct Settings {
     pub(crate) finalize_retry_for: Duration,
     pub(crate) max_run_time: Option<Duration>,
     pub(crate) in_flight: TaskTracker,
+    /// Whether outcomes, store calls and waits are recorded as [metrics](crate::metrics).
+    pub(crate) metrics: bool,
 }
 
 impl Settings {
@@ -111,7 +113,7 @@ impl Settings {
 }
 
 /// See [`Settings::log_key`].
-pub(crate) struct LogKey<'a>(&'a RecordId);
+pub(crate) struct LogKey<'a>(pub(crate) &'a RecordId);
 
 impl std::fmt::Display for LogKey<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -172,6 +174,7 @@ impl IdempotencyLayer {
 
     /// A layer over a store that is already shared, e.g. with a purge task.
     pub fn from_shared_store(store: Arc<dyn IdempotencyStore>) -> Self {
+        crate::metrics::describe();
         Self {
             settings: Arc::new(Settings {
                 store,
@@ -213,6 +216,7 @@ impl IdempotencyLayer {
                 finalize_retry_for: Duration::from_secs(5),
                 max_run_time: None,
                 in_flight: TaskTracker::new(),
+                metrics: true,
             }),
         }
     }
@@ -496,6 +500,21 @@ impl IdempotencyLayer {
     /// ```
     pub fn with_max_run_time(self, max_run_time: Duration) -> Self {
         self.edit(|s| s.max_run_time = Some(max_run_time))
+    }
+
+    /// Whether the layer records its [metrics](crate::metrics) (default on): every keyed
+    /// request's outcome, each store call's duration, each wait for an in-flight owner.
+    /// They go to the recorder the application installs through the `metrics` facade,
+    /// and cost next to nothing without one. Off, the layer makes no metrics call and
+    /// reads no clock for them; the `tracing` span and events stay.
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_metrics(false);
+    /// ```
+    pub fn with_metrics(self, metrics: bool) -> Self {
+        self.edit(|s| s.metrics = metrics)
     }
 
     /// The profile: everything that depends on the protocol (see [`Profile`]). The

@@ -139,6 +139,7 @@ pub mod iso8601;
 mod key;
 mod keyed;
 mod layer;
+pub mod metrics;
 mod outcome;
 mod owner;
 mod policy;
@@ -162,9 +163,10 @@ pub use profile::{Disposition, HttpProfile, Profile};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency};
 pub use store::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, MAX_POLLS_PER_SECOND,
-    Ownership, PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, ScopeQuota,
-    StoreError, StoredResponse, is_settled, purge_all_expired, spawn_purge_task, wait_by_polling,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_REST_FACTOR, Purged,
+    RecordId, RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, is_settled,
+    purge_all_expired, spawn_purge_task, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

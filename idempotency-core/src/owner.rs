@@ -18,6 +18,7 @@ use crate::budget::Held;
 use crate::future::FinishOnDrop;
 use crate::in_transaction::{self, ReservationHandle};
 use crate::layer::Settings;
+use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::profile::Disposition;
 use crate::rejection::Rejection;
@@ -68,10 +69,12 @@ where
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
+            metrics::outcome(&settings, Outcome::Released);
             return Err(error);
         }
         Err(panic) => {
             release(&settings, &id, token, "the inner service panicked").await;
+            metrics::outcome(&settings, Outcome::Released);
             std::panic::resume_unwind(panic);
         }
     };
@@ -189,6 +192,7 @@ async fn settle<ResBody: AnswerBody>(
                 Outcome::ExecutedNotStored
             };
             let mut response = Rejection::response_failed(status, released).into_response(settings);
+            metrics::outcome(settings, outcome);
             response.extensions_mut().insert(outcome);
             return response;
         }
@@ -237,6 +241,7 @@ async fn settle<ResBody: AnswerBody>(
         }
     };
     let mut response = Response::from_parts(parts, ResBody::from(body));
+    metrics::outcome(settings, outcome);
     response.extensions_mut().insert(outcome);
     response
 }
@@ -356,7 +361,13 @@ async fn renew_lease(settings: Arc<Settings>, reservation: ReservationHandle) {
             tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
             return;
         }
-        match settings.store.renew(id, token, lease).await {
+        match metrics::store_call(
+            &settings,
+            StoreCall::Renew,
+            settings.store.renew(id, token, lease),
+        )
+        .await
+        {
             Ok(Ownership::Held) => {}
             // A renewal that waited for the handler's transaction finds the record
             // finalized by it.
@@ -373,7 +384,13 @@ async fn renew_lease(settings: Arc<Settings>, reservation: ReservationHandle) {
 }
 
 async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) {
-    match settings.store.release(id, token).await {
+    match metrics::store_call(
+        settings,
+        StoreCall::Release,
+        settings.store.release(id, token),
+    )
+    .await
+    {
         Ok(Ownership::Held) => {
             tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}")
         }
@@ -397,7 +414,13 @@ async fn finalize(
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {
-        match settings.store.finalize(id, token, stored).await {
+        match metrics::store_call(
+            settings,
+            StoreCall::Finalize,
+            settings.store.finalize(id, token, stored),
+        )
+        .await
+        {
             Ok(Ownership::Held) => {
                 tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
                 return;

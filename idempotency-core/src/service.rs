@@ -130,9 +130,10 @@ where
                 return ResponseFuture::ready(reject_key(settings, &request, rejection));
             }
         };
+        let (request, id, span) = keyed::begin(settings, request, key);
         let settings = settings.clone();
         let inner = self.take_ready_inner();
-        ResponseFuture::boxed(Box::pin(keyed::handle(settings, inner, request, key)))
+        ResponseFuture::in_span(Box::pin(keyed::handle(settings, inner, request, id)), span)
     }
 }
 
@@ -147,6 +148,7 @@ fn reject_key<B, ResBody: From<Bytes>>(
         "idempotency: refused the key header: {}",
         rejection.message
     );
+    crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
     rejection.into_response(settings)
 }
 

@@ -49,13 +49,14 @@ use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged, RecordId,
-    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
+    ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -95,6 +96,7 @@ struct Shared {
     /// What each scope holds, kept only when a quota is set; sharded by scope.
     scopes: Box<[Mutex<HashMap<String, Usage>>]>,
     next_token: AtomicI64,
+    epoch: Epoch,
 }
 
 #[derive(Debug, Default)]
@@ -126,6 +128,8 @@ struct Record {
     id: RecordId,
     binding: Binding,
     state: State,
+    /// When the key was reserved (a takeover keeps it); only inspection reads it.
+    created_at: Instant,
     expires_at: Instant,
     /// What the record counts against the bounds.
     bytes: u64,
@@ -161,6 +165,26 @@ impl Record {
         self.expires_at > now
     }
 
+    /// The record as an operator sees it, with the store's instants as wall-clock times.
+    fn inspect(&self, clock: &WallClock) -> InspectedRecord {
+        let state = match &self.state {
+            State::InFlight { lease_until, .. } => InspectedState::InFlight {
+                lease_lapsed: *lease_until <= clock.now,
+                lease_expires_at: Some(clock.at(*lease_until)),
+            },
+            State::Completed(response) => InspectedState::Completed {
+                status: response.status,
+            },
+        };
+        InspectedRecord {
+            binding: self.binding.clone(),
+            state,
+            created_at: Some(clock.at(self.created_at)),
+            expires_at: Some(clock.at(self.expires_at)),
+            inspected_at: Some(clock.wall),
+        }
+    }
+
     fn owned_by(&self, token: FencingToken, now: Instant) -> bool {
         self.is_live(now)
             && matches!(self.state, State::InFlight { token: owner, .. } if owner == token)
@@ -179,6 +203,54 @@ impl Record {
         if let Some(waiters) = &self.waiters {
             waiters.notify_waiters();
         }
+    }
+}
+
+/// The store's clock is monotonic ([`Instant`]); an inspection shows its instants as
+/// wall-clock times, counted from one pair of readings taken when the store was made, so
+/// that one instant always shows as the same time.
+#[derive(Clone, Copy, Debug)]
+struct Epoch {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl Epoch {
+    fn new() -> Self {
+        Self {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    fn clock(self) -> WallClock {
+        let now = Instant::now();
+        WallClock {
+            now,
+            wall: self.at(now),
+            epoch: self,
+        }
+    }
+
+    fn at(self, instant: Instant) -> SystemTime {
+        if instant >= self.instant {
+            self.wall + (instant - self.instant)
+        } else {
+            self.wall - (self.instant - instant)
+        }
+    }
+}
+
+/// "Now" for one inspection, in both clocks.
+struct WallClock {
+    now: Instant,
+    wall: SystemTime,
+    epoch: Epoch,
+}
+
+impl WallClock {
+    fn at(&self, instant: Instant) -> SystemTime {
+        self.epoch.at(instant)
     }
 }
 
@@ -224,6 +296,7 @@ impl MemoryStore {
                 bytes: AtomicU64::new(0),
                 scopes: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 next_token: AtomicI64::new(1),
+                epoch: Epoch::new(),
             }),
         }
     }
@@ -280,7 +353,7 @@ impl MemoryStore {
     }
 
     /// The store a properties configuration names: bounded by
-    /// `idempotency-max-entries` when set.
+    /// `idempotency-max-entries` and the scope quota when set.
     ///
     /// ```
     /// use idempotency_core::config::IdempotencyConfig;
@@ -291,10 +364,14 @@ impl MemoryStore {
     /// # Ok::<(), idempotency_core::config::ConfigError>(())
     /// ```
     pub fn from_config(config: &idempotency_core::config::IdempotencyConfig) -> Self {
-        match config.max_entries {
-            Some(max_entries) => Self::new().with_max_entries(max_entries),
-            None => Self::new(),
+        let mut store = Self::new();
+        if let Some(max_entries) = config.max_entries {
+            store = store.with_max_entries(max_entries);
         }
+        if let Some(quota) = config.scope_quota {
+            store = store.with_scope_quota(quota);
+        }
+        store
     }
 
     /// The bound on live records.
@@ -509,6 +586,7 @@ impl IdempotencyStore for MemoryStore {
                 token,
                 lease_until: now + lease,
             },
+            created_at: now,
             // In flight under a live lease, a record never expires.
             expires_at: now + lifetime.max(lease),
             bytes,
@@ -695,5 +773,32 @@ impl IdempotencyStore for MemoryStore {
         Ok(Purged::Deleted(
             self.drop_expired(Instant::now(), batch_size) as u64,
         ))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        let clock = self.shared.epoch.clock();
+        let (hash, mut shard) = self.shard_of(id);
+        Ok(find(&mut shard, hash, id)
+            .filter(|record| record.is_live(clock.now))
+            .map(|record| record.inspect(&clock)))
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        let clock = self.shared.epoch.clock();
+        // One lock for the look and the delete: the verdict is on the record as it stands.
+        let (hash, mut shard) = self.shard_of(id);
+        let occupied = match shard.table.find_entry(hash, |slot| slot.record.id == *id) {
+            Ok(occupied) if occupied.get().record.is_live(clock.now) => occupied,
+            _ => return Ok(Eviction::NotFound),
+        };
+        let inspected = occupied.get().record.inspect(&clock);
+        if inspected.is_in_flight() && in_flight == EvictInFlight::Refuse {
+            return Ok(Eviction::InFlight(inspected));
+        }
+        // As release does: the record's expiry entry goes stale and is skipped when due.
+        let (slot, _) = occupied.remove();
+        slot.record.wake_waiters();
+        self.forget(&slot.record);
+        Ok(Eviction::Evicted(inspected))
     }
 }

@@ -1,11 +1,12 @@
 //! Helpers every backend shares: the row shape all three return, durations as
 //! milliseconds, fencing tokens, error mapping and pool settings.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, RecordState, StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, InspectedRecord, InspectedState, RecordState,
+    StoreError, StoredResponse,
 };
 
 /// Durations are clamped to this many milliseconds (about 100 years) so that
@@ -79,28 +80,34 @@ pub(crate) struct RawRecord {
     pub(crate) response_body: Option<Vec<u8>>,
 }
 
+fn body_sha256(stored: &[u8]) -> Result<[u8; 32], StoreError> {
+    stored.try_into().map_err(|_| {
+        StoreError::Corrupt(format!(
+            "body_sha256 holds {} bytes, expected 32",
+            stored.len()
+        ))
+    })
+}
+
+fn http_status(stored: i32) -> Result<u16, StoreError> {
+    u16::try_from(stored)
+        .ok()
+        .filter(|status| (100..=999).contains(status))
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!("response_status {stored} is not an HTTP status"))
+        })
+}
+
 impl RawRecord {
     pub(crate) fn into_record(self) -> Result<IdempotencyRecord, StoreError> {
-        let body_sha256: [u8; 32] = self.body_sha256.as_slice().try_into().map_err(|_| {
-            StoreError::Corrupt(format!(
-                "body_sha256 holds {} bytes, expected 32",
-                self.body_sha256.len()
-            ))
-        })?;
+        let body_sha256 = body_sha256(&self.body_sha256)?;
         let state = match self.response_status {
             None => RecordState::InFlight {
                 token: FencingToken(self.fencing_token),
                 lease_lapsed: self.lease_expires_at_ms <= self.now_ms,
             },
             Some(status) => {
-                let status = u16::try_from(status)
-                    .ok()
-                    .filter(|status| (100..=999).contains(status))
-                    .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "response_status {status} is not an HTTP status"
-                        ))
-                    })?;
+                let status = http_status(status)?;
                 let headers = StoredResponse::decode_headers(
                     self.response_headers.as_deref().unwrap_or_default(),
                 )?;
@@ -125,9 +132,80 @@ impl RawRecord {
     }
 }
 
+/// A live record as every backend's `inspect` selects it: the row without the stored
+/// response's headers and body, and the database's "now".
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RawInspection {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) body_sha256: Vec<u8>,
+    pub(crate) fencing_token: i64,
+    pub(crate) created_at_ms: i64,
+    pub(crate) expires_at_ms: i64,
+    pub(crate) lease_expires_at_ms: i64,
+    pub(crate) now_ms: i64,
+    pub(crate) response_status: Option<i32>,
+}
+
+impl RawInspection {
+    pub(crate) fn in_flight(&self) -> bool {
+        self.response_status.is_none()
+    }
+
+    pub(crate) fn to_inspected(&self) -> Result<InspectedRecord, StoreError> {
+        let state = match self.response_status {
+            None => InspectedState::InFlight {
+                lease_lapsed: self.lease_expires_at_ms <= self.now_ms,
+                lease_expires_at: Some(wall_clock(self.lease_expires_at_ms)),
+            },
+            Some(status) => InspectedState::Completed {
+                status: http_status(status)?,
+            },
+        };
+        Ok(InspectedRecord {
+            binding: Binding {
+                method: self.method.clone(),
+                path: self.path.clone(),
+                body_sha256: body_sha256(&self.body_sha256)?,
+            },
+            state,
+            created_at: Some(wall_clock(self.created_at_ms)),
+            expires_at: Some(wall_clock(self.expires_at_ms)),
+            inspected_at: Some(wall_clock(self.now_ms)),
+        })
+    }
+}
+
+/// What `evict` does with a record it read: keep it (refused, in flight) or delete it as
+/// read. Every backend runs the same loop: read with `inspect`, decide, then delete only
+/// the row as it was read (same fencing token, same in-flight-ness, still live), and read
+/// again if the delete found nothing, because the record was finalized, released or
+/// reserved anew in between.
+pub(crate) fn evict_verdict(
+    raw: &RawInspection,
+    in_flight: idempotency_core::EvictInFlight,
+) -> Result<Result<InspectedRecord, idempotency_core::Eviction>, StoreError> {
+    let inspected = raw.to_inspected()?;
+    if raw.in_flight() && in_flight == idempotency_core::EvictInFlight::Refuse {
+        return Ok(Err(idempotency_core::Eviction::InFlight(inspected)));
+    }
+    Ok(Ok(inspected))
+}
+
+/// An epoch-millisecond column as a wall-clock time.
+fn wall_clock(epoch_ms: i64) -> SystemTime {
+    let since_epoch = Duration::from_millis(epoch_ms.unsigned_abs());
+    if epoch_ms >= 0 {
+        UNIX_EPOCH + since_epoch
+    } else {
+        UNIX_EPOCH - since_epoch
+    }
+}
+
 /// A store operation whose SQL a store shows with `sql()`: for auditing what runs
 /// against your database, and for benchmarks that issue the very same statement raw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Operation {
     /// Insert if absent, or report the existing row.
     Reserve,
@@ -143,6 +221,10 @@ pub enum Operation {
     TakeOver,
     /// Delete one batch of expired records.
     Purge,
+    /// Read a live record without its response, with its times (operators).
+    Inspect,
+    /// Delete a live record as `Inspect` read it: same token, same state (operators).
+    Evict,
 }
 
 /// Pool settings for the `connect` constructors. Stores built with `new` use the
@@ -215,6 +297,45 @@ impl PoolSettings {
             .acquire_timeout(self.acquire_timeout)
             .idle_timeout(self.idle_timeout)
     }
+}
+
+/// What a scope holds, as the quota check reads it, and when its next record expires.
+pub(crate) struct ScopeUsage {
+    /// The reserving key already has a live record: a replay or a duplicate, which the
+    /// quota never refuses.
+    pub(crate) key_live: bool,
+    pub(crate) records: i64,
+    pub(crate) bytes: i64,
+    pub(crate) next_expiry_in_ms: Option<i64>,
+}
+
+impl ScopeUsage {
+    /// The quota's refusal of a new record in this scope, if any.
+    pub(crate) fn refusal(&self, quota: &idempotency_core::ScopeQuota) -> Option<StoreError> {
+        if self.key_live {
+            return None;
+        }
+        let bound = quota.refuses(self.records.max(0) as u64, self.bytes.max(0) as u64)?;
+        Some(StoreError::QuotaExceeded {
+            bound,
+            retry_after: self
+                .next_expiry_in_ms
+                .map(|ms| Duration::from_millis(ms.max(0) as u64)),
+        })
+    }
+}
+
+/// The SQL expression for the bytes the row `row` (a table alias) holds, as
+/// `ScopeQuota` counts them; `length` is the byte-length function (`octet_length` on
+/// PostgreSQL and MySQL, `length` on SQLite, whose text and blobs it measures in bytes
+/// once cast to blobs).
+pub(crate) fn row_bytes(length: &str, row: &str) -> String {
+    format!(
+        "{length}({row}.scope) + {length}({row}.idempotency_key) + {length}({row}.method) \
+         + {length}({row}.path) + 32 + COALESCE({length}({row}.response_headers), 0) \
+         + COALESCE({length}({row}.response_body), 0) \
+         + CASE WHEN {row}.response_status IS NULL THEN 0 ELSE 2 END"
+    )
 }
 
 #[cfg(test)]

@@ -64,7 +64,10 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn IdempotencyStore
                     .migrate()
                     .await
                     .map_err(ConfigError::Store)?;
-                Ok(Arc::new(store))
+                Ok(Arc::new(match config.scope_quota {
+                    Some(quota) => store.with_scope_quota(quota),
+                    None => store,
+                }))
             }
             #[cfg(not(feature = "postgres"))]
             Err(not_compiled(url, backend))
@@ -88,7 +91,10 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn IdempotencyStore
                     .migrate()
                     .await
                     .map_err(ConfigError::Store)?;
-                Ok(Arc::new(store))
+                Ok(Arc::new(match config.scope_quota {
+                    Some(quota) => store.with_scope_quota(quota),
+                    None => store,
+                }))
             }
             #[cfg(not(feature = "mysql"))]
             Err(not_compiled(url, backend))
@@ -102,7 +108,10 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn IdempotencyStore
                     .migrate()
                     .await
                     .map_err(ConfigError::Store)?;
-                Ok(Arc::new(store))
+                Ok(Arc::new(match config.scope_quota {
+                    Some(quota) => store.with_scope_quota(quota),
+                    None => store,
+                }))
             }
             #[cfg(not(feature = "sqlite"))]
             Err(not_compiled(url, backend))

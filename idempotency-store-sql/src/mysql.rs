@@ -8,16 +8,17 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body;
 use idempotency_core::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged,
-    RecordId, Reservation, ReservationHandle, StoreError, StoredResponse, async_trait,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
+    StoreError, StoredResponse, async_trait,
 };
-use sqlx::Row;
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlRow};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
+use sqlx::{Connection, Row};
 use tokio::sync::OnceCell;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
+    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -75,6 +76,7 @@ pub struct MySqlStore {
     sql: Arc<Statements>,
     /// Which server the pool talks to, learned once and shared by clones.
     flavor: Arc<OnceCell<Flavor>>,
+    quota: Option<ScopeQuota>,
 }
 
 /// The server behind the pool, as far as reserve is concerned.
@@ -90,6 +92,9 @@ enum Flavor {
 #[derive(Debug)]
 struct Statements {
     migrate: String,
+    /// What a scope holds, read with a locking read (the scope's index range stays
+    /// locked until the transaction ends) when a quota is set.
+    scope_usage: String,
     /// MySQL 8's reserve: outcome read from the OK packet, row read by `load`.
     reserve: String,
     /// MariaDB's reserve: the same upsert, returning the row.
@@ -100,6 +105,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -159,6 +166,18 @@ impl Statements {
              response_body"
         );
         Self {
+            scope_usage: format!(
+                "SELECT (SELECT COUNT(*) FROM {t} AS k
+                         WHERE k.scope = ? AND k.idempotency_key = ?
+                           AND k.expires_at_ms > {NOW_MS}) AS key_live,
+                        COUNT(*) AS records,
+                        CAST(COALESCE(SUM({bytes}), 0) AS SIGNED) AS bytes,
+                        MIN(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
+                 FROM {t} AS r
+                 WHERE r.scope = ? AND r.expires_at_ms > {NOW_MS}
+                 FOR UPDATE",
+                bytes = row_bytes("OCTET_LENGTH", "r"),
+            ),
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
                     scope               VARCHAR(255) NOT NULL,
@@ -217,6 +236,19 @@ impl Statements {
                  WHERE {owned} AND lease_expires_at_ms <= {NOW_MS}"
             ),
             purge: format!("DELETE FROM {t} WHERE expires_at_ms <= {NOW_MS} LIMIT ?"),
+            inspect: format!(
+                "SELECT CAST(method AS CHAR CHARACTER SET utf8mb4) AS method,
+                        CAST(path AS CHAR CHARACTER SET utf8mb4) AS path, body_sha256,
+                        fencing_token, created_at_ms, expires_at_ms, lease_expires_at_ms,
+                        {NOW_MS} AS now_ms, response_status
+                 FROM {t}
+                 WHERE scope = ? AND idempotency_key = ? AND expires_at_ms > {NOW_MS}"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = ? AND idempotency_key = ? AND fencing_token = ?
+                   AND (response_status IS NULL) = ? AND expires_at_ms > {NOW_MS}"
+            ),
         }
     }
 }
@@ -244,6 +276,7 @@ impl MySqlStore {
             sql: Arc::new(Statements::new(&table)),
             table,
             flavor: Arc::new(OnceCell::new()),
+            quota: None,
         }
     }
 
@@ -276,6 +309,26 @@ impl MySqlStore {
         Ok(self)
     }
 
+    /// Bounds what each scope may hold (see [`ScopeQuota`]). Reservations of a new key
+    /// then run in a REPEATABLE READ transaction whose first read of the scope's records
+    /// locks the scope's range of the primary key, so that nodes sharing the table check
+    /// and claim the quota one at a time (InnoDB may pick one of two such transactions as
+    /// a deadlock victim; it is run again). A quota costs a transaction and a scan of the
+    /// scope's live records per new key.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::MySqlPool) {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_sql::MySqlStore;
+    ///
+    /// let store = MySqlStore::new(pool).with_scope_quota(ScopeQuota::default().with_max_records(10_000));
+    /// # drop(store); }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
     /// The pool the store runs on.
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
@@ -306,6 +359,8 @@ impl MySqlStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -345,23 +400,22 @@ impl MySqlStore {
     /// row holding the very token we just drew is a 1-in-2^64 chance).
     async fn reserve_returning(
         &self,
+        connection: &mut MySqlConnection,
         id: &RecordId,
         binding: &Binding,
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         let token = new_token();
-        let row = retry_deadlocks(|| {
-            reserve_query(
-                &self.sql.reserve_returning,
-                id,
-                binding,
-                token,
-                lease,
-                lifetime,
-            )
-            .fetch_one(&self.pool)
-        })
+        let row = reserve_query(
+            &self.sql.reserve_returning,
+            id,
+            binding,
+            token,
+            lease,
+            lifetime,
+        )
+        .fetch_one(connection)
         .await
         .map_err(backend)?;
         let raw = record_by_position(&row).map_err(backend)?;
@@ -377,6 +431,7 @@ impl MySqlStore {
     /// (released or purged), and then the upsert runs again.
     async fn reserve_then_load(
         &self,
+        connection: &mut MySqlConnection,
         id: &RecordId,
         binding: &Binding,
         lease: Duration,
@@ -384,18 +439,22 @@ impl MySqlStore {
     ) -> Result<Reservation, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             let token = new_token();
-            let done = retry_deadlocks(|| {
-                reserve_query(&self.sql.reserve, id, binding, token, lease, lifetime)
-                    .execute(&self.pool)
-            })
-            .await
-            .map_err(backend)?;
+            let done = reserve_query(&self.sql.reserve, id, binding, token, lease, lifetime)
+                .execute(&mut *connection)
+                .await
+                .map_err(backend)?;
             match (done.rows_affected(), done.last_insert_id()) {
                 // Inserted (1), or an expired row replaced (2 changed rows).
                 (1, MARK_INSERTED) | (2, _) => return Ok(Reservation::Reserved(token)),
                 // A live row holds the key and was left unchanged (found rows: 1).
                 (0 | 1, MARK_EXISTING) => {
-                    if let Some(record) = self.load(id).await? {
+                    let raw: Option<RawRecord> = sqlx::query_as(&self.sql.load)
+                        .bind(&id.scope)
+                        .bind(&id.key)
+                        .fetch_optional(&mut *connection)
+                        .await
+                        .map_err(backend)?;
+                    if let Some(record) = raw.map(RawRecord::into_record).transpose()? {
                         return Ok(Reservation::Exists(record));
                     }
                 }
@@ -409,6 +468,79 @@ impl MySqlStore {
         }
         Err(too_many_races("reserve"))
     }
+
+    /// Reserves on one connection (a transaction's, when a quota is checked).
+    async fn reserve_on(
+        &self,
+        connection: &mut MySqlConnection,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        match self.flavor().await? {
+            Flavor::MariaDb => {
+                self.reserve_returning(connection, id, binding, lease, lifetime)
+                    .await
+            }
+            Flavor::MySql => {
+                self.reserve_then_load(connection, id, binding, lease, lifetime)
+                    .await
+            }
+        }
+    }
+
+    /// Reserves after checking the scope's quota, in one transaction that holds the
+    /// scope's index range from its first read to its commit. A replay is never refused.
+    async fn reserve_within_quota(
+        &self,
+        quota: &ScopeQuota,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        let mut connection = self.pool.acquire().await.map_err(backend)?;
+        // The locking read locks the range (and the gap after it) only under REPEATABLE
+        // READ; this applies to the next transaction of this connection alone.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *connection)
+            .await
+            .map_err(backend)?;
+        let mut tx = connection.begin().await.map_err(backend)?;
+        let usage = sqlx::query(&self.sql.scope_usage)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .bind(&id.scope)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = ScopeUsage {
+            key_live: usage.try_get::<i64, _>("key_live").map_err(backend)? > 0,
+            records: usage.try_get("records").map_err(backend)?,
+            bytes: usage.try_get("bytes").map_err(backend)?,
+            next_expiry_in_ms: usage.try_get("next_expiry_in_ms").map_err(backend)?,
+        };
+        if let Some(refusal) = usage.refusal(quota) {
+            return Err(refusal);
+        }
+        let reservation = self
+            .reserve_on(&mut tx, id, binding, lease, lifetime)
+            .await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(reservation)
+    }
+}
+
+/// Whether a store error is InnoDB's deadlock, whose statement (or transaction) was
+/// rolled back whole and can run again.
+fn is_deadlock_error(error: &StoreError) -> bool {
+    let StoreError::Backend(source) = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .is_some_and(is_deadlock)
 }
 
 impl MySqlStore {
@@ -587,9 +719,26 @@ impl IdempotencyStore for MySqlStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         check_lengths(id, binding)?;
-        match self.flavor().await? {
-            Flavor::MariaDb => self.reserve_returning(id, binding, lease, lifetime).await,
-            Flavor::MySql => self.reserve_then_load(id, binding, lease, lifetime).await,
+        let mut attempt = 1;
+        loop {
+            let reserved = match &self.quota {
+                None => {
+                    let mut connection = self.pool.acquire().await.map_err(backend)?;
+                    self.reserve_on(&mut connection, id, binding, lease, lifetime)
+                        .await
+                }
+                Some(quota) => {
+                    self.reserve_within_quota(quota, id, binding, lease, lifetime)
+                        .await
+                }
+            };
+            match reserved {
+                Err(error) if attempt < MAX_ATTEMPTS && is_deadlock_error(&error) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(attempt as u64)).await;
+                }
+                outcome => return outcome,
+            }
         }
     }
 
@@ -682,6 +831,52 @@ impl IdempotencyStore for MySqlStore {
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let done = retry_deadlocks(|| {
+                sqlx::query(&self.sql.evict)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(raw.fencing_token)
+                    .bind(raw.in_flight())
+                    .execute(&self.pool)
+            })
+            .await
+            .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl MySqlStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        retry_deadlocks(|| {
+            sqlx::query_as(&self.sql.inspect)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .fetch_optional(&self.pool)
+        })
+        .await
+        .map_err(backend)
     }
 }
 

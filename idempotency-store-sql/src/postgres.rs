@@ -7,19 +7,19 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body;
 use idempotency_core::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged,
-    RecordId, Reservation, ReservationHandle, StoreError, StoredResponse, async_trait, is_settled,
-    wait_by_polling,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
+    StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
 };
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgRow};
 use sqlx::{FromRow, Row};
 use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
+    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -50,6 +50,7 @@ pub struct PostgresStore {
     sql: Arc<Statements>,
     /// Started by the first `wait`; `None` inside when LISTEN is not available.
     notices: Arc<OnceCell<Option<Notices>>>,
+    quota: Option<ScopeQuota>,
 }
 
 /// How often a waiter looks at its record although no notice came: a lapsed lease is
@@ -119,6 +120,8 @@ fn hex(bytes: &[u8]) -> String {
 struct Statements {
     /// The channel finalize and release notify, derived from the table name.
     channel: String,
+    /// What a scope holds, read under the scope's lock when a quota is set.
+    scope_usage: String,
     migrate: String,
     reserve: String,
     replace_expired: String,
@@ -128,6 +131,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -239,6 +244,18 @@ impl Statements {
                  WHERE {owned} AND lease_expires_at_ms <= clock.now_ms"
             ),
             channel,
+            scope_usage: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} AS k
+                                WHERE k.scope = $1 AND k.idempotency_key = $2
+                                  AND k.expires_at_ms > clock.now_ms) AS key_live,
+                        count(r.scope) AS records,
+                        COALESCE(sum({bytes}), 0)::bigint AS bytes,
+                        min(r.expires_at_ms) - clock.now_ms AS next_expiry_in_ms
+                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
+                 LEFT JOIN {t} AS r ON r.scope = $1 AND r.expires_at_ms > clock.now_ms
+                 GROUP BY clock.now_ms",
+                bytes = row_bytes("octet_length", "r"),
+            ),
             purge: format!(
                 "DELETE FROM {t} AS d
                  USING (SELECT scope, idempotency_key FROM {t}
@@ -246,6 +263,18 @@ impl Statements {
                         LIMIT $1
                         FOR UPDATE SKIP LOCKED) AS x
                  WHERE d.scope = x.scope AND d.idempotency_key = x.idempotency_key"
+            ),
+            inspect: format!(
+                "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.created_at_ms,
+                        r.expires_at_ms, r.lease_expires_at_ms, clock.now_ms, r.response_status
+                 FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
+                 WHERE r.scope = $1 AND r.idempotency_key = $2
+                   AND r.expires_at_ms > clock.now_ms"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
+                   AND (response_status IS NULL) = $4::boolean AND expires_at_ms > {NOW_MS}"
             ),
         }
     }
@@ -267,6 +296,7 @@ impl PostgresStore {
             sql: Arc::new(Statements::new(&table)),
             table,
             notices: Arc::default(),
+            quota: None,
         }
     }
 
@@ -297,6 +327,25 @@ impl PostgresStore {
         Ok(self)
     }
 
+    /// Bounds what each scope may hold (see [`ScopeQuota`]). Reservations of a new key
+    /// then take a transaction-scoped advisory lock on the scope, so that nodes sharing
+    /// the table check and claim the quota one at a time: a quota costs a transaction and
+    /// a scan of the scope's live records per new key.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_sql::PostgresStore;
+    ///
+    /// let store = PostgresStore::new(pool)
+    ///     .with_scope_quota(ScopeQuota::default().with_max_records(10_000).with_max_bytes(256 << 20));
+    /// # drop(store); }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
     /// The pool the store runs on.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -318,6 +367,8 @@ impl PostgresStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -340,6 +391,79 @@ impl PostgresStore {
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
         Ok(self)
+    }
+
+    /// Reserves on one connection (a transaction's, when a quota is checked).
+    async fn reserve_on(
+        &self,
+        connection: &mut PgConnection,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let token = new_token();
+            let bind = |sql| {
+                sqlx::query(sql)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(&binding.method)
+                    .bind(&binding.path)
+                    .bind(&binding.body_sha256[..])
+                    .bind(token.0)
+                    .bind(millis(lease))
+                    // In flight under a live lease, a record never expires.
+                    .bind(millis(lifetime.max(lease)))
+            };
+            let row: Option<PgRow> = bind(&self.sql.reserve)
+                .fetch_optional(&mut *connection)
+                .await
+                .map_err(backend)?;
+            match row {
+                Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
+                    return Ok(Reservation::Reserved(token));
+                }
+                // An expired record counts as absent: replace it, unless another request
+                // replaced (or purge removed) it first, in which case look again.
+                Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
+                    let replaced = bind(&self.sql.replace_expired)
+                        .execute(&mut *connection)
+                        .await
+                        .map_err(backend)?;
+                    if replaced.rows_affected() == 1 {
+                        return Ok(Reservation::Reserved(token));
+                    }
+                }
+                Some(row) => {
+                    let raw = RawRecord::from_row(&row).map_err(backend)?;
+                    return Ok(Reservation::Exists(raw.into_record()?));
+                }
+                // The key is held by a row that the statement's snapshot cannot see: it
+                // was inserted by a transaction that committed after the statement began.
+                // Read it with a fresh snapshot; if it is gone again, try again.
+                None => {
+                    if let Some(record) = self.load_on(&mut *connection, id).await? {
+                        return Ok(Reservation::Exists(record));
+                    }
+                }
+            }
+        }
+        Err(too_many_races("reserve"))
+    }
+
+    async fn load_on(
+        &self,
+        connection: &mut PgConnection,
+        id: &RecordId,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let raw: Option<RawRecord> = sqlx::query_as(&self.sql.load)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(connection)
+            .await
+            .map_err(backend)?;
+        raw.map(RawRecord::into_record).transpose()
     }
 
     /// Runs a fenced statement that announces what it did: the token held the record iff
@@ -486,54 +610,40 @@ impl IdempotencyStore for PostgresStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let token = new_token();
-            let bind = |sql| {
-                sqlx::query(sql)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lease))
-                    // In flight under a live lease, a record never expires.
-                    .bind(millis(lifetime.max(lease)))
-            };
-            let row: Option<PgRow> = bind(&self.sql.reserve)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(backend)?;
-            match row {
-                Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
-                    return Ok(Reservation::Reserved(token));
-                }
-                // An expired record counts as absent: replace it, unless another request
-                // replaced (or purge removed) it first, in which case look again.
-                Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
-                    let replaced = bind(&self.sql.replace_expired)
-                        .execute(&self.pool)
-                        .await
-                        .map_err(backend)?;
-                    if replaced.rows_affected() == 1 {
-                        return Ok(Reservation::Reserved(token));
-                    }
-                }
-                Some(row) => {
-                    let raw = RawRecord::from_row(&row).map_err(backend)?;
-                    return Ok(Reservation::Exists(raw.into_record()?));
-                }
-                // The key is held by a row that the statement's snapshot cannot see: it
-                // was inserted by a transaction that committed after the statement began.
-                // Read it with a fresh snapshot; if it is gone again, try again.
-                None => {
-                    if let Some(record) = self.load(id).await? {
-                        return Ok(Reservation::Exists(record));
-                    }
-                }
-            }
+        let Some(quota) = self.quota else {
+            let mut connection = self.pool.acquire().await.map_err(backend)?;
+            return self
+                .reserve_on(&mut connection, id, binding, lease, lifetime)
+                .await;
+        };
+        // The scope's lock is held until the transaction ends, so the usage read here
+        // is still true when the new row commits. A replay is never refused.
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(self.table.scope_lock_key(&id.scope))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = sqlx::query(&self.sql.scope_usage)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = ScopeUsage {
+            key_live: usage.try_get("key_live").map_err(backend)?,
+            records: usage.try_get("records").map_err(backend)?,
+            bytes: usage.try_get("bytes").map_err(backend)?,
+            next_expiry_in_ms: usage.try_get("next_expiry_in_ms").map_err(backend)?,
+        };
+        if let Some(refusal) = usage.refusal(&quota) {
+            return Err(refusal);
         }
-        Err(too_many_races("reserve"))
+        let reservation = self
+            .reserve_on(&mut tx, id, binding, lease, lifetime)
+            .await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(reservation)
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -642,5 +752,47 @@ impl IdempotencyStore for PostgresStore {
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let done = sqlx::query(&self.sql.evict)
+                .bind(&id.scope)
+                .bind(&id.key)
+                .bind(raw.fencing_token)
+                .bind(raw.in_flight())
+                .execute(&self.pool)
+                .await
+                .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl PostgresStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        sqlx::query_as(&self.sql.inspect)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
     }
 }

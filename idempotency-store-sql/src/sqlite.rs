@@ -8,15 +8,17 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Body;
 use idempotency_core::{
-    Binding, BoxError, FencingToken, IdempotencyRecord, IdempotencyStore, Ownership, Purged,
-    RecordId, Reservation, ReservationHandle, StoreError, StoredResponse, async_trait,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
+    StoreError, StoredResponse, async_trait,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool};
 use sqlx::{FromRow, Row};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawRecord, backend, millis, new_token,
-    new_token_other_than, ownership, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
+    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -47,11 +49,18 @@ pub struct SqliteStore {
     pool: SqlitePool,
     table: TableName,
     sql: Arc<Statements>,
+    quota: Option<ScopeQuota>,
+    /// The turn to write, shared by clones: one writing statement (or transaction) of
+    /// this store at a time, in the order they asked.
+    writes: Arc<Semaphore>,
 }
 
 #[derive(Debug)]
 struct Statements {
     migrate: String,
+    /// What a scope holds, read inside the reserving write transaction when a quota is
+    /// set.
+    scope_usage: String,
     reserve: String,
     replace_expired: String,
     load: String,
@@ -60,6 +69,8 @@ struct Statements {
     release: String,
     take_over: String,
     purge: String,
+    inspect: String,
+    evict: String,
 }
 
 impl Statements {
@@ -76,6 +87,17 @@ impl Statements {
              {NOW_MS} AS now_ms, response_status, response_headers, response_body"
         );
         Self {
+            scope_usage: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} AS k
+                                WHERE k.scope = ?1 AND k.idempotency_key = ?2
+                                  AND k.expires_at_ms > {NOW_MS}) AS key_live,
+                        count(*) AS records,
+                        COALESCE(sum({bytes}), 0) AS bytes,
+                        min(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
+                 FROM {t} AS r
+                 WHERE r.scope = ?1 AND r.expires_at_ms > {NOW_MS}",
+                bytes = row_bytes("octet_length", "r"),
+            ),
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
                     scope               TEXT    NOT NULL,
@@ -148,6 +170,17 @@ impl Statements {
                 "DELETE FROM {t} WHERE rowid IN
                     (SELECT rowid FROM {t} WHERE expires_at_ms <= {NOW_MS} LIMIT ?1)"
             ),
+            inspect: format!(
+                "SELECT method, path, body_sha256, fencing_token, created_at_ms, expires_at_ms,
+                        lease_expires_at_ms, {NOW_MS} AS now_ms, response_status
+                 FROM {t}
+                 WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms > {NOW_MS}"
+            ),
+            evict: format!(
+                "DELETE FROM {t}
+                 WHERE scope = ?1 AND idempotency_key = ?2 AND fencing_token = ?3
+                   AND (response_status IS NULL) = ?4 AND expires_at_ms > {NOW_MS}"
+            ),
         }
     }
 }
@@ -171,6 +204,8 @@ impl SqliteStore {
             pool,
             sql: Arc::new(Statements::new(&table)),
             table,
+            quota: None,
+            writes: Arc::new(Semaphore::new(1)),
         }
     }
 
@@ -219,6 +254,24 @@ impl SqliteStore {
         Ok(self)
     }
 
+    /// Bounds what each scope may hold (see [`ScopeQuota`]). Reservations of a new key
+    /// then run in a write transaction (`BEGIN IMMEDIATE`) that reads the scope's usage
+    /// and claims its room at once: a quota costs a scan of the scope's live records per
+    /// new key.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::SqlitePool) {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_sql::SqliteStore;
+    ///
+    /// let store = SqliteStore::new(pool).with_scope_quota(ScopeQuota::default().with_max_records(10_000));
+    /// # drop(store); }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
     /// The pool the store runs on.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
@@ -240,6 +293,8 @@ impl SqliteStore {
             Operation::Release => &sql.release,
             Operation::TakeOver => &sql.take_over,
             Operation::Purge => &sql.purge,
+            Operation::Inspect => &sql.inspect,
+            Operation::Evict => &sql.evict,
         }
     }
 
@@ -255,8 +310,75 @@ impl SqliteStore {
         Ok(self)
     }
 
+    /// Reserves on one connection (a write transaction's, when a quota is checked).
+    async fn reserve_on(
+        &self,
+        connection: &mut SqliteConnection,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        // The upsert returns the row as it stands after it ran: ours if it inserted
+        // (tokens are 64 random bits, so a live row holding the very token we just drew
+        // is a 1-in-2^64 chance), else the existing row, untouched. A live one is the
+        // answer; an expired one is replaced by a second, conditional statement, unless
+        // another request replaced (or purge removed) it first, and then we look again.
+        for _ in 0..MAX_ATTEMPTS {
+            let token = new_token();
+            let bind = |sql| {
+                sqlx::query(sql)
+                    .bind(&id.scope)
+                    .bind(&id.key)
+                    .bind(&binding.method)
+                    .bind(&binding.path)
+                    .bind(&binding.body_sha256[..])
+                    .bind(token.0)
+                    .bind(millis(lease))
+                    // In flight under a live lease, a record never expires.
+                    .bind(millis(lifetime.max(lease)))
+            };
+            let row = bind(&self.sql.reserve)
+                .fetch_one(&mut *connection)
+                .await
+                .map_err(backend)?;
+            let raw = RawRecord::from_row(&row).map_err(backend)?;
+            if raw.fencing_token == token.0 {
+                return Ok(Reservation::Reserved(token));
+            }
+            let expires_at_ms: i64 = row.try_get("expires_at_ms").map_err(backend)?;
+            if expires_at_ms > raw.now_ms {
+                return Ok(Reservation::Exists(raw.into_record()?));
+            }
+            let replaced = bind(&self.sql.replace_expired)
+                .execute(&mut *connection)
+                .await
+                .map_err(backend)?;
+            if replaced.rows_affected() == 1 {
+                return Ok(Reservation::Reserved(token));
+            }
+        }
+        Err(too_many_races("reserve"))
+    }
+
+    /// Waits for this store's turn to write.
+    ///
+    /// SQLite lets one writer into a database at a time. Left to itself, every
+    /// connection that finds the write lock taken sleeps in SQLite's busy handler and
+    /// tries again, with sleeps that grow: under a few concurrent writers some requests
+    /// wait hundreds of milliseconds while the lock is free. Queueing this store's writers
+    /// here instead hands the lock on at once, in order. (Writers in other processes on
+    /// the same file still meet the busy handler.)
+    async fn turn_to_write(&self) -> SemaphorePermit<'_> {
+        self.writes
+            .acquire()
+            .await
+            .expect("the write gate is never closed")
+    }
+
     /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
     async fn fenced(&self, query: SqliteQuery<'_>) -> Result<Ownership, StoreError> {
+        let _turn = self.turn_to_write().await;
         let done = query.execute(&self.pool).await.map_err(backend)?;
         Ok(ownership(done.rows_affected()))
     }
@@ -378,46 +500,41 @@ impl IdempotencyStore for SqliteStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        // The upsert returns the row as it stands after it ran: ours if it inserted
-        // (tokens are 64 random bits, so a live row holding the very token we just drew
-        // is a 1-in-2^64 chance), else the existing row, untouched. A live one is the
-        // answer; an expired one is replaced by a second, conditional statement, unless
-        // another request replaced (or purge removed) it first, and then we look again.
-        for _ in 0..MAX_ATTEMPTS {
-            let token = new_token();
-            let bind = |sql| {
-                sqlx::query(sql)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lease))
-                    // In flight under a live lease, a record never expires.
-                    .bind(millis(lifetime.max(lease)))
-            };
-            let row = bind(&self.sql.reserve)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(backend)?;
-            let raw = RawRecord::from_row(&row).map_err(backend)?;
-            if raw.fencing_token == token.0 {
-                return Ok(Reservation::Reserved(token));
-            }
-            let expires_at_ms: i64 = row.try_get("expires_at_ms").map_err(backend)?;
-            if expires_at_ms > raw.now_ms {
-                return Ok(Reservation::Exists(raw.into_record()?));
-            }
-            let replaced = bind(&self.sql.replace_expired)
-                .execute(&self.pool)
-                .await
-                .map_err(backend)?;
-            if replaced.rows_affected() == 1 {
-                return Ok(Reservation::Reserved(token));
-            }
+        let _turn = self.turn_to_write().await;
+        let Some(quota) = self.quota else {
+            let mut connection = self.pool.acquire().await.map_err(backend)?;
+            return self
+                .reserve_on(&mut connection, id, binding, lease, lifetime)
+                .await;
+        };
+        // One write transaction reads the scope's usage and claims its room: SQLite lets
+        // one writer in at a time, so nothing changes the scope in between. A replay is
+        // never refused.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(backend)?;
+        let usage = sqlx::query(&self.sql.scope_usage)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let usage = ScopeUsage {
+            key_live: usage.try_get("key_live").map_err(backend)?,
+            records: usage.try_get("records").map_err(backend)?,
+            bytes: usage.try_get("bytes").map_err(backend)?,
+            next_expiry_in_ms: usage.try_get("next_expiry_in_ms").map_err(backend)?,
+        };
+        if let Some(refusal) = usage.refusal(&quota) {
+            return Err(refusal);
         }
-        Err(too_many_races("reserve"))
+        let reservation = self
+            .reserve_on(&mut tx, id, binding, lease, lifetime)
+            .await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(reservation)
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -476,11 +593,53 @@ impl IdempotencyStore for SqliteStore {
 
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let _turn = self.turn_to_write().await;
         let done = sqlx::query(&self.sql.purge)
             .bind(limit)
             .execute(&self.pool)
             .await
             .map_err(backend)?;
         Ok(Purged::Deleted(done.rows_affected()))
+    }
+
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.inspect_raw(id)
+            .await?
+            .map(|raw| raw.to_inspected())
+            .transpose()
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(raw) = self.inspect_raw(id).await? else {
+                return Ok(Eviction::NotFound);
+            };
+            let inspected = match evict_verdict(&raw, in_flight)? {
+                Ok(inspected) => inspected,
+                Err(refused) => return Ok(refused),
+            };
+            let _turn = self.turn_to_write().await;
+            let done = self
+                .owned_query(&self.sql.evict, id, FencingToken(raw.fencing_token))
+                .bind(raw.in_flight())
+                .execute(&self.pool)
+                .await
+                .map_err(backend)?;
+            if done.rows_affected() == 1 {
+                return Ok(Eviction::Evicted(inspected));
+            }
+        }
+        Err(too_many_races("evict"))
+    }
+}
+
+impl SqliteStore {
+    async fn inspect_raw(&self, id: &RecordId) -> Result<Option<RawInspection>, StoreError> {
+        sqlx::query_as(&self.sql.inspect)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
     }
 }

@@ -84,6 +84,14 @@ impl TableName {
     pub(crate) fn lock_key(&self) -> i64 {
         fnv1a(format!("idempotency-store-sql:migrate:{}", self.0).as_bytes()) as i64
     }
+
+    /// A number that names the lock a scope's quota is checked under, in this table.
+    /// Two scopes may share a number: they then wait for each other, nothing worse.
+    pub(crate) fn scope_lock_key(&self, scope: &str) -> i64 {
+        let mut name = format!("idempotency-store-sql:scope:{}:", self.0).into_bytes();
+        name.extend_from_slice(scope.as_bytes());
+        fnv1a(&name) as i64
+    }
 }
 
 impl Default for TableName {

@@ -65,6 +65,8 @@ fn every_key_is_read() {
         ("idempotency-database-password", "s3cret"),
         ("idempotency-database-pool-size", "20"),
         ("idempotency-purge-interval", "PT5M"),
+        ("idempotency-scope-max-records", "1000"),
+        ("idempotency-scope-max-bytes", "1048576"),
         ("catalog-name", "not ours, ignored"),
         ("warehouse", "s3://bucket"),
     ]
@@ -84,6 +86,14 @@ fn every_key_is_read() {
         20
     );
     assert_eq!(config.purge_interval, Some(Duration::from_secs(300)));
+    assert_eq!(
+        config.scope_quota,
+        Some(
+            idempotency_core::ScopeQuota::default()
+                .with_max_records(1000)
+                .with_max_bytes(1_048_576)
+        )
+    );
     let debug = format!("{config:?}");
     assert!(
         !debug.contains("s3cret"),
@@ -124,6 +134,14 @@ fn each_bad_value_names_its_key_value_and_what_is_expected() {
         (
             &[("idempotency-store-type", "jdbc")],
             &["idempotency-store-type", "\"jdbc\"", "`memory` or `sql`"],
+        ),
+        (
+            &[("idempotency-scope-max-bytes", "lots")],
+            &[
+                "idempotency-scope-max-bytes",
+                "\"lots\"",
+                "positive integer",
+            ],
         ),
         (
             &[("idempotency-max-entries", "0")],

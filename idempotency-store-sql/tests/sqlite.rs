@@ -194,3 +194,45 @@ async fn shows_the_sql_it_runs_on_its_own_table() {
     }
     assert!(store.sql(Operation::Finalize).contains("fencing_token"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enforces_a_scope_quota_across_two_pools() {
+    use idempotency_core::ScopeQuota;
+    let (_dir, path) = temp_db();
+    let quota = ScopeQuota::default().with_max_records(5);
+    let a = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    let one: Arc<dyn IdempotencyStore> = Arc::new(a.clone().with_scope_quota(quota));
+    idempotency_core::conformance::scope_quota_holds_under_concurrency(&one, 5).await;
+    let racing = Arc::new(a.with_scope_quota(quota));
+    let other = Arc::new(node(&path, "records").await.with_scope_quota(quota));
+    let scope = format!("racing-{}", uuid::Uuid::new_v4());
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let store = if i % 2 == 0 {
+            racing.clone()
+        } else {
+            other.clone()
+        };
+        let id = idempotency_core::RecordId::new(scope.clone(), format!("k{i}"));
+        tasks.spawn(async move {
+            store
+                .reserve(&id, &common::binding(), common::LONG, common::LONG)
+                .await
+        });
+    }
+    let mut won = 0;
+    while let Some(result) = tasks.join_next().await {
+        match result.unwrap() {
+            Ok(idempotency_core::Reservation::Reserved(_)) => won += 1,
+            Err(idempotency_core::StoreError::QuotaExceeded { retry_after, .. }) => {
+                assert!(retry_after.is_some_and(|after| after <= common::LONG));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(won, 5);
+}

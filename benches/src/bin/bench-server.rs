@@ -47,7 +47,9 @@ async fn layer(args: &Args) -> Option<IdempotencyLayer> {
         "bare" => None,
         // The default bound (10,000) would fill up under a fresh-key load and answer 503.
         "memory" => Some(IdempotencyLayer::new(
-            MemoryStore::new().with_max_entries(args.max_entries),
+            MemoryStore::new()
+                .with_max_entries(args.max_entries)
+                .with_max_bytes(u64::MAX),
         )),
         #[cfg(feature = "sql")]
         mode @ ("sqlite" | "postgres" | "mysql") => Some(

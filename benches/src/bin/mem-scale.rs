@@ -71,7 +71,9 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let store = MemoryStore::new().with_max_entries(usize::try_from(records).expect("fits") + 1);
+    let store = MemoryStore::new()
+        .with_max_entries(usize::try_from(records).expect("fits") + 1)
+        .with_max_bytes(u64::MAX);
     let binding = Binding {
         method: "POST".to_owned(),
         path: benches::app::PATH.to_owned(),

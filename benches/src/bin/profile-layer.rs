@@ -9,6 +9,10 @@
 //! (a new key per request), `replay` (one key, replayed after the first request),
 //! `identity` (a no-op layer with `Router::layer`, no key), `per-route` (our layer with
 //! `Router::layer`, no key). Compare two modes' totals, divided by the request count.
+//!
+//! A third argument `metrics-off` builds the layer `with_metrics(false)`: the same
+//! requests without a single metrics call, to count what recording metrics costs when
+//! no recorder is installed (none ever is here).
 
 use std::convert::Infallible;
 
@@ -24,7 +28,9 @@ fn main() {
     let requests: u64 = args
         .next()
         .map_or(20_000, |n| n.parse().expect("a request count"));
-    let layer = IdempotencyLayer::new(MemoryStore::new().with_max_entries(100_000_000));
+    let metrics = args.next().as_deref() != Some("metrics-off");
+    let layer = IdempotencyLayer::new(MemoryStore::new().with_max_entries(100_000_000))
+        .with_metrics(metrics);
     match mode.as_str() {
         "bare" => drive(benches::app::bare(), &mode, requests),
         "identity" => drive(

@@ -26,9 +26,16 @@
 
 pub mod model;
 mod multi_node;
+mod operator;
 
 pub use multi_node::{
     concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
+};
+pub use operator::{
+    evict_deletes_a_completed_record_and_the_key_runs_again, evict_never_acts_on_a_stale_verdict,
+    evict_of_an_absent_or_expired_record_finds_nothing,
+    evict_refuses_an_in_flight_record_unless_forced, evict_wakes_waiters,
+    inspect_shows_state_and_times_without_the_body,
 };
 
 use std::sync::Arc;
@@ -75,6 +82,12 @@ pub async fn run_all(store: &Arc<dyn IdempotencyStore>) {
     header_values_that_are_not_utf8_round_trip(store).await;
     scopes_are_isolated(store).await;
     scope_and_key_never_run_together(store).await;
+    inspect_shows_state_and_times_without_the_body(store).await;
+    evict_deletes_a_completed_record_and_the_key_runs_again(store).await;
+    evict_refuses_an_in_flight_record_unless_forced(store).await;
+    evict_of_an_absent_or_expired_record_finds_nothing(store).await;
+    evict_wakes_waiters(store).await;
+    evict_never_acts_on_a_stale_verdict(store).await;
     model::check_random_sequences(store, 0, 20, 60).await;
 }
 

@@ -47,20 +47,23 @@
 //! - [`rest`]: the request and response bodies.
 //! - [`error`]: Iceberg `ErrorModel` errors.
 //! - [`idempotency`]: the layer and its store.
+//! - [`telemetry`]: `--metrics-listen`, the layer's metrics as Prometheus text.
+//! - [`admin`]: `--admin-token`, endpoints that inspect and evict idempotency records.
 
+mod admin;
 mod catalog;
 mod error;
 mod idempotency;
 mod rest;
 mod routes;
+mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use clap::Parser;
@@ -102,6 +105,22 @@ struct Args {
     /// leases lapse.
     #[arg(long, default_value = "PT30S", value_parser = idempotency_core::iso8601::parse_duration)]
     shutdown_deadline: Duration,
+
+    /// Serve the idempotency layer's metrics as Prometheus text on
+    /// `http://ADDR/metrics`, e.g. `127.0.0.1:9090` (a listener of its own).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+
+    /// Turn on the admin endpoints that inspect and evict idempotency records
+    /// (`/admin/idempotency/…`), for requests that send `Authorization: Bearer TOKEN`;
+    /// at least 16 characters. Off without it.
+    #[arg(
+        long,
+        env = "ICEBERG_CATALOG_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    admin_token: Option<String>,
 }
 
 #[tokio::main]
@@ -120,6 +139,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "file://{}",
         warehouse_dir.display().to_string().trim_end_matches('/')
     );
+    // Before the layer is made, so that its metrics have a recorder from the first request.
+    let metrics_address = match args.metrics_listen {
+        Some(listen) => Some(telemetry::serve(listen).await?),
+        None => None,
+    };
     let (layer, finalizer) = if args.no_idempotency {
         (None, None)
     } else {
@@ -129,12 +153,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     };
     let catalog = Catalog::open(&args.database, warehouse.clone(), finalizer).await?;
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
+    let admin = admin::router(
+        args.admin_token.as_deref(),
+        layer.as_ref().map(|layer| layer.store().clone()),
+    )?;
     let catalog_routes = routes::router(Arc::new(AppState { catalog }));
     // The layer wraps the whole router (not each route, as `Router::layer` would), so a
-    // replay can reach the catalog's other routes.
+    // replay can reach the catalog's other routes. The admin routes sit in front of it:
+    // an eviction is not itself a keyed mutation.
     let app = match layer {
-        Some(layer) => Router::new().fallback_service(layer.layer(catalog_routes)),
-        None => catalog_routes,
+        Some(layer) => admin.fallback_service(layer.layer(catalog_routes)),
+        None => admin.fallback_service(catalog_routes),
     }
     .layer(middleware::from_fn(access_log));
 
@@ -153,6 +182,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             "off".to_owned()
         },
     );
+    if let Some(address) = metrics_address {
+        tracing::info!("metrics on http://{address}/metrics");
+    }
+    if args.admin_token.is_some() {
+        tracing::info!("admin endpoints on /admin/idempotency/… (bearer token required)");
+    }
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
@@ -176,9 +211,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 }
 
 /// One line per request: method, path, status, what the idempotency layer did, time.
+/// An admin request shows its route, not its path: the path holds a key, which collects
+/// a response and is never logged.
 async fn access_log(request: Request, next: Next) -> Response {
     let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let path = match request.extensions().get::<MatchedPath>() {
+        Some(route) if route.as_str().starts_with("/admin/") => route.as_str().to_owned(),
+        _ => request.uri().path().to_owned(),
+    };
     let started = Instant::now();
     let response = next.run(request).await;
     let outcome = response
