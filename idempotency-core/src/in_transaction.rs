@@ -230,6 +230,10 @@ impl PreparedAnswer {
     /// (e.g. a 5xx, which releases the key): a marked answer whose record was rolled
     /// back leaves the record in flight until its lease lapses, and then a retry runs
     /// the request again. An answer with nothing to store comes back unmarked.
+    ///
+    /// From here on the layer no longer renews the request's lease: the record settles
+    /// when the transaction ends. A handler that rolls back and tries again should do so
+    /// promptly, or its second finalize may find the key taken over (and be refused).
     pub fn into_finalized<B: From<Bytes>>(self) -> Response<B> {
         if self.stored.is_none() {
             return self.into_response();
