@@ -132,6 +132,7 @@ fn response() -> StoredResponse {
             Bytes::from_static(b"application/json"),
         )],
         body: Bytes::from_static(crate::app::RESPONSE_BODY.as_bytes()),
+        trailers: vec![],
     }
 }
 
@@ -239,6 +240,7 @@ impl Db {
         let r = response();
         let headers = r.encode_headers();
         let done = match &self.raw {
+            // $7: the notice for waiters (nobody listens here); $8: no trailers.
             Raw::Postgres(pool) => sqlx::query(&self.sql.finalize)
                 .bind("")
                 .bind(key)
@@ -246,6 +248,8 @@ impl Db {
                 .bind(i32::from(r.status))
                 .bind(&headers[..])
                 .bind(&r.body[..])
+                .bind(String::new())
+                .bind(None::<Vec<u8>>)
                 .execute(pool)
                 .await?
                 .rows_affected(),
@@ -253,6 +257,7 @@ impl Db {
                 .bind(i32::from(r.status))
                 .bind(&headers[..])
                 .bind(&r.body[..])
+                .bind(None::<Vec<u8>>)
                 .bind("")
                 .bind(key)
                 .bind(token)
@@ -266,6 +271,7 @@ impl Db {
                 .bind(i32::from(r.status))
                 .bind(&headers[..])
                 .bind(&r.body[..])
+                .bind(None::<Vec<u8>>)
                 .execute(pool)
                 .await?
                 .rows_affected(),

@@ -9,32 +9,32 @@ use http::{HeaderValue, Response, header};
 use crate::body::{Buffered, buffer};
 use crate::layer::Settings;
 use crate::rejection::Rejection;
-use crate::service::AnswerBody;
+use crate::service::Bodies;
 
 /// The largest answer read to be amended; a larger one goes out as it is.
 const MAX_ADVERTISED_BODY: usize = 1024 * 1024;
 
 /// The inner service's `answer`, amended by the profile when it succeeded.
-pub(crate) async fn amend<F, ResBody, E>(
+pub(crate) async fn amend<B, F, E>(
     settings: Arc<Settings>,
     answer: F,
-) -> Result<Response<ResBody>, E>
+) -> Result<Response<B::Answer>, E>
 where
-    F: Future<Output = Result<Response<ResBody>, E>>,
-    ResBody: AnswerBody,
+    B: Bodies,
+    F: Future<Output = Result<Response<B::Inner>, E>>,
 {
     let (parts, body) = answer.await?.into_parts();
     if !parts.status.is_success() {
-        return Ok(Response::from_parts(parts, body));
+        return Ok(Response::from_parts(parts, B::Answer::from(body)));
     }
-    let bytes = match buffer(body, MAX_ADVERTISED_BODY).await {
-        Buffered::Whole(bytes, _) => bytes,
-        Buffered::TooLarge(bytes, _) => {
-            return Ok(Response::from_parts(parts, ResBody::from(bytes)));
+    let (bytes, trailers) = match buffer(body, MAX_ADVERTISED_BODY).await {
+        Buffered::Whole(bytes, trailers) => (bytes, trailers),
+        Buffered::TooLarge(bytes, trailers) => {
+            return Ok(Response::from_parts(parts, B::made(bytes, trailers)));
         }
         Buffered::Failed(error) => {
             tracing::warn!(%error, "idempotency: an answer to be advertised on failed while it was read");
-            return Ok(Rejection::advertised_answer_failed(&error).into_response(&settings));
+            return Ok(Rejection::advertised_answer_failed(&error).into_response::<B>(&settings));
         }
     };
     let mut amended = settings
@@ -44,5 +44,5 @@ where
         let length = HeaderValue::from(amended.body().len());
         amended.headers_mut().insert(header::CONTENT_LENGTH, length);
     }
-    Ok(amended.map(ResBody::from))
+    Ok(amended.map(|body| B::made(body, trailers)))
 }

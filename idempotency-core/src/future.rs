@@ -62,15 +62,20 @@ impl<F, B, E> ResponseFuture<F, B, E> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B, E>
+/// `F` is the inner service's future; its response body `I` becomes the caller's `B`
+/// untouched (`B` is `I`, or a wrapper around it).
+impl<F, I, B, E> Future for ResponseFuture<F, B, E>
 where
-    F: Future<Output = Result<Response<B>, E>>,
+    F: Future<Output = Result<Response<I>, E>>,
+    B: From<I>,
 {
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Passthrough { future } => future.poll(cx),
+            KindProj::Passthrough { future } => future
+                .poll(cx)
+                .map(|answer| answer.map(|response| response.map(B::from))),
             KindProj::Boxed { future, span } => {
                 let _entered = span.enter();
                 future.as_mut().poll(cx)

@@ -32,6 +32,7 @@ use crate::body::{Buffered, buffer};
 use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::owner::{self, Verdict};
+use crate::service::Bodies;
 use crate::store::{BoxError, FencingToken, RecordId, StoredResponse};
 
 /// The reservation a keyed request runs under, added to the request's extensions for
@@ -162,19 +163,22 @@ impl ReservationHandle {
         let (parts, body) = response.into_parts();
         let body = buffer(body, settings.max_response_body).await;
         let verdict = owner::classify(settings, &parts, &body);
-        let bytes = match body {
-            Buffered::Whole(bytes, _) | Buffered::TooLarge(bytes, _) => bytes,
+        let (bytes, trailers) = match body {
+            Buffered::Whole(bytes, trailers) | Buffered::TooLarge(bytes, trailers) => {
+                (bytes, trailers)
+            }
             Buffered::Failed(error) => return Err(error),
         };
         let stored = (verdict == Verdict::Store).then(|| {
             settings.profile.to_store(
                 &self.rules.request,
-                owner::stored_response(settings, &parts, &bytes),
+                owner::stored_response(settings, &parts, &bytes, trailers.as_ref()),
             )
         });
         Ok(PreparedAnswer {
             reservation: self.clone(),
             response: Response::from_parts(parts, bytes),
+            trailers,
             stored,
         })
     }
@@ -204,6 +208,8 @@ impl std::fmt::Debug for ReservationHandle {
 pub struct PreparedAnswer {
     reservation: ReservationHandle,
     response: Response<Bytes>,
+    /// The trailers the body ended with (gRPC's status), if any.
+    trailers: Option<HeaderMap>,
     stored: Option<StoredResponse>,
 }
 
@@ -229,7 +235,9 @@ impl PreparedAnswer {
     /// Send it only if the transaction commits. If it rolls back, send another answer
     /// (e.g. a 5xx, which releases the key): a marked answer whose record was rolled
     /// back leaves the record in flight until its lease lapses, and then a retry runs
-    /// the request again. An answer with nothing to store comes back unmarked.
+    /// the request again. An answer with nothing to store comes back unmarked. (The body
+    /// is rebuilt from its bytes, so trailers it ended with are not in this response;
+    /// the layer sends them with the answer it takes from the mark.)
     ///
     /// From here on the layer no longer renews the request's lease: the record settles
     /// when the transaction ends. A handler that rolls back and tries again should do so
@@ -250,6 +258,7 @@ impl PreparedAnswer {
             version: parts.version,
             headers: parts.headers.clone(),
             body: body.clone(),
+            trailers: self.trailers,
         };
         parts.extensions.insert(mark);
         Response::from_parts(parts, B::from(body))
@@ -272,19 +281,20 @@ struct FinalizedInTransaction {
     version: Version,
     headers: HeaderMap,
     body: Bytes,
+    trailers: Option<HeaderMap>,
 }
 
 /// Stage 5½: if the handler finalized the record in its transaction, the answer to send
 /// (the one it finalized) instead of classifying and finalizing again. A mark for
 /// another reservation (a response passed between requests) is ignored.
-pub(crate) fn finalized_answer<ResBody: From<Bytes>>(
+pub(crate) fn finalized_answer<B: Bodies>(
     settings: &Settings,
     id: &RecordId,
     token: FencingToken,
     parts: &mut response::Parts,
     body: &Buffered,
     outcome: Outcome,
-) -> Option<Response<ResBody>> {
+) -> Option<Response<B::Answer>> {
     let mark = parts.extensions.remove::<FinalizedInTransaction>()?;
     if mark.id != *id || mark.token != token {
         tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response is marked as finalized for another reservation; handling it as an ordinary answer");
@@ -304,5 +314,8 @@ pub(crate) fn finalized_answer<ResBody: From<Bytes>>(
     parts.headers = mark.headers;
     crate::metrics::outcome(settings, outcome);
     parts.extensions.insert(outcome);
-    Some(Response::from_parts(parts, ResBody::from(mark.body)))
+    Some(Response::from_parts(
+        parts,
+        B::made(mark.body, mark.trailers),
+    ))
 }

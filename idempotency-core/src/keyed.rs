@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use bytes::{Buf, BytesMut};
-use http::HeaderMap;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
@@ -19,10 +18,9 @@ use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::owner;
 use crate::policy::{self, is_mutation};
+use crate::profile::RequestHead;
 use crate::rejection::Rejection;
-use crate::service::{
-    Answer, AnswerBody, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner, RequestBody,
-};
+use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner};
 use crate::store::{
     IdempotencyRecord, RecordId, RecordState, Reservation, StoreError, StoredResponse,
 };
@@ -48,10 +46,10 @@ pub(crate) fn read_key<B>(
     if !has_key && !repeated && !settings.require_key {
         return Ok(None);
     }
-    let path = request.uri().path();
-    if !settings.takes_part(method, path) {
+    if !settings.takes_part(&RequestHead::of(request)) {
         return Ok(None);
     }
+    let path = request.uri().path();
     if repeated {
         return Err(Rejection::duplicate_key_header());
     }
@@ -73,11 +71,11 @@ pub(crate) fn read_key<B>(
 /// `outcome` ([`Outcome`]'s `Display`, e.g. `replayed`, `rejected:key-reused`). The
 /// [`ResponseFuture`](crate::ResponseFuture) enters it on every poll of [`handle`]'s
 /// future, which saves wrapping (and moving) that large future once more.
-pub(crate) fn begin<B>(
+pub(crate) fn begin<Body>(
     settings: &Settings,
-    request: Request<B>,
+    request: Request<Body>,
     key: String,
-) -> (Request<B>, RecordId, tracing::Span) {
+) -> (Request<Body>, RecordId, tracing::Span) {
     let (parts, body) = request.into_parts();
     if let Some(once) = &settings.unscoped_warning
         && policy::looks_authenticated(&parts)
@@ -103,16 +101,15 @@ pub(crate) fn begin<B>(
 
 /// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and
 /// replay or run as the owner.
-pub(crate) async fn handle<S, ReqBody, ResBody>(
+pub(crate) async fn handle<S, B>(
     settings: Arc<Settings>,
     inner: S,
-    request: Request<ReqBody>,
+    request: Request<B::In>,
     id: RecordId,
-) -> Answer<ResBody, S::Error>
+) -> Answer<B, S::Error>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: RequestBody,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     let (parts, body) = request.into_parts();
     // The request's bytes stay taken from the memory budget until it is answered.
@@ -121,7 +118,7 @@ where
         Ok(body) => body,
         Err(rejection) => {
             tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
-            return Ok(refuse(&settings, rejection));
+            return Ok(refuse::<B>(&settings, rejection));
         }
     };
     let request = Request::from_parts(parts, body);
@@ -140,15 +137,23 @@ where
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
-                return owner::run(settings, inner, request, id, token, Outcome::Executed, held)
-                    .await;
+                return owner::run::<S, B>(
+                    settings,
+                    inner,
+                    request,
+                    id,
+                    token,
+                    Outcome::Executed,
+                    held,
+                )
+                .await;
             }
             Ok(Reservation::Exists(record)) => record,
-            Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+            Err(error) => return store_failed::<S, B>(settings, inner, request, &id, &error).await,
         };
         if record.binding != binding {
             tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
-            return Ok(refuse(&settings, Rejection::key_reused(&settings)));
+            return Ok(refuse::<B>(&settings, Rejection::key_reused(&settings)));
         }
         let settled = match record.state {
             RecordState::InFlight {
@@ -166,7 +171,9 @@ where
                     Ok(Some(IdempotencyRecord { state, .. })) => state,
                     // Released or expired while we waited: reserve again.
                     Ok(None) => continue,
-                    Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+                    Err(error) => {
+                        return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                    }
                 }
             }
             state => state,
@@ -175,7 +182,7 @@ where
             RecordState::Completed(stored) => {
                 tracing::debug!(outcome = "replayed", key = %settings.log_key(&id), status = stored.status, "idempotency: replayed the stored response");
                 metrics::outcome(&settings, Outcome::Replayed);
-                return Ok(replay(&settings, inner, &request, stored).await);
+                return Ok(replay::<S, B>(&settings, inner, &request, stored).await);
             }
             RecordState::InFlight {
                 token,
@@ -189,7 +196,7 @@ where
             {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(&id), "idempotency: took over a reservation whose owner stopped renewing its lease");
-                    return owner::run(
+                    return owner::run::<S, B>(
                         settings,
                         inner,
                         request,
@@ -202,31 +209,36 @@ where
                 }
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
-                Err(error) => return store_failed(settings, inner, request, &id, &error).await,
+                Err(error) => {
+                    return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                }
             },
             RecordState::InFlight { .. } => break,
         }
     }
     tracing::info!(outcome = "conflict", key = %settings.log_key(&id), "idempotency: the owner is still running; answered in flight");
-    Ok(refuse(&settings, Rejection::in_flight(&settings)))
+    Ok(refuse::<B>(&settings, Rejection::in_flight(&settings)))
 }
 
 /// The layer's own answer to a keyed request, with its outcome recorded.
-fn refuse<B: From<Bytes>>(settings: &Settings, rejection: Rejection) -> Response<B> {
+fn refuse<B: Bodies>(settings: &Settings, rejection: Rejection) -> Response<B::Answer> {
     metrics::outcome(settings, Outcome::Rejected(rejection.kind));
-    rejection.into_response(settings)
+    rejection.into_response::<B>(settings)
 }
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
 /// service again), within the memory budget, the size limit and the time limit. A
 /// declared `Content-Length` over the limit is refused before anything is read (so no
 /// `100 Continue` is sent). The bytes stay taken from the budget while `held` lives.
-async fn read_body<B: RequestBody>(
+async fn read_body<B>(
     settings: &Settings,
     headers: &HeaderMap,
     body: B,
     held: &mut Held,
-) -> Result<Bytes, Rejection> {
+) -> Result<Bytes, Rejection>
+where
+    B: http_body::Body<Data: Send, Error: Into<crate::BoxError>>,
+{
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
@@ -269,29 +281,28 @@ async fn read_body<B: RequestBody>(
 }
 
 /// The store failed before anything ran: fail closed, or run unprotected if configured.
-async fn store_failed<S, ReqBody, ResBody>(
+async fn store_failed<S, B>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<Bytes>,
     id: &RecordId,
     error: &StoreError,
-) -> Answer<ResBody, S::Error>
+) -> Answer<B, S::Error>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes>,
-    ResBody: From<Bytes>,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     match error {
         StoreError::Full { retry_after, .. } => {
             tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
-            return Ok(refuse(
+            return Ok(refuse::<B>(
                 &settings,
                 Rejection::store_full(&settings, *retry_after),
             ));
         }
         StoreError::QuotaExceeded { retry_after, .. } => {
             tracing::info!(outcome = "quota-exceeded", key = %settings.log_key(id), "idempotency: {error}");
-            return Ok(refuse(
+            return Ok(refuse::<B>(
                 &settings,
                 Rejection::quota_exceeded(&settings, *retry_after),
             ));
@@ -301,34 +312,36 @@ where
     if settings.fail_open {
         tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
         metrics::outcome(&settings, Outcome::RanUnprotected);
-        let mut request = request.map(ReqBody::from);
+        let mut request = request.map(B::request);
         owner::prepare_for_inner(&settings, request.headers_mut());
-        let mut response = inner.call(request).await?;
+        let mut response = inner.call(request).await?.map(B::Answer::from);
         response.extensions_mut().insert(Outcome::RanUnprotected);
         return Ok(response);
     }
     tracing::error!(outcome = "store-unavailable", key = %settings.log_key(id), %error, "idempotency: store failed before the request ran");
-    Ok(refuse(&settings, Rejection::store_unavailable(&settings)))
+    Ok(refuse::<B>(
+        &settings,
+        Rejection::store_unavailable(&settings),
+    ))
 }
 
 /// Stage 7, the replay: the stored answer, with what the profile adds back. When the
 /// profile asks for a refresh, the inner service answers it first, with the retry's own
 /// headers and extensions (so with the retry's own authorization).
-async fn replay<S, ReqBody, ResBody>(
+async fn replay<S, B>(
     settings: &Settings,
     mut inner: S,
     retry: &Request<Bytes>,
     stored: StoredResponse,
-) -> Response<ResBody>
+) -> Response<B::Answer>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes>,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     let refreshed = match settings.profile.refresh(retry, &stored) {
         Some(mut refresh) => {
             owner::ask_for_identity(refresh.headers_mut());
-            match inner.call(refresh.map(ReqBody::from)).await {
+            match inner.call(refresh.map(B::request)).await {
                 Ok(answer) if answer.status().is_success() => {
                     let (parts, body) = answer.into_parts();
                     match buffer(body, settings.max_response_body).await {
@@ -341,13 +354,14 @@ where
         }
         None => None,
     };
-    replay_response(settings.profile.replay(stored, refreshed))
+    replay_response::<B>(settings.profile.replay(stored, refreshed))
 }
 
-/// A stored answer as a response: same status, same stored headers, same body, plus
-/// `idempotent-replayed: true`.
-fn replay_response<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
-    let mut response = Response::new(B::from(stored.body));
+/// A stored answer as a response: same status, same stored headers, same body, same
+/// trailers, plus `idempotent-replayed: true`.
+fn replay_response<B: Bodies>(stored: StoredResponse) -> Response<B::Answer> {
+    let trailers = (!stored.trailers.is_empty()).then(|| header_map(stored.trailers));
+    let mut response = Response::new(B::made(stored.body, trailers));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let headers = response.headers_mut();
@@ -363,4 +377,18 @@ fn replay_response<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response.extensions_mut().insert(Outcome::Replayed);
     response
+}
+
+/// Stored header or trailer fields as a map; fields that are no longer valid are skipped.
+pub(crate) fn header_map(fields: Vec<(String, Bytes)>) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            map.append(name, value);
+        }
+    }
+    map
 }

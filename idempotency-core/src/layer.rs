@@ -1,5 +1,6 @@
 //! [`IdempotencyLayer`]: the configuration, and the `tower::Layer` that wraps a service.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,14 +9,14 @@ use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
 use bytes::Bytes;
-use http::{Method, Response};
+use http::Response;
 
 use crate::budget::MemoryBudget;
 use crate::key::KeyFormat;
 use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
-use crate::profile::{HttpProfile, Profile};
+use crate::profile::{HttpProfile, Profile, RequestHead};
 use crate::rejection::{ErrorRenderer, Rejection};
-use crate::service::Idempotency;
+use crate::service::{Idempotency, InnerBodies, WrappedBodies};
 use crate::store::{IdempotencyStore, RecordId};
 
 /// How long a record is kept, from its first submission, by default: 30 minutes.
@@ -73,10 +74,10 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// Whether a mutation of `path` takes part: the profile's routes, narrowed by the
-    /// layer's.
-    pub(crate) fn takes_part(&self, method: &Method, path: &str) -> bool {
-        self.profile.takes_part(method, path) && self.routes.takes_part(method, path)
+    /// Whether a mutation takes part: the profile's choice, narrowed by the layer's routes.
+    pub(crate) fn takes_part(&self, request: &RequestHead<'_>) -> bool {
+        self.profile.takes_part_request(request)
+            && self.routes.takes_part(request.method, request.uri.path())
     }
 
     pub(crate) fn key_format(&self) -> &dyn KeyFormat {
@@ -148,12 +149,26 @@ const MIN_LEASE: Duration = Duration::from_millis(30);
 ///
 /// Place it after authentication, and give it a [scope](Self::with_scope) in a
 /// multi-tenant service. See the [crate docs](crate) for the whole story.
-#[derive(Clone)]
-pub struct IdempotencyLayer {
+///
+/// Its parameter is how the services it makes type their bodies: [`InnerBodies`] (the
+/// default) keeps the inner service's own body types, [`WrappedBodies`] (after
+/// [`wrap_bodies`](Self::wrap_bodies), and for [gRPC](crate::grpc)) wraps them in
+/// [`IdempotencyBody`](crate::IdempotencyBody). See [`Idempotency`].
+pub struct IdempotencyLayer<M = InnerBodies> {
     settings: Arc<Settings>,
+    _bodies: PhantomData<fn() -> M>,
 }
 
-impl std::fmt::Debug for IdempotencyLayer {
+impl<M> Clone for IdempotencyLayer<M> {
+    fn clone(&self) -> Self {
+        Self {
+            settings: self.settings.clone(),
+            _bodies: PhantomData,
+        }
+    }
+}
+
+impl<M> std::fmt::Debug for IdempotencyLayer<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("lifetime", &self.settings.lifetime)
@@ -176,6 +191,7 @@ impl IdempotencyLayer {
     pub fn from_shared_store(store: Arc<dyn IdempotencyStore>) -> Self {
         crate::metrics::describe();
         Self {
+            _bodies: PhantomData,
             settings: Arc::new(Settings {
                 store,
                 profile: Arc::new(HttpProfile),
@@ -218,6 +234,42 @@ impl IdempotencyLayer {
                 in_flight: TaskTracker::new(),
                 metrics: true,
             }),
+        }
+    }
+}
+
+impl<M> IdempotencyLayer<M> {
+    /// The same layer, making services that wrap their bodies in
+    /// [`IdempotencyBody`](crate::IdempotencyBody) ([`WrappedBodies`]): they serve inner
+    /// services of any body types (hyper's `Incoming`, tonic's `Body`, your own) with no
+    /// adapter, and answers keep their trailers, first answers and replays alike. The
+    /// inner service gets `Request<IdempotencyBody<ReqBody>>` and the caller
+    /// `Response<IdempotencyBody<ResBody>>`; requests the layer does not take part in are
+    /// only wrapped, never read or boxed.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bytes::Bytes;
+    /// use http::{Request, Response};
+    /// use http_body_util::Full;
+    /// use idempotency_core::{IdempotencyBody, IdempotencyLayer};
+    /// use idempotency_store_memory::MemoryStore;
+    /// use tower_layer::Layer;
+    ///
+    /// // A handler for the bodies the layer hands it: the server's own, wrapped.
+    /// async fn handle<B>(_request: Request<IdempotencyBody<B>>) -> Result<Response<Full<Bytes>>, Infallible> {
+    ///     Ok(Response::new(Full::new(Bytes::from_static(b"created"))))
+    /// }
+    ///
+    /// let service = IdempotencyLayer::new(MemoryStore::new())
+    ///     .wrap_bodies()
+    ///     .layer(tower::service_fn(handle::<Full<Bytes>>));
+    /// # drop(service);
+    /// ```
+    pub fn wrap_bodies(self) -> IdempotencyLayer<WrappedBodies> {
+        IdempotencyLayer {
+            settings: self.settings,
+            _bodies: PhantomData,
         }
     }
 
@@ -622,8 +674,8 @@ impl IdempotencyLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = Idempotency<S>;
+impl<S, M> Layer<S> for IdempotencyLayer<M> {
+    type Service = Idempotency<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::new(inner, self.settings.clone())

@@ -75,8 +75,18 @@
 //! What depends on the protocol (which routes, what a key looks like, which answers are
 //! stored, what a replay adds back, how errors look, what is advertised) comes from a
 //! [`Profile`]: [`HttpProfile`] by default, [`iceberg::IcebergProfile`] through
-//! [`IdempotencyLayer::iceberg`], or your own through
+//! [`IdempotencyLayer::iceberg`], [`grpc::GrpcProfile`] through
+//! [`IdempotencyLayer::grpc`] (tonic), or your own through
 //! [`IdempotencyLayer::with_profile`]. The request path above is the same for all.
+//!
+//! # Bodies
+//!
+//! By default the service keeps the inner service's body types (axum's `Body`), so it
+//! costs nothing on requests it passes through and a wrapped axum `Router` is served as
+//! it is; those types must implement `From<Bytes>`. For services with other body types
+//! (tonic, hyper's `Incoming`) or answers with trailers, [`IdempotencyLayer::wrap_bodies`]
+//! (which the gRPC layer uses) wraps them in [`IdempotencyBody`] instead. See
+//! [`Idempotency`].
 //!
 //! # Security: scopes
 //!
@@ -133,6 +143,7 @@ pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod future;
+pub mod grpc;
 pub mod iceberg;
 mod in_transaction;
 pub mod iso8601;
@@ -149,6 +160,7 @@ mod service;
 mod store;
 
 pub use binding::MAX_KEPT_PATH;
+pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
 pub use in_transaction::{PreparedAnswer, ReservationHandle};
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
@@ -159,9 +171,9 @@ pub use layer::{
 };
 pub use outcome::Outcome;
 pub use policy::{AllMutations, CredentialScope, RouteFilter, ScopeExtractor, SingleScope};
-pub use profile::{Disposition, HttpProfile, Profile};
+pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
-pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency};
+pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};
 pub use store::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_REST_FACTOR, Purged,

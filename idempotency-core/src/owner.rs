@@ -22,13 +22,13 @@ use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::profile::Disposition;
 use crate::rejection::Rejection;
-use crate::service::{Answer, AnswerBody, IDEMPOTENCY_KEY, Inner};
+use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, Inner};
 use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 
 /// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
 /// (and records its answer) even when the caller drops the response future: the rest of
 /// the work then moves to a task of its own.
-pub(crate) async fn run<S, ReqBody, ResBody>(
+pub(crate) async fn run<S, B>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<Bytes>,
@@ -36,36 +36,34 @@ pub(crate) async fn run<S, ReqBody, ResBody>(
     token: FencingToken,
     outcome: Outcome,
     held: Held,
-) -> Answer<ResBody, S::Error>
+) -> Answer<B, S::Error>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes> + Send + 'static,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     let tracker = settings.in_flight.clone();
     let work = async move {
         // The request's bytes stay taken from the budget while it runs, even after its
         // caller went away.
         let _held = held;
-        own(settings, inner, request, id, token, outcome).await
+        own::<S, B>(settings, inner, request, id, token, outcome).await
     };
     FinishOnDrop::new(&tracker, work).await
 }
 
-async fn own<S, ReqBody, ResBody>(
+async fn own<S, B>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<Bytes>,
     id: RecordId,
     token: FencingToken,
     outcome: Outcome,
-) -> Answer<ResBody, S::Error>
+) -> Answer<B, S::Error>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes> + Send + 'static,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
-    let (mut parts, body) = match execute(&settings, inner, &request, &id, token).await {
+    let (mut parts, body) = match execute::<S, B>(&settings, inner, &request, &id, token).await {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
@@ -79,12 +77,12 @@ where
         }
     };
     if let Some(answer) =
-        in_transaction::finalized_answer(&settings, &id, token, &mut parts, &body, outcome)
+        in_transaction::finalized_answer::<B>(&settings, &id, token, &mut parts, &body, outcome)
     {
         return Ok(answer);
     }
     let verdict = classify(&settings, &parts, &body);
-    Ok(settle(
+    Ok(settle::<B>(
         &settings, &request, &id, token, verdict, parts, body, outcome,
     )
     .await)
@@ -94,7 +92,7 @@ type Panic = Box<dyn std::any::Any + Send>;
 
 /// Stage 4: runs the inner service on the request (with the reservation in its
 /// extensions) and reads its answer whole, while the lease is renewed.
-async fn execute<S, ReqBody, ResBody>(
+async fn execute<S, B>(
     settings: &Arc<Settings>,
     mut inner: S,
     request: &Request<Bytes>,
@@ -102,12 +100,11 @@ async fn execute<S, ReqBody, ResBody>(
     token: FencingToken,
 ) -> Result<Result<(response::Parts, Buffered), S::Error>, Panic>
 where
-    S: Inner<ReqBody, ResBody>,
-    ReqBody: From<Bytes>,
-    ResBody: AnswerBody,
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
 {
     let reservation = ReservationHandle::new(settings.clone(), request.clone(), id.clone(), token);
-    let mut request = request.clone().map(ReqBody::from);
+    let mut request = request.clone().map(B::request);
     prepare_for_inner(settings, request.headers_mut());
     request.extensions_mut().insert(reservation.clone());
     let max_body = settings.max_response_body;
@@ -161,7 +158,7 @@ pub(crate) fn classify(settings: &Settings, parts: &response::Parts, body: &Buff
 
 /// Stage 6: writes the verdict to the store and builds the caller's answer.
 #[allow(clippy::too_many_arguments)]
-async fn settle<ResBody: AnswerBody>(
+async fn settle<B: Bodies>(
     settings: &Settings,
     request: &Request<Bytes>,
     id: &RecordId,
@@ -170,10 +167,10 @@ async fn settle<ResBody: AnswerBody>(
     parts: response::Parts,
     body: Buffered,
     executed: Outcome,
-) -> Response<ResBody> {
+) -> Response<B::Answer> {
     let status = parts.status;
-    let body = match body {
-        Buffered::Whole(bytes, _) | Buffered::TooLarge(bytes, _) => bytes,
+    let (body, trailers) = match body {
+        Buffered::Whole(bytes, trailers) | Buffered::TooLarge(bytes, trailers) => (bytes, trailers),
         Buffered::Failed(error) => {
             tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), %error, "idempotency: the response body failed while it was read");
             let released = verdict == Verdict::FailedReleased;
@@ -191,7 +188,8 @@ async fn settle<ResBody: AnswerBody>(
                 .await;
                 Outcome::ExecutedNotStored
             };
-            let mut response = Rejection::response_failed(status, released).into_response(settings);
+            let mut response =
+                Rejection::response_failed(status, released).into_response::<B>(settings);
             metrics::outcome(settings, outcome);
             response.extensions_mut().insert(outcome);
             return response;
@@ -199,9 +197,10 @@ async fn settle<ResBody: AnswerBody>(
     };
     let outcome = match verdict {
         Verdict::Store => {
-            let stored = settings
-                .profile
-                .to_store(request, stored_response(settings, &parts, &body));
+            let stored = settings.profile.to_store(
+                request,
+                stored_response(settings, &parts, &body, trailers.as_ref()),
+            );
             finalize(settings, id, token, &stored).await;
             executed
         }
@@ -240,7 +239,7 @@ async fn settle<ResBody: AnswerBody>(
             unreachable!("a failed body was answered above")
         }
     };
-    let mut response = Response::from_parts(parts, ResBody::from(body));
+    let mut response = Response::from_parts(parts, B::made(body, trailers));
     metrics::outcome(settings, outcome);
     response.extensions_mut().insert(outcome);
     response
@@ -277,11 +276,13 @@ fn is_encoded(headers: &HeaderMap) -> bool {
         })
 }
 
-/// The answer as the generic rules keep it: status, the replayed headers, the body.
+/// The answer as the generic rules keep it: status, the replayed headers, the body, and
+/// every trailer.
 pub(crate) fn stored_response(
     settings: &Settings,
     parts: &response::Parts,
     body: &Bytes,
+    trailers: Option<&HeaderMap>,
 ) -> StoredResponse {
     StoredResponse {
         status: parts.status.as_u16(),
@@ -289,6 +290,7 @@ pub(crate) fn stored_response(
             settings.replayed_headers.contains(name)
         }),
         body: body.clone(),
+        trailers: trailers.map_or_else(Vec::new, |trailers| kept_headers(trailers, |_| true)),
     }
 }
 
@@ -320,6 +322,7 @@ async fn finalize_rejection(
         status: rendered.status().as_u16(),
         headers: kept_headers(rendered.headers(), |_| true),
         body: rendered.into_body(),
+        trailers: Vec::new(),
     };
     finalize(settings, id, token, &stored).await;
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response};
+use http::{Extensions, HeaderMap, Method, Request, Response, Uri};
 
 use crate::key::{KeyFormat, OpaqueKey};
 use crate::rejection::{ErrorRenderer, ProblemJson, Rejection};
@@ -30,7 +30,7 @@ pub enum Disposition {
 ///
 /// | stage | the profile says | default ([`HttpProfile`]) |
 /// |---|---|---|
-/// | take part | [`takes_part`](Self::takes_part): which mutations take part | all of them |
+/// | take part | [`takes_part`](Self::takes_part) (method and path) or [`takes_part_request`](Self::takes_part_request) (the whole head): which mutations take part | all of them |
 /// | parse | [`key_format`](Self::key_format): what a key looks like | [`OpaqueKey`] |
 /// | classify | [`classify`](Self::classify): store the answer or release the key | store |
 /// | store | [`to_store`](Self::to_store): what of the answer is kept | all of it |
@@ -83,6 +83,16 @@ pub trait Profile: Send + Sync + 'static {
     fn takes_part(&self, method: &Method, path: &str) -> bool {
         let _ = (method, path);
         true
+    }
+
+    /// Whether a mutation takes part, seen with its whole head (headers, extensions)
+    /// before its body is read: for a profile that decides on more than the method and
+    /// path, e.g. gRPC, which takes part only in `application/grpc` calls of unary
+    /// methods and lets the others (streaming calls included) pass through untouched and
+    /// unbuffered. The default asks [`takes_part`](Self::takes_part). Asked of every
+    /// mutation that carries a key, so keep it cheap.
+    fn takes_part_request(&self, request: &RequestHead<'_>) -> bool {
+        self.takes_part(request.method, request.uri.path())
     }
 
     /// How the `Idempotency-Key` header's value becomes a key.
@@ -144,6 +154,39 @@ pub trait Profile: Send + Sync + 'static {
     fn advertise(&self, answer: Response<Bytes>, lifetime: Duration) -> Response<Bytes> {
         let _ = lifetime;
         answer
+    }
+}
+
+/// A request as [`Profile::takes_part_request`] sees it: everything but the body, which
+/// has not been read yet.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct RequestHead<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The URI (path and query).
+    pub uri: &'a Uri,
+    /// The headers (gRPC: the request metadata).
+    pub headers: &'a HeaderMap,
+    /// The extensions other layers set (e.g. the authenticated principal).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a> RequestHead<'a> {
+    /// The head of `request`.
+    ///
+    /// ```
+    /// use idempotency_core::RequestHead;
+    /// let request = http::Request::post("/orders").body(()).unwrap();
+    /// assert_eq!(RequestHead::of(&request).uri.path(), "/orders");
+    /// ```
+    pub fn of<B>(request: &'a Request<B>) -> Self {
+        Self {
+            method: request.method(),
+            uri: request.uri(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
     }
 }
 

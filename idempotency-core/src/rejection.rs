@@ -322,8 +322,11 @@ impl Rejection {
 
     /// The rejection as a response: rendered by the profile (or the layer's renderer),
     /// with `Retry-After` when it has one, and its [`Outcome`].
-    pub(crate) fn into_response<B: From<Bytes>>(self, settings: &Settings) -> Response<B> {
-        let mut response = settings.render(&self).map(B::from);
+    pub(crate) fn into_response<B: crate::service::Bodies>(
+        self,
+        settings: &Settings,
+    ) -> Response<B::Answer> {
+        let mut response = settings.render(&self).map(|body| B::made(body, None));
         if let Some(retry_after) = self.retry_after {
             let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
             response

@@ -12,14 +12,16 @@
 //! 4. It carries a key: the [keyed path](crate::keyed) binds, reserves and replays, and
 //!    the [owner](crate::owner) runs the inner service.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderName, Request, Response};
+use http::{HeaderMap, HeaderName, Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use crate::body::IdempotencyBody;
 use crate::future::ResponseFuture;
 use crate::layer::Settings;
 use crate::rejection::Rejection;
@@ -33,11 +35,22 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around an inner one.
 ///
-/// Its responses have the inner service's own body type, so wrapping costs nothing on
-/// requests it passes through (and an axum `Router` wrapped whole can still be served
-/// with `axum::serve`). The answers it makes itself (replays, buffered and rendered
-/// bodies) are built with the body type's `From<Bytes>`: axum's `Body` and
-/// `http_body_util::Full<Bytes>` have it; map any other body to one of those first.
+/// How its bodies are typed is its second parameter, chosen by the layer:
+///
+/// - [`InnerBodies`] (the default, [`IdempotencyLayer::new`](crate::IdempotencyLayer::new)
+///   and [`iceberg`](crate::IdempotencyLayer::iceberg)): requests and responses keep the
+///   inner service's own body types, so wrapping costs nothing on requests it passes
+///   through, and an axum `Router` wrapped whole can still be served with `axum::serve`.
+///   The bodies the layer makes itself (keyed requests for the inner service, replays,
+///   first answers it read whole, rejections) are built with the body types'
+///   `From<Bytes>`: axum's `Body` and `http_body_util::Full<Bytes>` have it. Such a body
+///   cannot carry trailers: an answer that ends with trailers loses them (they are still
+///   stored, and a warning is logged). Use [`WrappedBodies`] for such services.
+/// - [`WrappedBodies`] ([`IdempotencyLayer::wrap_bodies`](crate::IdempotencyLayer::wrap_bodies),
+///   and the [gRPC](crate::grpc) layer): any body types (tonic's, hyper's `Incoming`).
+///   The inner service gets `Request<IdempotencyBody<ReqBody>>` and the caller
+///   `Response<IdempotencyBody<ResBody>>`: the original bodies, wrapped untouched, or the
+///   layer's own, with trailers.
 ///
 /// ```no_run
 /// use axum::{Router, extract::Request, routing::post};
@@ -52,21 +65,33 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(app)).await
 /// # }
 /// ```
-pub struct Idempotency<S> {
+pub struct Idempotency<S, M = InnerBodies> {
     inner: S,
     settings: Arc<Settings>,
+    _bodies: PhantomData<fn() -> M>,
 }
 
-impl<S: Clone> Clone for Idempotency<S> {
+/// The default body mode of [`Idempotency`]: the inner service's own body types, which
+/// must implement `From<Bytes>`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InnerBodies;
+
+/// The body mode of [`Idempotency`] that wraps bodies in [`IdempotencyBody`]: any body
+/// types, and answers that keep their trailers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WrappedBodies;
+
+impl<S: Clone, M> Clone for Idempotency<S, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             settings: self.settings.clone(),
+            _bodies: PhantomData,
         }
     }
 }
 
-impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
+impl<S: std::fmt::Debug, M> std::fmt::Debug for Idempotency<S, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
@@ -74,9 +99,13 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
     }
 }
 
-impl<S> Idempotency<S> {
+impl<S, M> Idempotency<S, M> {
     pub(crate) fn new(inner: S, settings: Arc<Settings>) -> Self {
-        Self { inner, settings }
+        Self {
+            inner,
+            settings,
+            _bodies: PhantomData,
+        }
     }
 
     /// The wrapped service.
@@ -93,9 +122,47 @@ impl<S> Idempotency<S> {
         let clone = self.inner.clone();
         std::mem::replace(&mut self.inner, clone)
     }
+
+    /// Where each request's path begins, for either body mode.
+    fn dispatch<B>(
+        &mut self,
+        mut request: Request<B::In>,
+    ) -> ResponseFuture<S::Future, B::Answer, S::Error>
+    where
+        B: Bodies,
+        S: Inner<B::Request, B::Inner> + Clone,
+    {
+        let settings = &self.settings;
+        if settings
+            .profile
+            .advertises(request.method(), request.uri().path())
+        {
+            // The profile reads the answer: ask for it unencoded.
+            crate::owner::ask_for_identity(request.headers_mut());
+            let answer = self.inner.call(request.map(B::pass));
+            return ResponseFuture::boxed(Box::pin(advertise::amend::<B, _, _>(
+                settings.clone(),
+                answer,
+            )));
+        }
+        let key = match keyed::read_key(settings, &request) {
+            Ok(Some(key)) => key,
+            Ok(None) => return ResponseFuture::passthrough(self.inner.call(request.map(B::pass))),
+            Err(rejection) => {
+                return ResponseFuture::ready(reject_key::<B, _>(settings, &request, rejection));
+            }
+        };
+        let (request, id, span) = keyed::begin(settings, request, key);
+        let settings = settings.clone();
+        let inner = self.take_ready_inner();
+        ResponseFuture::in_span(
+            Box::pin(keyed::handle::<S, B>(settings, inner, request, id)),
+            span,
+        )
+    }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, InnerBodies>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -114,34 +181,42 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let settings = &self.settings;
-        let (method, path) = (request.method(), request.uri().path());
-        if settings.profile.advertises(method, path) {
-            // The profile reads the answer: ask for it unencoded.
-            crate::owner::ask_for_identity(request.headers_mut());
-            let answer = self.inner.call(request);
-            return ResponseFuture::boxed(Box::pin(advertise::amend(settings.clone(), answer)));
-        }
-        let key = match keyed::read_key(settings, &request) {
-            Ok(Some(key)) => key,
-            Ok(None) => return ResponseFuture::passthrough(self.inner.call(request)),
-            Err(rejection) => {
-                return ResponseFuture::ready(reject_key(settings, &request, rejection));
-            }
-        };
-        let (request, id, span) = keyed::begin(settings, request, key);
-        let settings = settings.clone();
-        let inner = self.take_ready_inner();
-        ResponseFuture::in_span(Box::pin(keyed::handle(settings, inner, request, id)), span)
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.dispatch::<Same<ReqBody, ResBody>>(request)
     }
 }
 
-fn reject_key<B, ResBody: From<Bytes>>(
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, WrappedBodies>
+where
+    S: Service<Request<IdempotencyBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<IdempotencyBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, IdempotencyBody<ResBody>, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.dispatch::<Wrap<ReqBody, ResBody>>(request)
+    }
+}
+
+fn reject_key<B: Bodies, ReqBody>(
     settings: &Settings,
-    request: &Request<B>,
+    request: &Request<ReqBody>,
     rejection: Rejection,
-) -> Response<ResBody> {
+) -> Response<B::Answer> {
     tracing::info!(
         outcome = rejection.kind.as_str(),
         method = %request.method(),
@@ -149,11 +224,11 @@ fn reject_key<B, ResBody: From<Bytes>>(
         rejection.message
     );
     crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
-    rejection.into_response(settings)
+    rejection.into_response::<B>(settings)
 }
 
 /// The inner services the layer wraps, under one name for the functions of the keyed
-/// path. Every service the public `Service` impl accepts is one.
+/// path. Every service the public `Service` impls accept is one.
 pub(crate) trait Inner<ReqBody, ResBody>:
     Service<
         Request<ReqBody>,
@@ -176,27 +251,89 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 {
 }
 
-/// The request bodies the keyed path reads, under one name.
-pub(crate) trait RequestBody:
-    Body<Data: Send, Error: Into<BoxError>> + From<Bytes> + Send + 'static
-{
+/// The body types of one [`Idempotency`] service, and how the layer converts between
+/// them: what the caller sends (`In`), what the inner service takes (`Request`) and
+/// answers with (`Inner`), and what the caller gets (`Answer`).
+pub(crate) trait Bodies: 'static {
+    /// The caller's request body, read whole when the request is keyed.
+    type In: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
+    /// The inner service's request body.
+    type Request: Send + 'static;
+    /// The inner service's response body, read whole when the request is keyed.
+    type Inner: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+    /// The caller's response body.
+    type Answer: From<Self::Inner> + Send + 'static;
+
+    /// A request body passed through, untouched.
+    fn pass(body: Self::In) -> Self::Request;
+    /// A keyed request's body, read whole, for the inner service.
+    fn request(bytes: Bytes) -> Self::Request;
+    /// An answer the layer makes: the bytes, then the trailers.
+    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> Self::Answer;
 }
 
-impl<B> RequestBody for B where
-    B: Body<Data: Send, Error: Into<BoxError>> + From<Bytes> + Send + 'static
+/// [`InnerBodies`]: the inner service's own types, built with `From<Bytes>`.
+pub(crate) struct Same<ReqBody, ResBody>(PhantomData<fn() -> (ReqBody, ResBody)>);
+
+impl<ReqBody, ResBody> Bodies for Same<ReqBody, ResBody>
+where
+    ReqBody: Body<Data: Send, Error: Into<BoxError>> + From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes, Error: Into<BoxError>> + From<Bytes> + Send + 'static,
 {
+    type In = ReqBody;
+    type Request = ReqBody;
+    type Inner = ResBody;
+    type Answer = ResBody;
+
+    fn pass(body: ReqBody) -> ReqBody {
+        body
+    }
+
+    fn request(bytes: Bytes) -> ReqBody {
+        ReqBody::from(bytes)
+    }
+
+    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> ResBody {
+        if trailers
+            .as_ref()
+            .is_some_and(|trailers| !trailers.is_empty())
+        {
+            tracing::warn!(
+                "idempotency: an answer with trailers went out without them: the service's body \
+                 type is built from bytes alone. Wrap bodies (IdempotencyLayer::wrap_bodies) to \
+                 keep trailers"
+            );
+        }
+        ResBody::from(bytes)
+    }
 }
 
-/// The response bodies the keyed path reads and rebuilds, under one name.
-pub(crate) trait AnswerBody:
-    Body<Data = Bytes, Error: Into<BoxError>> + From<Bytes> + Send + 'static
+/// [`WrappedBodies`]: every body wrapped in [`IdempotencyBody`].
+pub(crate) struct Wrap<ReqBody, ResBody>(PhantomData<fn() -> (ReqBody, ResBody)>);
+
+impl<ReqBody, ResBody> Bodies for Wrap<ReqBody, ResBody>
+where
+    ReqBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
+    ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
 {
+    type In = ReqBody;
+    type Request = IdempotencyBody<ReqBody>;
+    type Inner = ResBody;
+    type Answer = IdempotencyBody<ResBody>;
+
+    fn pass(body: ReqBody) -> IdempotencyBody<ReqBody> {
+        IdempotencyBody::new(body)
+    }
+
+    fn request(bytes: Bytes) -> IdempotencyBody<ReqBody> {
+        IdempotencyBody::buffered(bytes, None)
+    }
+
+    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> IdempotencyBody<ResBody> {
+        IdempotencyBody::buffered(bytes, trailers)
+    }
 }
 
-impl<B> AnswerBody for B where
-    B: Body<Data = Bytes, Error: Into<BoxError>> + From<Bytes> + Send + 'static
-{
-}
-
-/// What the keyed path's functions return: the inner service's response or its error.
-pub(crate) type Answer<ResBody, E> = Result<Response<ResBody>, E>;
+/// What the keyed path's functions return: the caller's response or the inner service's
+/// error.
+pub(crate) type Answer<B, E> = Result<Response<<B as Bodies>::Answer>, E>;

@@ -79,7 +79,8 @@ pub struct Binding {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FencingToken(pub i64);
 
-/// A response as stored for replay: status, allow-listed headers and the whole body.
+/// A response as stored for replay: status, allow-listed headers, the whole body and the
+/// trailers it ended with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponse {
     /// The HTTP status code.
@@ -88,20 +89,29 @@ pub struct StoredResponse {
     pub headers: Vec<(String, Bytes)>,
     /// The body, byte for byte.
     pub body: Bytes,
+    /// The trailers the body ended with (names lower-case, in the order they were sent):
+    /// empty when it had none. gRPC sends its status here (`grpc-status`,
+    /// `grpc-message`, `grpc-status-details-bin`); a replay sends them as a trailers frame.
+    pub trailers: Vec<(String, Bytes)>,
 }
 
 impl StoredResponse {
     /// Encodes the headers as one byte string (`name:value\n` per header), for stores
     /// that keep them in a single column. Header values cannot contain `\n`.
     pub fn encode_headers(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, value) in &self.headers {
-            out.extend_from_slice(name.as_bytes());
-            out.push(b':');
-            out.extend_from_slice(value);
-            out.push(b'\n');
-        }
-        out
+        encode_fields(&self.headers)
+    }
+
+    /// Encodes the trailers the way [`encode_headers`](Self::encode_headers) encodes the
+    /// headers; no trailers encode as an empty string.
+    pub fn encode_trailers(&self) -> Vec<u8> {
+        encode_fields(&self.trailers)
+    }
+
+    /// Decodes what [`encode_trailers`](Self::encode_trailers) wrote (the encoding is the
+    /// headers' one).
+    pub fn decode_trailers(encoded: &[u8]) -> Result<Vec<(String, Bytes)>, StoreError> {
+        Self::decode_headers(encoded)
     }
 
     /// Decodes what [`encode_headers`](Self::encode_headers) wrote.
@@ -119,6 +129,17 @@ impl StoredResponse {
             })
             .collect()
     }
+}
+
+fn encode_fields(fields: &[(String, Bytes)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in fields {
+        out.extend_from_slice(name.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(value);
+        out.push(b'\n');
+    }
+    out
 }
 
 /// Where a record stands.
@@ -354,7 +375,7 @@ impl StoreError {
 ///   end of the new lease if it would end sooner) and replaces only the token and lease.
 /// - **Round trips.** A finalized [`StoredResponse`] comes back exactly as stored: any
 ///   status, no headers or many, header values that are not UTF-8, an empty body or a
-///   body of several megabytes.
+///   body of several megabytes, no trailers or several.
 /// - **Inspection** ([`inspect`](IdempotencyStore::inspect), for operators) reads a live
 ///   record like `load` does, without its stored headers and body, and with its times by
 ///   the store's clock: created (kept by a takeover), expires, the lease's end, and the
@@ -773,12 +794,22 @@ mod tests {
                 ("etag".into(), Bytes::from_static(b"\"a:b\"")),
             ],
             body: Bytes::new(),
+            trailers: vec![
+                ("grpc-status".into(), Bytes::from_static(b"0")),
+                ("grpc-message".into(), Bytes::from_static(b"a%3Ab")),
+            ],
         };
         let encoded = response.encode_headers();
         assert_eq!(
             StoredResponse::decode_headers(&encoded).unwrap(),
             response.headers
         );
+        let encoded = response.encode_trailers();
+        assert_eq!(
+            StoredResponse::decode_trailers(&encoded).unwrap(),
+            response.trailers
+        );
+        assert!(StoredResponse::decode_trailers(b"").unwrap().is_empty());
     }
 
     #[test]

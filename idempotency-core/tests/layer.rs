@@ -378,6 +378,7 @@ async fn a_lapsed_lease_is_taken_over_and_the_old_owner_is_fenced() {
         status: 500,
         headers: vec![],
         body: "stale".into(),
+        trailers: vec![],
     };
     assert_eq!(
         store.finalize(&id, old, &stale).await.unwrap(),

@@ -137,6 +137,7 @@ fn answer(bytes: usize) -> idempotency_core::StoredResponse {
         status: 200,
         headers: vec![],
         body: vec![b'x'; bytes].into(),
+        trailers: vec![],
     }
 }
 

@@ -78,6 +78,9 @@ pub(crate) struct RawRecord {
     pub(crate) response_status: Option<i32>,
     pub(crate) response_headers: Option<Vec<u8>>,
     pub(crate) response_body: Option<Vec<u8>>,
+    /// NULL for an answer without trailers, and in rows written before the column
+    /// existed.
+    pub(crate) response_trailers: Option<Vec<u8>>,
 }
 
 fn body_sha256(stored: &[u8]) -> Result<[u8; 32], StoreError> {
@@ -114,10 +117,14 @@ impl RawRecord {
                 let body = self.response_body.ok_or_else(|| {
                     StoreError::Corrupt("a completed record has no response_body".to_owned())
                 })?;
+                let trailers = StoredResponse::decode_trailers(
+                    self.response_trailers.as_deref().unwrap_or_default(),
+                )?;
                 RecordState::Completed(StoredResponse {
                     status,
                     headers,
                     body: Bytes::from(body),
+                    trailers,
                 })
             }
         };
@@ -200,6 +207,12 @@ fn wall_clock(epoch_ms: i64) -> SystemTime {
     } else {
         UNIX_EPOCH - since_epoch
     }
+}
+
+/// The trailers of a response as a column value: NULL when it has none, so that a
+/// response without trailers is stored as the previous release stored it.
+pub(crate) fn trailers_column(response: &StoredResponse) -> Option<Vec<u8>> {
+    (!response.trailers.is_empty()).then(|| response.encode_trailers())
 }
 
 /// A store operation whose SQL a store shows with `sql()`: for auditing what runs

@@ -209,6 +209,7 @@ impl AnyFinalizer {
             stored.encode_headers(),
             stored.body.to_vec(),
         );
+        let trailers = crate::common::trailers_column(stored);
         let backend = transaction.backend_name().to_owned();
         match backend.as_str() {
             "PostgreSQL" => {
@@ -222,6 +223,7 @@ impl AnyFinalizer {
                         .bind(headers)
                         .bind(body)
                         .bind(crate::postgres::notice_for(id))
+                        .bind(trailers)
                         .fetch_optional(transaction)
                         .await
                         .map_err(FinalizeError::Database)?;
@@ -240,6 +242,7 @@ impl AnyFinalizer {
                         .bind(status)
                         .bind(headers)
                         .bind(body)
+                        .bind(trailers)
                         .bind(id.scope.as_str())
                         .bind(id.key.as_str())
                         .bind(token)
@@ -264,6 +267,7 @@ impl AnyFinalizer {
                         .bind(status)
                         .bind(headers)
                         .bind(body)
+                        .bind(trailers)
                         .execute(transaction)
                         .await
                         .map_err(FinalizeError::Database)?;

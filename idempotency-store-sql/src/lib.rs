@@ -104,13 +104,23 @@
 //!     response_status     INTEGER NULL,
 //!     response_headers    BYTEA   NULL,
 //!     response_body       BYTEA   NULL,
+//!     response_trailers   BYTEA   NULL,      -- encoded like the headers; NULL: none
 //!     PRIMARY KEY (scope, idempotency_key)
 //! );
 //! CREATE INDEX IF NOT EXISTS "idempotency_records_expires_idx"
 //!     ON "idempotency_records" (expires_at_ms);
+//! ALTER TABLE "idempotency_records" ADD COLUMN IF NOT EXISTS response_trailers BYTEA NULL;
 //! -- run in one transaction after SELECT pg_advisory_xact_lock(<hash of the table name>),
 //! -- because concurrent CREATE TABLE IF NOT EXISTS can fail on pg_type's unique index.
 //! ```
+//!
+//! **Upgrading from 0.1.0**, whose tables have no `response_trailers`: `migrate()` adds
+//! the column (PostgreSQL with `ADD COLUMN IF NOT EXISTS` under its advisory lock; MySQL,
+//! MariaDB and SQLite after checking the catalog, taking a "duplicate column" from a
+//! concurrent migrator as done). The column is nullable and added in place, so replicas
+//! of the previous release keep working on the migrated table during a rolling upgrade;
+//! they ignore trailers, so a gRPC answer they replay lacks its status until every
+//! replica runs this release.
 //!
 //! MySQL 8 / MariaDB 10.6+ (the index is declared inside `CREATE TABLE`, since MySQL has
 //! no `CREATE INDEX IF NOT EXISTS`; scope and key of at most 255 characters, 2,040 bytes
@@ -130,6 +140,7 @@
 //!     response_status     INT          NULL,
 //!     response_headers    MEDIUMBLOB   NULL,
 //!     response_body       LONGBLOB     NULL,
+//!     response_trailers   MEDIUMBLOB   NULL,
 //!     PRIMARY KEY (scope, idempotency_key),
 //!     KEY `idempotency_records_expires_idx` (expires_at_ms)
 //! ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
@@ -151,6 +162,7 @@
 //!     fencing_token BIGINT NOT NULL, created_at_ms BIGINT NOT NULL,
 //!     expires_at_ms BIGINT NOT NULL, lease_expires_at_ms BIGINT NOT NULL,
 //!     response_status INTEGER NULL, response_headers BLOB NULL, response_body BLOB NULL,
+//!     response_trailers BLOB NULL,
 //!     PRIMARY KEY (scope, idempotency_key)
 //! );
 //! CREATE INDEX IF NOT EXISTS "idempotency_records_expires_idx"

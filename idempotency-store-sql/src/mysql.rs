@@ -19,6 +19,7 @@ use tokio::sync::OnceCell;
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
     evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
+    trailers_column,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -146,6 +147,7 @@ impl Statements {
                     response_status = IF({expired}, NULL, response_status),
                     response_headers = IF({expired}, NULL, response_headers),
                     response_body = IF({expired}, NULL, response_body),
+                    response_trailers = IF({expired}, NULL, response_trailers),
                     {expires_at_ms}
                  {returning}",
                 method = replace("method"),
@@ -163,7 +165,7 @@ impl Statements {
             "CAST(method AS CHAR CHARACTER SET utf8mb4) AS method,
              CAST(path AS CHAR CHARACTER SET utf8mb4) AS path, body_sha256, fencing_token,
              lease_expires_at_ms, {NOW_MS} AS now_ms, response_status, response_headers,
-             response_body"
+             response_body, response_trailers"
         );
         Self {
             scope_usage: format!(
@@ -192,6 +194,7 @@ impl Statements {
                     response_status     INT          NULL,
                     response_headers    MEDIUMBLOB   NULL,
                     response_body       LONGBLOB     NULL,
+                    response_trailers   MEDIUMBLOB   NULL,
                     PRIMARY KEY (scope, idempotency_key),
                     KEY `{index}` (expires_at_ms)
                 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
@@ -225,7 +228,8 @@ impl Statements {
             ),
             finalize: format!(
                 "UPDATE {t}
-                 SET response_status = ?, response_headers = ?, response_body = ?
+                 SET response_status = ?, response_headers = ?, response_body = ?,
+                     response_trailers = ?
                  WHERE {owned}"
             ),
             release: format!("DELETE FROM {t} WHERE {owned}"),
@@ -365,12 +369,40 @@ impl MySqlStore {
     }
 
     /// Creates the table (with its expiry index declared inside `CREATE TABLE`, since
-    /// MySQL 8 has no `CREATE INDEX IF NOT EXISTS`) if it does not exist. Safe to call
-    /// from several nodes at once: MySQL and MariaDB serialize the DDL on a metadata lock.
+    /// MySQL 8 has no `CREATE INDEX IF NOT EXISTS`) if it does not exist, then adds the
+    /// columns a table created by an earlier release lacks (`response_trailers`: MySQL 8
+    /// has no `ADD COLUMN IF NOT EXISTS`, so the catalog is checked first; a nullable
+    /// column at the end is added in place, without copying the table). Safe to call
+    /// from several nodes at once: MySQL and MariaDB serialize the DDL on a metadata lock,
+    /// and a column another migrator added first is taken as added.
     pub async fn migrate(self) -> Result<Self, StoreError> {
         retry_deadlocks(|| sqlx::raw_sql(&self.sql.migrate).execute(&self.pool))
             .await
             .map_err(backend)?;
+        let has_trailers: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?
+               AND COLUMN_NAME = 'response_trailers'",
+        )
+        .bind(self.table.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        if has_trailers == 0 {
+            let add = format!(
+                "ALTER TABLE `{}` ADD COLUMN response_trailers MEDIUMBLOB NULL",
+                self.table
+            );
+            match retry_deadlocks(|| sqlx::raw_sql(&add).execute(&self.pool)).await {
+                Ok(_) => {}
+                // ER_DUP_FIELDNAME: another migrator added it between our check and ALTER.
+                Err(sqlx::Error::Database(error))
+                    if error
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|error| error.number() == 1060) => {}
+                Err(error) => return Err(backend(error)),
+            }
+        }
         self.flavor().await?;
         Ok(self)
     }
@@ -544,19 +576,21 @@ fn is_deadlock_error(error: &StoreError) -> bool {
 }
 
 impl MySqlStore {
-    /// The fenced finalize with its parameters (`headers` encoded by the caller, so that
-    /// a retried statement does not encode them again).
+    /// The fenced finalize with its parameters (`headers` and `trailers` encoded by the
+    /// caller, so that a retried statement does not encode them again).
     fn finalize_query<'q>(
         &'q self,
         id: &'q RecordId,
         token: FencingToken,
         response: &'q StoredResponse,
         headers: &'q [u8],
+        trailers: &'q Option<Vec<u8>>,
     ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
         sqlx::query(&self.sql.finalize)
             .bind(i32::from(response.status))
             .bind(headers)
             .bind(&response.body[..])
+            .bind(trailers)
             .bind(&id.scope)
             .bind(&id.key)
             .bind(token.0)
@@ -606,8 +640,15 @@ impl MySqlStore {
             .stored()
             .expect("prepare() passes on only answers with something to store");
         let headers = stored.encode_headers();
+        let trailers = trailers_column(stored);
         let done = self
-            .finalize_query(&reservation.id, reservation.token, stored, &headers)
+            .finalize_query(
+                &reservation.id,
+                reservation.token,
+                stored,
+                &headers,
+                &trailers,
+            )
             .execute(transaction)
             .await
             .map_err(FinalizeError::Database)?;
@@ -663,6 +704,7 @@ fn record_by_position(row: &MySqlRow) -> Result<RawRecord, sqlx::Error> {
         response_status: row.try_get(6)?,
         response_headers: row.try_get(7)?,
         response_body: row.try_get(8)?,
+        response_trailers: row.try_get(9)?,
     })
 }
 
@@ -781,8 +823,9 @@ impl IdempotencyStore for MySqlStore {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
         let headers = response.encode_headers();
+        let trailers = trailers_column(response);
         let done = retry_deadlocks(|| {
-            self.finalize_query(id, token, response, &headers)
+            self.finalize_query(id, token, response, &headers, &trailers)
                 .execute(&self.pool)
         })
         .await

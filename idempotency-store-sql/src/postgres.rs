@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
     evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
+    trailers_column,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -159,9 +160,11 @@ impl Statements {
                     response_status     INTEGER NULL,
                     response_headers    BYTEA   NULL,
                     response_body       BYTEA   NULL,
+                    response_trailers   BYTEA   NULL,
                     PRIMARY KEY (scope, idempotency_key)
                 );
-                CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);"
+                CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);
+                ALTER TABLE {t} ADD COLUMN IF NOT EXISTS response_trailers BYTEA NULL;"
             ),
             // DO NOTHING, not DO UPDATE: a conflicting live row is then neither locked nor
             // written, so a replay is a read. An expired row comes back flagged and is
@@ -183,12 +186,13 @@ impl Statements {
                        NULL::text AS path, NULL::bytea AS body_sha256, fencing_token,
                        NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
                        NULL::integer AS response_status, NULL::bytea AS response_headers,
-                       NULL::bytea AS response_body
+                       NULL::bytea AS response_body, NULL::bytea AS response_trailers
                 FROM ins
                 UNION ALL
                 SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
                        e.body_sha256, e.fencing_token, e.lease_expires_at_ms, clock.now_ms,
-                       e.response_status, e.response_headers, e.response_body
+                       e.response_status, e.response_headers, e.response_body,
+                       e.response_trailers
                 FROM {t} AS e, clock
                 WHERE e.scope = $1 AND e.idempotency_key = $2
                   AND NOT EXISTS (SELECT 1 FROM ins)"
@@ -200,14 +204,16 @@ impl Statements {
                      created_at_ms = clock.now_ms,
                      expires_at_ms = clock.now_ms + $8::bigint,
                      lease_expires_at_ms = clock.now_ms + $7::bigint,
-                     response_status = NULL, response_headers = NULL, response_body = NULL
+                     response_status = NULL, response_headers = NULL, response_body = NULL,
+                     response_trailers = NULL
                  FROM clock
                  WHERE r.scope = $1 AND r.idempotency_key = $2
                    AND r.expires_at_ms <= clock.now_ms"
             ),
             load: format!(
                 "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.lease_expires_at_ms,
-                        clock.now_ms, r.response_status, r.response_headers, r.response_body
+                        clock.now_ms, r.response_status, r.response_headers, r.response_body,
+                        r.response_trailers
                  FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
                  WHERE r.scope = $1 AND r.idempotency_key = $2
                    AND r.expires_at_ms > clock.now_ms"
@@ -227,7 +233,8 @@ impl Statements {
             finalize: format!(
                 "WITH done AS (
                      UPDATE {t}
-                     SET response_status = $4, response_headers = $5, response_body = $6
+                     SET response_status = $4, response_headers = $5, response_body = $6,
+                         response_trailers = $8
                      WHERE {owned}
                      RETURNING 1)
                  SELECT 1 AS held FROM done WHERE pg_notify('{channel}', $7) IS NOT NULL"
@@ -372,7 +379,9 @@ impl PostgresStore {
         }
     }
 
-    /// Creates the table and its expiry index if they do not exist.
+    /// Creates the table and its expiry index if they do not exist, and adds the columns
+    /// a table created by an earlier release lacks (`response_trailers`, with
+    /// `ADD COLUMN IF NOT EXISTS`).
     ///
     /// Safe to call from several nodes at once: the DDL runs in a transaction that first
     /// takes a transaction-scoped advisory lock derived from the table name, because two
@@ -515,6 +524,7 @@ impl PostgresStore {
             .bind(response.encode_headers())
             .bind(&response.body[..])
             .bind(notice_for(id))
+            .bind(trailers_column(response))
     }
 
     /// Finalizes the request's reservation **inside your transaction**, with the answer

@@ -19,6 +19,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
     evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
+    trailers_column,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -84,7 +85,8 @@ impl Statements {
         // A record as `RawRecord` decodes it.
         let record_columns = format!(
             "method, path, body_sha256, fencing_token, lease_expires_at_ms,
-             {NOW_MS} AS now_ms, response_status, response_headers, response_body"
+             {NOW_MS} AS now_ms, response_status, response_headers, response_body,
+             response_trailers"
         );
         Self {
             scope_usage: format!(
@@ -112,6 +114,7 @@ impl Statements {
                     response_status     INTEGER NULL,
                     response_headers    BLOB    NULL,
                     response_body       BLOB    NULL,
+                    response_trailers   BLOB    NULL,
                     PRIMARY KEY (scope, idempotency_key)
                 );
                 CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);"
@@ -139,7 +142,8 @@ impl Statements {
                     method = ?3, path = ?4, body_sha256 = ?5, fencing_token = ?6,
                     created_at_ms = {NOW_MS}, expires_at_ms = {NOW_MS} + ?8,
                     lease_expires_at_ms = {NOW_MS} + ?7,
-                    response_status = NULL, response_headers = NULL, response_body = NULL
+                    response_status = NULL, response_headers = NULL, response_body = NULL,
+                    response_trailers = NULL
                  WHERE scope = ?1 AND idempotency_key = ?2 AND expires_at_ms <= {NOW_MS}"
             ),
             load: format!(
@@ -156,7 +160,8 @@ impl Statements {
             ),
             finalize: format!(
                 "UPDATE {t}
-                 SET response_status = ?4, response_headers = ?5, response_body = ?6
+                 SET response_status = ?4, response_headers = ?5, response_body = ?6,
+                     response_trailers = ?7
                  WHERE {owned}"
             ),
             release: format!("DELETE FROM {t} WHERE {owned}"),
@@ -298,8 +303,11 @@ impl SqliteStore {
         }
     }
 
-    /// Creates the table and its expiry index if they do not exist, in one transaction.
-    /// Safe to call from several tasks or processes at once: SQLite serializes writers.
+    /// Creates the table and its expiry index if they do not exist, in one transaction,
+    /// then adds the columns a table created by an earlier release lacks
+    /// (`response_trailers`). Safe to call from several tasks or processes at once:
+    /// SQLite serializes writers, and a column another migrator added first is taken as
+    /// added.
     pub async fn migrate(self) -> Result<Self, StoreError> {
         let mut tx = self.pool.begin().await.map_err(backend)?;
         sqlx::raw_sql(&self.sql.migrate)
@@ -307,6 +315,26 @@ impl SqliteStore {
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
+        let has_trailers: bool = sqlx::query_scalar(
+            "SELECT COUNT(*) > 0 FROM pragma_table_info(?1) WHERE name = 'response_trailers'",
+        )
+        .bind(self.table.as_str())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        if !has_trailers {
+            let add = format!(
+                "ALTER TABLE \"{}\" ADD COLUMN response_trailers BLOB NULL",
+                self.table
+            );
+            match sqlx::raw_sql(&add).execute(&self.pool).await {
+                Ok(_) => {}
+                // Another migrator added it between our check and our ALTER.
+                Err(sqlx::Error::Database(error))
+                    if error.message().contains("duplicate column name") => {}
+                Err(error) => return Err(backend(error)),
+            }
+        }
         Ok(self)
     }
 
@@ -404,6 +432,7 @@ impl SqliteStore {
             .bind(i32::from(response.status))
             .bind(response.encode_headers())
             .bind(&response.body[..])
+            .bind(trailers_column(response))
     }
 
     /// Finalizes the request's reservation **inside your transaction**, with the answer

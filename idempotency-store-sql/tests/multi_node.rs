@@ -306,6 +306,7 @@ async fn a_crashed_replica_is_taken_over_and_fenced(backend: Backend) {
         status: 201,
         headers: vec![],
         body: "stale".into(),
+        trailers: vec![],
     };
     assert_eq!(
         late_a.finalize(&id, old, &stale).await.unwrap(),

@@ -93,6 +93,55 @@ async fn eight_nodes_migrate_at_once_and_again() {
     drop_table(&store).await;
 }
 
+/// The table as release 0.1.0 created it (before `response_trailers`): eight nodes
+/// migrate it at once (each checks the catalog, then adds the column, so most race),
+/// then again; its rows still replay and new ones keep trailers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_nodes_upgrade_a_table_of_the_previous_release() {
+    let table = common::unique_table();
+    let Some(first) = node(&table).await else {
+        return;
+    };
+    let old_ddl = format!(
+        "CREATE TABLE `{table}` (
+            scope               VARCHAR(255) NOT NULL,
+            idempotency_key     VARCHAR(255) NOT NULL,
+            method              VARCHAR(255) NOT NULL,
+            path                TEXT         NOT NULL,
+            body_sha256         BINARY(32)   NOT NULL,
+            fencing_token       BIGINT       NOT NULL,
+            created_at_ms       BIGINT       NOT NULL,
+            expires_at_ms       BIGINT       NOT NULL,
+            lease_expires_at_ms BIGINT       NOT NULL,
+            response_status     INT          NULL,
+            response_headers    MEDIUMBLOB   NULL,
+            response_body       LONGBLOB     NULL,
+            PRIMARY KEY (scope, idempotency_key),
+            KEY `{table}_expires_idx` (expires_at_ms)
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+    );
+    sqlx::raw_sql(&old_ddl)
+        .execute(first.pool())
+        .await
+        .expect("create the old table");
+    sqlx::raw_sql(&format!("INSERT INTO `{table}` {}", common::OLD_ROW))
+        .execute(first.pool())
+        .await
+        .expect("insert the old row");
+    let mut nodes = vec![first];
+    for _ in 1..8 {
+        nodes.push(node(&table).await.expect("second node"));
+    }
+    let results =
+        futures_util::future::join_all(nodes.iter().cloned().map(MySqlStore::migrate)).await;
+    for result in results {
+        result.expect("a concurrent migrate of the old table failed");
+    }
+    let store = nodes[0].clone().migrate().await.expect("second migrate");
+    common::check_upgraded_table(common::shared(store.clone())).await;
+    drop_table(&store).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_share_keys_leases_and_takeovers() {
     let table = common::unique_table();

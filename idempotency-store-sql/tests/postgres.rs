@@ -87,6 +87,52 @@ async fn eight_nodes_migrate_at_once_and_again() {
     drop_table(&store).await;
 }
 
+/// The table as release 0.1.0 created it (before `response_trailers`): eight nodes
+/// migrate it at once, then again; its rows still replay and new ones keep trailers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_nodes_upgrade_a_table_of_the_previous_release() {
+    let table = common::unique_table();
+    let Some(first) = node(&table).await else {
+        return;
+    };
+    let old_ddl = format!(
+        "CREATE TABLE \"{table}\" (
+            scope               TEXT    NOT NULL,
+            idempotency_key     TEXT    NOT NULL,
+            method              TEXT    NOT NULL,
+            path                TEXT    NOT NULL,
+            body_sha256         BYTEA   NOT NULL,
+            fencing_token       BIGINT  NOT NULL,
+            created_at_ms       BIGINT  NOT NULL,
+            expires_at_ms       BIGINT  NOT NULL,
+            lease_expires_at_ms BIGINT  NOT NULL,
+            response_status     INTEGER NULL,
+            response_headers    BYTEA   NULL,
+            response_body       BYTEA   NULL,
+            PRIMARY KEY (scope, idempotency_key)
+        );
+        CREATE INDEX \"{table}_expires_idx\" ON \"{table}\" (expires_at_ms);
+        INSERT INTO \"{table}\" {}",
+        common::OLD_ROW.replace("X'", "'\\x")
+    );
+    sqlx::raw_sql(&old_ddl)
+        .execute(first.pool())
+        .await
+        .expect("create the old table");
+    let mut nodes = vec![first];
+    for _ in 1..8 {
+        nodes.push(node(&table).await.expect("second node"));
+    }
+    let results =
+        futures_util::future::join_all(nodes.iter().cloned().map(PostgresStore::migrate)).await;
+    for result in results {
+        result.expect("a concurrent migrate of the old table failed");
+    }
+    let store = nodes[0].clone().migrate().await.expect("second migrate");
+    common::check_upgraded_table(common::shared(store.clone())).await;
+    drop_table(&store).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_share_keys_leases_and_takeovers() {
     let table = common::unique_table();

@@ -61,6 +61,51 @@ async fn eight_pools_migrate_at_once_and_again() {
     assert!(index.contains("(expires_at_ms)"), "{index}");
 }
 
+/// The table as release 0.1.0 created it (before `response_trailers`): eight pools
+/// migrate it at once (each checks the catalog, then adds the column), then again; its
+/// rows still replay and new ones keep trailers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_pools_upgrade_a_table_of_the_previous_release() {
+    let (_dir, path) = temp_db();
+    let table = common::unique_table();
+    let first = node(&path, &table).await;
+    let old_ddl = format!(
+        "CREATE TABLE \"{table}\" (
+            scope               TEXT    NOT NULL,
+            idempotency_key     TEXT    NOT NULL,
+            method              TEXT    NOT NULL,
+            path                TEXT    NOT NULL,
+            body_sha256         BLOB    NOT NULL,
+            fencing_token       BIGINT  NOT NULL,
+            created_at_ms       BIGINT  NOT NULL,
+            expires_at_ms       BIGINT  NOT NULL,
+            lease_expires_at_ms BIGINT  NOT NULL,
+            response_status     INTEGER NULL,
+            response_headers    BLOB    NULL,
+            response_body       BLOB    NULL,
+            PRIMARY KEY (scope, idempotency_key)
+        );
+        CREATE INDEX \"{table}_expires_idx\" ON \"{table}\" (expires_at_ms);
+        INSERT INTO \"{table}\" {}",
+        common::OLD_ROW
+    );
+    sqlx::raw_sql(&old_ddl)
+        .execute(first.pool())
+        .await
+        .expect("create the old table");
+    let mut nodes = vec![first];
+    for _ in 1..8 {
+        nodes.push(node(&path, &table).await);
+    }
+    let results =
+        futures_util::future::join_all(nodes.iter().cloned().map(SqliteStore::migrate)).await;
+    for result in results {
+        result.expect("a concurrent migrate of the old table failed");
+    }
+    let store = nodes[0].clone().migrate().await.expect("second migrate");
+    common::check_upgraded_table(common::shared(store)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_pools_share_keys_leases_and_takeovers() {
     let (_dir, path) = temp_db();

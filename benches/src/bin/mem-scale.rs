@@ -106,6 +106,7 @@ fn main() {
                     Bytes::copy_from_slice(b"application/json"),
                 )],
                 body: Bytes::copy_from_slice(body),
+                trailers: vec![],
             };
             store.finalize(&id, token, &stored).await.expect("finalize");
         }

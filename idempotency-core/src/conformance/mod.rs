@@ -80,6 +80,7 @@ pub async fn run_all(store: &Arc<dyn IdempotencyStore>) {
     multi_megabyte_body_round_trips(store).await;
     empty_response_without_headers_round_trips(store).await;
     header_values_that_are_not_utf8_round_trip(store).await;
+    trailers_round_trip(store).await;
     scopes_are_isolated(store).await;
     scope_and_key_never_run_together(store).await;
     inspect_shows_state_and_times_without_the_body(store).await;
@@ -118,6 +119,7 @@ fn response(body: &'static [u8]) -> StoredResponse {
             ("etag".to_owned(), Bytes::from_static(b"\"v1\"")),
         ],
         body: Bytes::from_static(body),
+        trailers: vec![],
     }
 }
 
@@ -591,6 +593,7 @@ pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn IdempotencyStore>) 
             Bytes::from_static(b"application/octet-stream"),
         )],
         body: Bytes::from(body),
+        trailers: vec![],
     };
     assert_eq!(
         store.finalize(&id, token, &stored).await.unwrap(),
@@ -853,6 +856,7 @@ pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn Idempote
         status: 204,
         headers: vec![],
         body: Bytes::new(),
+        trailers: vec![],
     };
     assert_eq!(
         store.finalize(&id, token, &empty).await.unwrap(),
@@ -889,6 +893,7 @@ pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn Idempote
             ("etag".to_owned(), Bytes::from_static(b"\"\"")),
         ],
         body: Bytes::from_static(b"{}"),
+        trailers: vec![],
     };
     assert_eq!(
         store.finalize(&id, token, &stored).await.unwrap(),
@@ -898,6 +903,51 @@ pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn Idempote
         store.load(&id).await.unwrap().map(|r| r.state),
         Some(RecordState::Completed(stored)),
         "header values must round-trip byte for byte, in order"
+    );
+}
+
+/// Trailers (gRPC's status travels in them) come back as they went in, in order, values
+/// that are not UTF-8 included, and a response without trailers comes back without any.
+pub async fn trailers_round_trip(store: &Arc<dyn IdempotencyStore>) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    let stored = StoredResponse {
+        status: 200,
+        headers: vec![(
+            "content-type".to_owned(),
+            Bytes::from_static(b"application/grpc"),
+        )],
+        body: Bytes::from_static(b"\0\0\0\0\x02\x08\x01"),
+        trailers: vec![
+            ("grpc-status".to_owned(), Bytes::from_static(b"0")),
+            ("grpc-message".to_owned(), Bytes::from_static(b"ok%3A done")),
+            (
+                "grpc-status-details-bin".to_owned(),
+                Bytes::from_static(b"CAMSBGJhZA"),
+            ),
+            ("x-raw".to_owned(), Bytes::from_static(b"caf\xe9")),
+            ("x-raw".to_owned(), Bytes::from_static(b"second")),
+        ],
+    };
+    assert_eq!(
+        store.finalize(&id, token, &stored).await.unwrap(),
+        Ownership::Held
+    );
+    assert_eq!(
+        store.load(&id).await.unwrap().map(|r| r.state),
+        Some(RecordState::Completed(stored)),
+        "trailers must round-trip byte for byte, in order"
+    );
+    let id = fresh_id();
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    let without = response(b"{}");
+    assert!(without.trailers.is_empty());
+    store.finalize(&id, token, &without).await.unwrap();
+    assert_eq!(
+        store.load(&id).await.unwrap().map(|r| r.state),
+        Some(RecordState::Completed(without)),
+        "a response without trailers must come back without any"
     );
 }
 
@@ -934,6 +984,7 @@ pub async fn scope_and_key_never_run_together(store: &Arc<dyn IdempotencyStore>)
             status: 200,
             headers: vec![],
             body,
+            trailers: vec![],
         };
         assert_eq!(
             store.finalize(&id, tokens[i], &answer).await.unwrap(),

@@ -217,6 +217,7 @@ pub async fn check_steps(store: &Arc<dyn IdempotencyStore>, steps: &[Step]) {
                     status: 201,
                     headers: vec![],
                     body: body.clone().into(),
+                    trailers: vec![],
                 };
                 let answer = store
                     .finalize(&ids[key], token, &response)

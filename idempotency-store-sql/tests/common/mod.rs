@@ -58,10 +58,49 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
             bytes::Bytes::from_static(b"application/json"),
         )],
         body: bytes::Bytes::from_static(body),
+        trailers: vec![],
     }
 }
 
 /// A store as the conformance suite takes it.
 pub fn shared(store: impl IdempotencyStore) -> Arc<dyn IdempotencyStore> {
     Arc::new(store)
+}
+
+/// The row a release before `response_trailers` existed wrote for a completed request
+/// (as `OLD_ROW_VALUES` inserts it), as the store must read it after `migrate()`.
+pub const OLD_ROW_SCOPE: &str = "upgrade-scope";
+pub const OLD_ROW_KEY: &str = "upgrade-key";
+
+/// The columns and values of that row, for an `INSERT INTO t {OLD_ROW}`; it expires in
+/// the year 2255 by any clock.
+pub const OLD_ROW: &str = "(scope, idempotency_key, method, path, body_sha256, fencing_token,
+     created_at_ms, expires_at_ms, lease_expires_at_ms, response_status, response_headers,
+     response_body)
+   VALUES ('upgrade-scope', 'upgrade-key', 'POST', '/orders', X'0707070707070707070707070707070707070707070707070707070707070707',
+     42, 0, 9000000000000, 9000000000000, 201, X'636F6E74656E742D747970653A6170706C69636174696F6E2F6A736F6E0A', X'7B7D')";
+
+/// After `migrate()` on a table of the previous release: its row still replays (with no
+/// trailers), and new records keep their trailers.
+pub async fn check_upgraded_table(store: Arc<dyn IdempotencyStore>) {
+    let old = store
+        .load(&RecordId::new(OLD_ROW_SCOPE, OLD_ROW_KEY))
+        .await
+        .expect("load the old row")
+        .expect("the old row is gone");
+    assert_eq!(old.binding.body_sha256, [7; 32]);
+    assert_eq!(
+        old.state,
+        idempotency_core::RecordState::Completed(StoredResponse {
+            status: 201,
+            headers: vec![(
+                "content-type".to_owned(),
+                bytes::Bytes::from_static(b"application/json"),
+            )],
+            body: bytes::Bytes::from_static(b"{}"),
+            trailers: vec![],
+        }),
+        "a row written before the trailers column existed must replay as it was"
+    );
+    idempotency_core::conformance::trailers_round_trip(&store).await;
 }
