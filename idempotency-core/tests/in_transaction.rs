@@ -347,3 +347,68 @@ async fn the_profiles_to_store_applies_to_an_answer_finalized_in_the_transaction
     );
     assert_eq!(store.finalizes.load(Ordering::SeqCst), 0);
 }
+
+/// A body that ends with trailers (gRPC's status, a hyper service's `x-order`): the
+/// trailers are stored with the answer written in the handler's transaction, and the
+/// layer sends them with the finalized answer, first time and on replays.
+#[tokio::test]
+async fn trailers_are_stored_and_sent_with_an_answer_finalized_in_the_transaction() {
+    use http_body::Frame;
+    use http_body_util::{Full, StreamBody};
+    use idempotency_core::IdempotencyBody;
+    use tower_layer::Layer as _;
+
+    let store = Arc::new(CountingStore::default());
+    let records = store.clone();
+    let handler = tower::service_fn(
+        move |request: Request<IdempotencyBody<Full<bytes::Bytes>>>| {
+            let records = records.clone();
+            async move {
+                let reservation = request
+                    .extensions()
+                    .get::<ReservationHandle>()
+                    .unwrap()
+                    .clone();
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("x-order", http::HeaderValue::from_static("7"));
+                let frames = [
+                    Ok::<_, std::convert::Infallible>(Frame::data(bytes::Bytes::from_static(
+                        b"order 7",
+                    ))),
+                    Ok(Frame::trailers(trailers)),
+                ];
+                let answer = Response::new(StreamBody::new(futures_util::stream::iter(frames)));
+                let prepared = reservation.prepare_answer(answer).await.unwrap();
+                let stored = prepared.stored().unwrap();
+                assert_eq!(stored.trailers.len(), 1, "{stored:?}");
+                records
+                    .inner
+                    .finalize(&reservation.id, reservation.token, stored)
+                    .await
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(prepared.into_finalized::<Full<bytes::Bytes>>())
+            }
+        },
+    );
+    let service = IdempotencyLayer::from_shared_store(store.clone())
+        .wrap_bodies()
+        .layer(handler);
+
+    for (n, replayed) in [(1, false), (2, true)] {
+        let request = Request::post("/orders")
+            .header("idempotency-key", "with-trailers")
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = service.clone().oneshot(request).await.unwrap();
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            replayed,
+            "answer {n}"
+        );
+        let collected = response.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers");
+        assert_eq!(trailers["x-order"], "7", "answer {n}");
+        assert_eq!(collected.to_bytes(), "order 7");
+    }
+    assert_eq!(store.finalizes.load(Ordering::SeqCst), 0);
+}
