@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::{HeaderValue, Response, header};
 
 use crate::body::{Buffered, buffer};
+use crate::encoding;
 use crate::layer::Settings;
 use crate::rejection::Rejection;
 use crate::service::Bodies;
@@ -23,7 +24,7 @@ where
     B: Bodies,
     F: Future<Output = Result<Response<B::Inner>, E>>,
 {
-    let (parts, body) = answer.await?.into_parts();
+    let (mut parts, body) = answer.await?.into_parts();
     if !parts.status.is_success() {
         return Ok(Response::from_parts(parts, B::Answer::from(body)));
     }
@@ -35,6 +36,19 @@ where
         Buffered::Failed(error) => {
             tracing::warn!(%error, "idempotency: an answer to be advertised on failed while it was read");
             return Ok(Rejection::advertised_answer_failed(&error).into_response::<B>(&settings));
+        }
+    };
+    // Asked for identity; a service that compressed anyway is decoded (gzip, deflate),
+    // and the amended answer goes out unencoded.
+    let bytes = match encoding::decode(&mut parts.headers, &bytes, MAX_ADVERTISED_BODY) {
+        Ok(plain) => plain,
+        Err(unreadable) => {
+            tracing::warn!(
+                outcome = "not-advertised",
+                "idempotency: could not advertise on an answer because {}; it goes out as the service sent it (let the service honor Accept-Encoding, or put compression outside the layer)",
+                unreadable.why
+            );
+            return Ok(Response::from_parts(parts, B::made(bytes, trailers)));
         }
     };
     let mut amended = settings

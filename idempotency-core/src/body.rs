@@ -4,12 +4,13 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 
+use crate::budget::{Held, MemoryBudget};
 use crate::store::BoxError;
 
 /// How a response body ended up after reading it.
@@ -20,6 +21,86 @@ pub(crate) enum Buffered {
     TooLarge(Bytes, Option<HeaderMap>),
     /// The body failed while it was read.
     Failed(BoxError),
+}
+
+/// A keyed request's answer as its owner read it.
+pub(crate) enum Answered<I> {
+    /// The whole body, within the limit and the memory budget, and its trailers.
+    Whole(Bytes, Option<HeaderMap>),
+    /// Longer than the limit, or than the memory budget allows: the bytes read so far
+    /// (never kept), and the rest, unread, to stream on to the caller.
+    Over(Bytes, Pin<Box<I>>),
+    /// The body failed while it was read.
+    Failed(BoxError),
+}
+
+/// Reads a keyed answer up to `limit` bytes, each taken from the memory budget into
+/// `held`; past either, stops and hands back what it read and the rest of the body.
+pub(crate) async fn read_answer<I>(
+    body: I,
+    limit: usize,
+    budget: &MemoryBudget,
+    held: &mut Held,
+) -> Answered<I>
+where
+    I: Body<Data = Bytes>,
+    I::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut bytes = BytesMut::new();
+    let mut trailers = None;
+    loop {
+        match body.frame().await {
+            None => return Answered::Whole(bytes.freeze(), trailers),
+            Some(Err(error)) => return Answered::Failed(error.into()),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    let over = bytes.len() + data.len() > limit || !budget.grow(held, data.len());
+                    bytes.extend_from_slice(&data);
+                    if over {
+                        return Answered::Over(bytes.freeze(), body);
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Reads the rest of an answer after `prefix`, within the memory budget: the whole
+/// answer, or `None` when the budget runs out first (the rest is then dropped).
+pub(crate) async fn read_rest<I>(
+    prefix: Bytes,
+    mut rest: Pin<Box<I>>,
+    budget: &MemoryBudget,
+    held: &mut Held,
+) -> Result<Option<(Bytes, Option<HeaderMap>)>, BoxError>
+where
+    I: Body<Data = Bytes>,
+    I::Error: Into<BoxError>,
+{
+    let mut bytes = BytesMut::from(&prefix[..]);
+    let mut trailers = None;
+    while let Some(frame) = rest.frame().await {
+        match frame.map_err(Into::into)?.into_data() {
+            Ok(data) => {
+                if !budget.grow(held, data.len()) {
+                    return Ok(None);
+                }
+                bytes.extend_from_slice(&data);
+            }
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                }
+            }
+        }
+    }
+    Ok(Some((bytes.freeze(), trailers)))
 }
 
 /// Reads `body` whole; over `limit` bytes it is still read (its caller gets it whole),
@@ -83,6 +164,7 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
+        Continued { read: Option<Bytes>, rest: Pin<Box<B>> },
     }
 }
 
@@ -104,11 +186,22 @@ impl<B> IdempotencyBody<B> {
         }
     }
 
+    /// The bytes the layer read of `rest`, then `rest` itself, streamed on: an answer
+    /// too large for the layer to hold.
+    pub(crate) fn continued(read: Bytes, rest: Pin<Box<B>>) -> Self {
+        Self {
+            kind: Kind::Continued {
+                read: Some(read).filter(|read| !read.is_empty()),
+                rest,
+            },
+        }
+    }
+
     /// The wrapped body, if this is one (`None` for a body the layer holds).
     pub fn into_inner(self) -> Option<B> {
         match self.kind {
             Kind::Inner { body } => Some(body),
-            Kind::Buffered { .. } => None,
+            Kind::Buffered { .. } | Kind::Continued { .. } => None,
         }
     }
 }
@@ -145,6 +238,10 @@ where
                     .take()
                     .map(|trailers| Ok(Frame::trailers(trailers))),
             }),
+            KindProj::Continued { read, rest } => match read.take() {
+                Some(read) => Poll::Ready(Some(Ok(Frame::data(read)))),
+                None => rest.as_mut().poll_frame(cx),
+            },
         }
     }
 
@@ -152,6 +249,7 @@ where
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Continued { read, rest } => read.is_none() && rest.is_end_stream(),
         }
     }
 
@@ -170,6 +268,16 @@ where
                     hint.set_lower(length);
                     hint
                 }
+            }
+            Kind::Continued { read, rest } => {
+                let read = read.as_ref().map_or(0, |read| read.len() as u64);
+                let rest = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + read);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + read);
+                }
+                hint
             }
         }
     }

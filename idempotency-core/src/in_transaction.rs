@@ -28,7 +28,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode, Version, response};
 use http_body::Body;
 
-use crate::body::{Buffered, buffer};
+use crate::body::{Answered, Buffered, buffer};
 use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::owner::{self, Verdict};
@@ -161,14 +161,23 @@ impl ReservationHandle {
     {
         let settings = &self.rules.settings;
         let (parts, body) = response.into_parts();
-        let body = buffer(body, settings.max_response_body).await;
-        let verdict = owner::classify(settings, &parts, &body);
-        let (bytes, trailers) = match body {
-            Buffered::Whole(bytes, trailers) | Buffered::TooLarge(bytes, trailers) => {
-                (bytes, trailers)
+        // Read whole (the handler holds its answer whole anyway); what the layer would
+        // not keep is classified as the layer classifies an answer over its limit.
+        let (bytes, trailers, read) = match buffer(body, settings.max_response_body).await {
+            Buffered::Whole(bytes, trailers) => {
+                let read = Answered::<http_body_util::Empty<Bytes>>::Whole(
+                    bytes.clone(),
+                    trailers.clone(),
+                );
+                (bytes, trailers, read)
+            }
+            Buffered::TooLarge(bytes, trailers) => {
+                let read = Answered::Over(bytes.clone(), Box::pin(http_body_util::Empty::new()));
+                (bytes, trailers, read)
             }
             Buffered::Failed(error) => return Err(error),
         };
+        let verdict = owner::classify(settings, &parts, &read);
         let stored = (verdict == Verdict::Store).then(|| {
             settings.profile.to_store(
                 &self.rules.request,
@@ -292,7 +301,7 @@ pub(crate) fn finalized_answer<B: Bodies>(
     id: &RecordId,
     token: FencingToken,
     parts: &mut response::Parts,
-    body: &Buffered,
+    body: &Answered<B::Inner>,
     outcome: Outcome,
 ) -> Option<Response<B::Answer>> {
     let mark = parts.extensions.remove::<FinalizedInTransaction>()?;
@@ -302,7 +311,7 @@ pub(crate) fn finalized_answer<B: Bodies>(
     }
     let unchanged = mark.status == parts.status
         && mark.headers == parts.headers
-        && matches!(body, Buffered::Whole(bytes, _) | Buffered::TooLarge(bytes, _) if *bytes == mark.body);
+        && matches!(body, Answered::Whole(bytes, _) if *bytes == mark.body);
     if unchanged {
         tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = mark.status.as_u16(), "idempotency: the handler stored the response in its own transaction");
     } else {

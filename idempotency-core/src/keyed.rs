@@ -343,9 +343,15 @@ where
             owner::ask_for_identity(refresh.headers_mut());
             match inner.call(refresh.map(B::request)).await {
                 Ok(answer) if answer.status().is_success() => {
-                    let (parts, body) = answer.into_parts();
+                    let (mut parts, body) = answer.into_parts();
                     match buffer(body, settings.max_response_body).await {
-                        Buffered::Whole(bytes, _) => Some(Response::from_parts(parts, bytes)),
+                        // Asked for identity; decoded if the service compressed anyway.
+                        Buffered::Whole(bytes, _) => {
+                            crate::encoding::decode(&mut parts.headers, &bytes, settings.max_response_body)
+                                .inspect_err(|unreadable| tracing::warn!(outcome = "replayed", "idempotency: the load that refreshes a replay could not be read because {}", unreadable.why))
+                                .ok()
+                                .map(|plain| Response::from_parts(parts, plain))
+                        }
                         _ => None,
                     }
                 }

@@ -430,11 +430,15 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// The largest response body stored for replay (default 8 MiB, which fits the
-    /// default `max_allowed_packet` of MySQL and MariaDB). A larger response is still
-    /// delivered whole to its caller, never truncated (it is held in memory once, like
-    /// every keyed response); retries then get the
+    /// default `max_allowed_packet` of MySQL and MariaDB). The layer reads a keyed answer
+    /// up to this size (and within the [memory budget](Self::with_memory_budget)); a
+    /// larger one is never truncated and never stored, and retries get the
     /// [not-stored status](Self::with_not_stored_status) saying the request already ran.
-    /// Keep routes that stream large answers out of the layer with
+    /// Its caller gets it whole: with [wrapped bodies](Self::wrap_bodies) the rest streams
+    /// on unread, so it costs no more memory than the limit; with the inner service's own
+    /// body types (which the layer can only build from bytes) the rest is read too while
+    /// the memory budget allows, and past the budget the caller gets 502 saying the
+    /// request ran. Keep routes that stream large answers out of the layer with
     /// [`with_routes`](Self::with_routes).
     ///
     /// ```

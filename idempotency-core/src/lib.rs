@@ -142,6 +142,7 @@ mod budget;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod encoding;
 mod future;
 pub mod grpc;
 pub mod iceberg;

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, header, response};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::body::{Buffered, buffer};
+use crate::body::{Answered, read_answer, read_rest};
 use crate::budget::Held;
 use crate::future::FinishOnDrop;
 use crate::in_transaction::{self, ReservationHandle};
@@ -42,12 +42,9 @@ where
     B: Bodies,
 {
     let tracker = settings.in_flight.clone();
-    let work = async move {
-        // The request's bytes stay taken from the budget while it runs, even after its
-        // caller went away.
-        let _held = held;
-        own::<S, B>(settings, inner, request, id, token, outcome).await
-    };
+    // The request's bytes (and then its answer's) stay taken from the budget while it
+    // runs, even after its caller went away.
+    let work = own::<S, B>(settings, inner, request, id, token, outcome, held);
     FinishOnDrop::new(&tracker, work).await
 }
 
@@ -58,12 +55,14 @@ async fn own<S, B>(
     id: RecordId,
     token: FencingToken,
     outcome: Outcome,
+    mut held: Held,
 ) -> Answer<B, S::Error>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    let (mut parts, body) = match execute::<S, B>(&settings, inner, &request, &id, token).await {
+    let executed = execute::<S, B>(&settings, inner, &request, &id, token, &mut held).await;
+    let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
@@ -83,7 +82,7 @@ where
     }
     let verdict = classify(&settings, &parts, &body);
     Ok(settle::<B>(
-        &settings, &request, &id, token, verdict, parts, body, outcome,
+        &settings, &request, &id, token, verdict, parts, body, outcome, &mut held,
     )
     .await)
 }
@@ -91,14 +90,16 @@ where
 type Panic = Box<dyn std::any::Any + Send>;
 
 /// Stage 4: runs the inner service on the request (with the reservation in its
-/// extensions) and reads its answer whole, while the lease is renewed.
+/// extensions) and reads its answer, up to the limit and within the memory budget,
+/// while the lease is renewed.
 async fn execute<S, B>(
     settings: &Arc<Settings>,
     mut inner: S,
     request: &Request<Bytes>,
     id: &RecordId,
     token: FencingToken,
-) -> Result<Result<(response::Parts, Buffered), S::Error>, Panic>
+    held: &mut Held,
+) -> Result<Result<(response::Parts, Answered<B::Inner>), S::Error>, Panic>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
@@ -108,9 +109,10 @@ where
     prepare_for_inner(settings, request.headers_mut());
     request.extensions_mut().insert(reservation.clone());
     let max_body = settings.max_response_body;
+    let budget = settings.memory.clone();
     let run = async move {
         let (parts, body) = inner.call(request).await?.into_parts();
-        Ok((parts, buffer(body, max_body).await))
+        Ok((parts, read_answer(body, max_body, &budget, held).await))
     };
     hold_lease(settings, reservation, AssertUnwindSafe(run).catch_unwind()).await
 }
@@ -139,18 +141,24 @@ pub(crate) enum Verdict {
 
 /// Stage 5: what happens to an answer, by the generic rules (5xx and the release
 /// statuses release) and then the profile's.
-pub(crate) fn classify(settings: &Settings, parts: &response::Parts, body: &Buffered) -> Verdict {
+pub(crate) fn classify<I>(
+    settings: &Settings,
+    parts: &response::Parts,
+    body: &Answered<I>,
+) -> Verdict {
     let status = parts.status;
     let releases = status.is_server_error() || settings.release_statuses.contains(&status);
     let trailers = match body {
-        Buffered::Failed(_) if releases => return Verdict::FailedReleased,
-        Buffered::Failed(_) => return Verdict::FailedKept,
+        Answered::Failed(_) if releases => return Verdict::FailedReleased,
+        Answered::Failed(_) => return Verdict::FailedKept,
         _ if releases => return Verdict::Release,
-        Buffered::Whole(_, trailers) | Buffered::TooLarge(_, trailers) => trailers.as_ref(),
+        Answered::Whole(_, trailers) => trailers.as_ref(),
+        // Its trailers are still to come.
+        Answered::Over(..) => None,
     };
     match (settings.profile.classify(parts, trailers), body) {
         (Disposition::Release, _) => Verdict::Release,
-        (_, Buffered::TooLarge(..)) => Verdict::TooLargeToStore,
+        (_, Answered::Over(..)) => Verdict::TooLargeToStore,
         _ if is_encoded(&parts.headers) => Verdict::Encoded,
         _ => Verdict::Store,
     }
@@ -165,13 +173,15 @@ async fn settle<B: Bodies>(
     token: FencingToken,
     verdict: Verdict,
     parts: response::Parts,
-    body: Buffered,
+    body: Answered<B::Inner>,
     executed: Outcome,
+    held: &mut Held,
 ) -> Response<B::Answer> {
     let status = parts.status;
-    let (body, trailers) = match body {
-        Buffered::Whole(bytes, trailers) | Buffered::TooLarge(bytes, trailers) => (bytes, trailers),
-        Buffered::Failed(error) => {
+    let (body, trailers, rest) = match body {
+        Answered::Whole(bytes, trailers) => (bytes, trailers, None),
+        Answered::Over(read, rest) => (read, None, Some(rest)),
+        Answered::Failed(error) => {
             tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), %error, "idempotency: the response body failed while it was read");
             let released = verdict == Verdict::FailedReleased;
             let outcome = if released {
@@ -209,7 +219,7 @@ async fn settle<B: Bodies>(
             Outcome::Released
         }
         Verdict::TooLargeToStore => {
-            tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), limit = settings.max_response_body, "idempotency: response too large to store; retries will be told it already ran");
+            tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), limit = settings.max_response_body, "idempotency: response too large to store (over the limit, or the memory budget); it streams on to its caller, and retries will be told it already ran");
             let why = format!(
                 "its response was larger than the {} bytes kept for replay",
                 settings.max_response_body
@@ -239,7 +249,26 @@ async fn settle<B: Bodies>(
             unreachable!("a failed body was answered above")
         }
     };
-    let mut response = Response::from_parts(parts, B::made(body, trailers));
+    let answer = match rest {
+        None => B::made(body, trailers),
+        // Too large to hold: what was read, then the rest, streamed on unread; or, for a
+        // body type built from bytes alone, the rest read too, while the budget allows.
+        Some(rest) => match B::continued(body, rest) {
+            Ok(streamed) => streamed,
+            Err((read, rest)) => match read_rest(read, rest, &settings.memory, held).await {
+                Ok(Some((bytes, trailers))) => B::made(bytes, trailers),
+                Ok(None) | Err(_) => {
+                    tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
+                    let mut response =
+                        Rejection::response_too_large_to_hold(status).into_response::<B>(settings);
+                    metrics::outcome(settings, outcome);
+                    response.extensions_mut().insert(outcome);
+                    return response;
+                }
+            },
+        },
+    };
+    let mut response = Response::from_parts(parts, answer);
     metrics::outcome(settings, outcome);
     response.extensions_mut().insert(outcome);
     response

@@ -309,6 +309,21 @@ impl Rejection {
         )
     }
 
+    /// The inner service answered with more than the memory budget could hold, and its
+    /// body type cannot be streamed on: the caller cannot get it.
+    pub(crate) fn response_too_large_to_hold(status: StatusCode) -> Self {
+        Self::new(
+            RejectionKind::ResponseFailed,
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the request ran (status {}), but its response was larger than this server can \
+                 hold for a request with an Idempotency-Key; a retry with the same key is told \
+                 it already ran, so read the resource's current state to see its result",
+                status.as_u16()
+            ),
+        )
+    }
+
     /// An answer the layer reads to advertise (Iceberg's `/v1/config`) failed mid-way.
     pub(crate) fn advertised_answer_failed(error: &crate::BoxError) -> Self {
         Self::new(

@@ -13,6 +13,7 @@
 //!    the [owner](crate::owner) runs the inner service.
 
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -270,6 +271,13 @@ pub(crate) trait Bodies: 'static {
     fn request(bytes: Bytes) -> Self::Request;
     /// An answer the layer makes: the bytes, then the trailers.
     fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> Self::Answer;
+    /// An answer whose first bytes the layer read and whose rest streams on unread; the
+    /// parts back when this mode cannot stream (a body type built from bytes alone).
+    #[allow(clippy::type_complexity)]
+    fn continued(
+        read: Bytes,
+        rest: Pin<Box<Self::Inner>>,
+    ) -> Result<Self::Answer, (Bytes, Pin<Box<Self::Inner>>)>;
 }
 
 /// [`InnerBodies`]: the inner service's own types, built with `From<Bytes>`.
@@ -306,6 +314,13 @@ where
         }
         ResBody::from(bytes)
     }
+
+    fn continued(
+        read: Bytes,
+        rest: Pin<Box<ResBody>>,
+    ) -> Result<ResBody, (Bytes, Pin<Box<ResBody>>)> {
+        Err((read, rest))
+    }
 }
 
 /// [`WrappedBodies`]: every body wrapped in [`IdempotencyBody`].
@@ -331,6 +346,13 @@ where
 
     fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> IdempotencyBody<ResBody> {
         IdempotencyBody::buffered(bytes, trailers)
+    }
+
+    fn continued(
+        read: Bytes,
+        rest: Pin<Box<ResBody>>,
+    ) -> Result<IdempotencyBody<ResBody>, (Bytes, Pin<Box<ResBody>>)> {
+        Ok(IdempotencyBody::continued(read, rest))
     }
 }
 

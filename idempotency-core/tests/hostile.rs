@@ -434,3 +434,85 @@ async fn a_caller_at_its_quota_gets_429_and_others_carry_on() {
     assert_eq!(send(&app, other).await.0, StatusCode::CREATED);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+/// An answer of `chunks` chunks of 64 KiB, streamed.
+fn streamed_answer(chunks: usize) -> Body {
+    let chunk = bytes::Bytes::from(vec![b'z'; 64 * 1024]);
+    Body::from_stream(futures_util::stream::iter(
+        (0..chunks).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+    ))
+}
+
+#[tokio::test]
+async fn an_answer_over_the_limit_streams_on_to_its_caller_with_wrapped_bodies() {
+    use http_body_util::Full;
+    use idempotency_core::IdempotencyBody;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let inner = tower::service_fn(
+        move |_request: Request<IdempotencyBody<Full<bytes::Bytes>>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            // 32 MiB, with a limit of 1 MiB and a budget of 4 MiB.
+            async {
+                Ok::<_, std::convert::Infallible>(axum::http::Response::new(streamed_answer(512)))
+            }
+        },
+    );
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .with_max_response_body(1 << 20)
+        .with_memory_budget(4 << 20)
+        .wrap_bodies();
+    let service = tower::Layer::layer(&layer, inner);
+    let request = || {
+        Request::post("/export")
+            .header("idempotency-key", "export-1")
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let response = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(
+        response.extensions().get::<Outcome>(),
+        Some(&Outcome::ExecutedNotStored)
+    );
+    let received = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        received.len(),
+        32 << 20,
+        "the caller must get the whole answer"
+    );
+    assert!(received.iter().all(|byte| *byte == b'z'));
+    let retry = service.oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        retry.extensions().get::<Outcome>(),
+        Some(&Outcome::Replayed)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_answer_over_the_budget_that_cannot_stream_gets_502_and_is_not_run_again() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = Router::new()
+        .route(
+            "/export",
+            post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { streamed_answer(160) } // 10 MiB
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(MemoryStore::new())
+                .with_max_response_body(1 << 20)
+                .with_memory_budget(4 << 20),
+        );
+    let (status, _, body, outcome) = send(&app, keyed("/export", "export-2", "{}")).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body.contains("larger than this server can hold"), "{body}");
+    assert_eq!(outcome, Some(Outcome::ExecutedNotStored));
+    let (status, _, body, _) = send(&app, keyed("/export", "export-2", "{}")).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(body.contains("already ran"), "{body}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -87,6 +87,8 @@ impl TableName {
 
     /// A number that names the lock a scope's quota is checked under, in this table.
     /// Two scopes may share a number: they then wait for each other, nothing worse.
+    /// (PostgreSQL's advisory locks only.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn scope_lock_key(&self, scope: &str) -> i64 {
         let mut name = format!("idempotency-store-sql:scope:{}:", self.0).into_bytes();
         name.extend_from_slice(scope.as_bytes());

@@ -30,6 +30,12 @@
 //! - **Exact replays**: an answer that had nothing cut out is replayed as the very bytes
 //!   of the first answer, and no load runs. An answer that had credentials cut out is
 //!   replayed as those bytes plus fresh credentials.
+//! - **Encodings**: the catalog is asked for unencoded answers (`Accept-Encoding:
+//!   identity`) on keyed requests, `GET /v1/config` and the load that refreshes a replay.
+//!   A config answer compressed anyway (gzip, deflate) is decoded to be amended and goes
+//!   out unencoded; a keyed answer compressed anyway is not stored (retries are told it
+//!   ran). So no secret is ever stored inside a compressed body, and no replay is in an
+//!   encoding its retry did not accept. Put compression outside the layer.
 //!
 //! Wrap the **whole router**, not each route, so that a replay can reach `loadTable`:
 //! axum's `Router::layer` wraps every route on its own, and a createTable route cannot
