@@ -12,10 +12,12 @@
 //! - Two replicas over one PostgreSQL (and one MariaDB/MySQL) database act as one catalog:
 //!   a keyed retry on replica B replays replica A's answer, and commits racing on one base
 //!   across both have exactly one winner.
+//! - A replica that dies right after it committed an `updateTable` (it aborts on purpose,
+//!   `ICEBERG_CATALOG_CRASH_AFTER_COMMIT=1`) is replayed by the other on the retry, not
+//!   answered 409, and PyIceberg loads the table with its one new schema.
 //!
 //! Under `CI=true` an unreachable database, a failed `pip install`, a missing `java` or
-//! `redis-server` is
-//! a failure; elsewhere the test that needs it says why and returns early.
+//! `redis-server` is a failure; elsewhere the test that needs it says why and returns early.
 
 use std::fs;
 use std::io::Read as _;
@@ -59,6 +61,11 @@ impl Server {
     /// Starts the binary in `dir` with `args` (plus `--listen`) and waits until it accepts
     /// connections.
     fn start(dir: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(dir, args, &[])
+    }
+
+    /// [`start`](Self::start), with environment variables set for the process.
+    fn start_with_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         for attempt in 0..3 {
             let port = TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -72,6 +79,7 @@ impl Server {
                 .arg(format!("127.0.0.1:{port}"))
                 .args(args)
                 .env("RUST_LOG", "info")
+                .envs(env.iter().copied())
                 .stdout(out.try_clone().expect("log file"))
                 .stderr(out)
                 .spawn()
@@ -1034,8 +1042,13 @@ async fn sigterm_stops_cleanly_and_a_restart_still_replays_from_sqlite() {
 // ------------------------------------------------------------------------------------------
 
 /// A virtual environment with the pinned PyIceberg, created once and reused while the
-/// requirements file is unchanged. `None` (outside CI) when it cannot be set up.
+/// requirements file is unchanged. `None` (outside CI) when it cannot be set up. Tests
+/// that run at once wait for the one that sets it up.
 fn pyiceberg_python() -> Option<PathBuf> {
+    static SETTING_UP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = SETTING_UP
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let requirements_file =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pyiceberg-requirements.txt");
     let requirements = fs::read_to_string(&requirements_file).expect("requirements file");
@@ -1361,6 +1374,173 @@ async fn two_replicas_over_mysql_replay_each_other_and_commit_atomically() {
 }
 
 // ------------------------------------------------------------------------------------------
+// A replica killed between its commit and its answer
+// ------------------------------------------------------------------------------------------
+
+/// The case the header exists for (apache/iceberg#13867): replica A commits an
+/// `updateTable` with a requirement and dies before it answers. The client's retry with
+/// the same key goes to replica B. Without the answer committed together with the change,
+/// B would run the update again, fail its requirement (`assert-current-schema-id`) with a
+/// 409 `CommitFailedException`, and the Java client would delete the files of the commit
+/// that did happen. With it, B replays A's answer: a success, and the table has exactly
+/// one new schema, which PyIceberg loads.
+#[tokio::test]
+async fn a_replica_killed_after_committing_update_table_is_replayed_by_the_other() {
+    let Some(url) = database(
+        "IDEMPOTENCY_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+    .await
+    else {
+        return;
+    };
+    let Some(python) = pyiceberg_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = [
+        "--database",
+        url.as_str(),
+        "--warehouse",
+        "shared-warehouse",
+    ];
+    let b = Server::start(dir.path(), &args);
+    let mut a = Server::start_with_env(
+        dir.path(),
+        &args,
+        &[("ICEBERG_CATALOG_CRASH_AFTER_COMMIT", "1")],
+    );
+    let client = client();
+    // Set up on B: every change A commits kills it.
+    let namespace = unique("killed");
+    create_namespace(&client, &b, &namespace).await;
+    let created = post(
+        &client,
+        b.url(&format!("/v1/namespaces/{namespace}/tables")),
+        Some(&key()),
+        &create_table_body("evolving"),
+    )
+    .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+
+    let table_url =
+        |server: &Server| server.url(&format!("/v1/namespaces/{namespace}/tables/evolving"));
+    let update = json!({
+        "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 0}],
+        "updates": [
+            {"action": "add-schema", "schema": {
+                "type": "struct", "schema-id": 1,
+                "fields": [
+                    {"id": 1, "name": "id", "required": true, "type": "long"},
+                    {"id": 2, "name": "data", "required": false, "type": "string"},
+                    {"id": 3, "name": "added", "required": false, "type": "int"}
+                ]
+            }},
+            {"action": "set-current-schema", "schema-id": -1}
+        ]
+    });
+    let key = key();
+    let lost = client
+        .post(table_url(&a))
+        .header("Idempotency-Key", &key)
+        .header("content-type", "application/json")
+        .body(update.to_string())
+        .send()
+        .await;
+    assert!(lost.is_err(), "A must die before it answers: {lost:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(status) = a.child.try_wait().expect("wait for A") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "A did not die");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!exit.success(), "A aborted: {exit:?}");
+    assert!(
+        a.log_text().contains("aborting after the commit"),
+        "{}",
+        a.log_text()
+    );
+
+    // The client retries with the same key, on B.
+    let retry = post(&client, table_url(&b), Some(&key), &update).await;
+    assert_eq!(
+        retry.status, 200,
+        "a replay of A's success, not a 409: {}",
+        retry.body
+    );
+    assert!(
+        retry.replayed,
+        "B replays the answer A committed with the change"
+    );
+    let answer = retry.json();
+    assert_eq!(answer["metadata"]["current-schema-id"], json!(1));
+    assert!(
+        b.log_text().contains("idempotency=replayed"),
+        "{}",
+        b.log_text()
+    );
+
+    let loaded = get(&client, table_url(&b)).await.json();
+    assert_eq!(
+        loaded["metadata"]["schemas"].as_array().map(Vec::len),
+        Some(2),
+        "exactly one new schema: {loaded}"
+    );
+    assert_eq!(loaded["metadata"]["current-schema-id"], json!(1));
+    assert_eq!(loaded["metadata-location"], answer["metadata-location"]);
+    assert_eq!(
+        metadata_files(&dir.path().join("shared-warehouse"), &namespace, "evolving"),
+        2,
+        "the create and the one commit"
+    );
+
+    // PyIceberg, a real client, loads the table as the commit left it.
+    let script = r#"
+import json, sys
+from pyiceberg.catalog.rest import RestCatalog
+table = RestCatalog("it", uri=sys.argv[1]).load_table(sys.argv[2])
+print(json.dumps({"schema_id": table.schema().schema_id,
+                  "columns": [field.name for field in table.schema().fields],
+                  "schemas": len(table.metadata.schemas)}))
+"#;
+    let output = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(&b.base)
+        .arg(format!("{namespace}.evolving"))
+        .output()
+        .expect("run python");
+    assert!(
+        output.status.success(),
+        "PyIceberg failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    let seen: Value = serde_json::from_str(stdout.lines().last().expect("a line"))
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    assert_eq!(
+        seen,
+        json!({"schema_id": 1, "columns": ["id", "data", "added"], "schemas": 2})
+    );
+
+    // Leave the shared database as it was.
+    let dropped = send(&client, reqwest::Method::DELETE, table_url(&b), None, None).await;
+    assert_eq!(dropped.status, 204);
+    let dropped = send(
+        &client,
+        reqwest::Method::DELETE,
+        b.url(&format!("/v1/namespaces/{namespace}")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(dropped.status, 204);
+}
+
+// ------------------------------------------------------------------------------------------
 // Idempotency records in Redis (--idempotency-store)
 // ------------------------------------------------------------------------------------------
 
@@ -1631,7 +1811,8 @@ async fn metrics_served_for_prometheus_count_keyed_requests_by_outcome() {
         .map(|(_, value)| value)
         .sum();
     assert_eq!(requests, 4.0, "nothing else was counted: {text}");
-    // Three reservations reached the store (executed, replayed, reused), one finalize.
+    // Three reservations reached the store (executed, replayed, reused), and no finalize:
+    // the catalog wrote the answer in the change's own transaction.
     assert_eq!(
         moved(
             r#"idempotency_store_duration_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#
@@ -1643,7 +1824,7 @@ async fn metrics_served_for_prometheus_count_keyed_requests_by_outcome() {
         moved(
             r#"idempotency_store_duration_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#
         ),
-        1.0,
+        0.0,
         "{text}"
     );
     assert!(

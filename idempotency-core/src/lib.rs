@@ -49,6 +49,23 @@
 //! 7. **Crashes.** If an owner stops renewing (its process died), the next retry takes
 //!    the record over with a new token; the old owner can no longer write to it.
 //!
+//! One window is left open by the layer alone: a mutation that committed and then lost
+//! its finalize (the process died between the two) runs again once its lease lapses.
+//! A handler whose state lives in the store's database closes it by finalizing inside
+//! its own transaction (next section).
+//!
+//! # Exactly once: finalize in your own transaction
+//!
+//! Every keyed request carries a [`ReservationHandle`] extension. A handler that writes
+//! its mutation to the store's database hands its answer and its open transaction to
+//! the store (the SQL stores' `finalize_in`), which writes the answer into the record in
+//! that transaction, fenced by the handle's token. The mutation and its record then
+//! commit together or not at all, so a crash at any instant leaves either nothing (the
+//! retry runs once) or both (the retry is replayed). The layer sees that the answer was
+//! finalized and does not finalize again, and the caller gets exactly the answer that
+//! was stored (less what the profile keeps out of the store). A store of your own
+//! builds the same on [`ReservationHandle::prepare_answer`].
+//!
 //! Every response the layer took part in carries an [`Outcome`] extension, and every
 //! outcome is a `tracing` event with an `outcome` field. Logs never show a key: they
 //! show a short hash of it.
@@ -129,6 +146,7 @@ mod encoding;
 mod future;
 pub mod grpc;
 pub mod iceberg;
+mod in_transaction;
 pub mod iso8601;
 mod key;
 mod keyed;
@@ -145,6 +163,7 @@ mod store;
 pub use binding::MAX_KEPT_PATH;
 pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
+pub use in_transaction::{PreparedAnswer, ReservationHandle};
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use layer::{
     DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
@@ -152,7 +171,6 @@ pub use layer::{
     IdempotencyLayer, InFlightRequests,
 };
 pub use outcome::Outcome;
-pub use owner::ReservationHandle;
 pub use policy::{AllMutations, CredentialScope, RouteFilter, ScopeExtractor, SingleScope};
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};

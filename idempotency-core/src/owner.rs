@@ -16,6 +16,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::body::{Answered, read_answer, read_rest};
 use crate::budget::Held;
 use crate::future::FinishOnDrop;
+use crate::in_transaction::{self, ReservationHandle};
 use crate::layer::Settings;
 use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
@@ -23,17 +24,6 @@ use crate::profile::Disposition;
 use crate::rejection::Rejection;
 use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, Inner};
 use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
-
-/// The reservation a keyed request runs under, added to the request's extensions for
-/// the inner service. A service that keeps its state in the store's database can use it
-/// to finalize the record inside its own transaction.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReservationHandle {
-    /// The record reserved.
-    pub id: RecordId,
-    /// The token that owns it.
-    pub token: FencingToken,
-}
 
 /// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
 /// (and records its answer) even when the caller drops the response future: the rest of
@@ -72,7 +62,7 @@ where
     B: Bodies,
 {
     let executed = execute::<S, B>(&settings, inner, &request, &id, token, &mut held).await;
-    let (parts, body) = match executed {
+    let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
             release(&settings, &id, token, "the inner service returned an error").await;
@@ -85,6 +75,11 @@ where
             std::panic::resume_unwind(panic);
         }
     };
+    if let Some(answer) =
+        in_transaction::finalized_answer::<B>(&settings, &id, token, &mut parts, &body, outcome)
+    {
+        return Ok(answer);
+    }
     let verdict = classify(&settings, &parts, &body);
     Ok(settle::<B>(
         &settings, &request, &id, token, verdict, parts, body, outcome, &mut held,
@@ -109,24 +104,22 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
+    let reservation = ReservationHandle::new(settings.clone(), request.clone(), id.clone(), token);
     let mut request = request.clone().map(B::request);
     prepare_for_inner(settings, request.headers_mut());
-    request.extensions_mut().insert(ReservationHandle {
-        id: id.clone(),
-        token,
-    });
+    request.extensions_mut().insert(reservation.clone());
     let max_body = settings.max_response_body;
     let budget = settings.memory.clone();
     let run = async move {
         let (parts, body) = inner.call(request).await?.into_parts();
         Ok((parts, read_answer(body, max_body, &budget, held).await))
     };
-    hold_lease(settings, id, token, AssertUnwindSafe(run).catch_unwind()).await
+    hold_lease(settings, reservation, AssertUnwindSafe(run).catch_unwind()).await
 }
 
 /// What happens to an answer.
 #[derive(Debug, PartialEq, Eq)]
-enum Verdict {
+pub(crate) enum Verdict {
     /// Store it and replay it to every retry.
     Store,
     /// Release the key, so that a retry runs again; the caller gets the answer.
@@ -148,7 +141,11 @@ enum Verdict {
 
 /// Stage 5: what happens to an answer, by the generic rules (5xx and the release
 /// statuses release) and then the profile's.
-fn classify<I>(settings: &Settings, parts: &response::Parts, body: &Answered<I>) -> Verdict {
+pub(crate) fn classify<I>(
+    settings: &Settings,
+    parts: &response::Parts,
+    body: &Answered<I>,
+) -> Verdict {
     let status = parts.status;
     let releases = status.is_server_error() || settings.release_statuses.contains(&status);
     let trailers = match body {
@@ -310,7 +307,7 @@ fn is_encoded(headers: &HeaderMap) -> bool {
 
 /// The answer as the generic rules keep it: status, the replayed headers, the body, and
 /// every trailer.
-fn stored_response(
+pub(crate) fn stored_response(
     settings: &Settings,
     parts: &response::Parts,
     body: &Bytes,
@@ -368,8 +365,7 @@ async fn finalize_rejection(
 /// and the store's fencing keeps the stale owner from overwriting the new one.
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
-    id: &RecordId,
-    token: FencingToken,
+    reservation: ReservationHandle,
     work: F,
 ) -> F::Output {
     let mut work = std::pin::pin!(work);
@@ -377,37 +373,43 @@ async fn hold_lease<F: Future>(
     if let Poll::Ready(output) = first_poll {
         return output;
     }
-    let _renewing = AbortOnDropHandle::new(tokio::spawn(renew_lease(
-        settings.clone(),
-        id.clone(),
-        token,
-    )));
+    let _renewing =
+        AbortOnDropHandle::new(tokio::spawn(renew_lease(settings.clone(), reservation)));
     work.await
 }
 
-async fn renew_lease(settings: Arc<Settings>, id: RecordId, token: FencingToken) {
+async fn renew_lease(settings: Arc<Settings>, reservation: ReservationHandle) {
+    let (id, token) = (&reservation.id, reservation.token);
     let lease = settings.lease();
     let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
     loop {
         tokio::time::sleep(lease / 3).await;
+        // The handler wrote the answer in its transaction: the record settles when it
+        // commits, and a renewal would only wait for the transaction's row lock.
+        if reservation.finalized_in_transaction() {
+            return;
+        }
         if give_up_at.is_some_and(|at| Instant::now() >= at) {
-            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(&id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
+            tracing::warn!(outcome = "over-max-run-time", key = %settings.log_key(id), "idempotency: the request ran longer than the maximum run time; its lease is no longer renewed, so a retry may take the key over once it lapses");
             return;
         }
         match metrics::store_call(
             &settings,
             StoreCall::Renew,
-            settings.store.renew(&id, token, lease),
+            settings.store.renew(id, token, lease),
         )
         .await
         {
             Ok(Ownership::Held) => {}
+            // A renewal that waited for the handler's transaction finds the record
+            // finalized by it.
+            Ok(Ownership::Lost) if reservation.finalized_in_transaction() => return,
             Ok(Ownership::Lost) => {
-                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(&id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
+                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: lost the reservation while the request ran (lease lapsed and taken over, or expired)");
                 return;
             }
             Err(error) => {
-                tracing::warn!(outcome = "store-error", key = %settings.log_key(&id), %error, "idempotency: renewing the lease failed; will retry")
+                tracing::warn!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: renewing the lease failed; will retry")
             }
         }
     }

@@ -411,3 +411,40 @@ fn each_keyed_request_has_a_span_with_its_outcome_and_never_its_key() {
         );
     }
 }
+
+/// A handler that finalized in its own transaction: the request is counted once, as
+/// executed, and the layer makes no finalize call of its own.
+#[tokio::test]
+async fn an_answer_finalized_in_the_handlers_transaction_is_counted_once() {
+    use axum::Extension;
+    use axum::response::IntoResponse;
+    use idempotency_core::ReservationHandle;
+
+    let recorder = Recorded::default();
+    let _recording = metrics::set_default_local_recorder(&recorder);
+    let store = Arc::new(MemoryStore::new());
+    let records = store.clone();
+    let handler = move |Extension(reservation): Extension<ReservationHandle>| {
+        let records = records.clone();
+        async move {
+            let answer = (StatusCode::CREATED, "made").into_response();
+            let prepared = reservation.prepare_answer(answer).await.unwrap();
+            let stored = prepared.stored().unwrap();
+            // The handler's own write, standing in for its transaction's.
+            records
+                .finalize(&reservation.id, reservation.token, stored)
+                .await
+                .unwrap();
+            prepared.into_finalized::<Body>()
+        }
+    };
+    let app = Router::new()
+        .route("/orders", post(handler))
+        .layer(IdempotencyLayer::from_shared_store(store));
+
+    assert_eq!(send(&app, "/orders", &["k1"], "a").await, 201);
+    let expected: BTreeMap<String, u64> = [(requests("executed"), 1)].into_iter().collect();
+    assert_eq!(recorder.counters(), expected);
+    assert!(recorder.samples(&store_call("finalize", "ok")).is_empty());
+    assert_eq!(recorder.samples(&store_call("reserve", "ok")).len(), 1);
+}

@@ -40,6 +40,44 @@
 //! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig)) opens its store
 //! with [`open`].
 //!
+//! # Exactly once: finalize in your own transaction
+//!
+//! With the layer alone, one window stays open: a mutation that committed, and then lost
+//! its finalize (the process died between the two), runs again on the retry once its
+//! lease lapses. A handler whose state lives in the store's database closes it with
+//! `finalize_in` ([`PostgresStore::finalize_in`], [`MySqlStore::finalize_in`],
+//! [`SqliteStore::finalize_in`], and [`AnyFinalizer`] for sqlx `Any` connections): it
+//! writes the answer into the request's record **inside the handler's transaction**,
+//! fenced by the request's token, and returns the answer to send after the commit:
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn handler(
+//! #     store: idempotency_store_sql::PostgresStore,
+//! #     reservation: Option<axum::Extension<idempotency_core::ReservationHandle>>,
+//! # ) -> Result<axum::response::Response, Box<dyn std::error::Error>> {
+//! # use axum::response::IntoResponse;
+//! let mut tx = store.pool().begin().await?;
+//! sqlx::query("INSERT INTO orders (item) VALUES ($1)").bind("book").execute(&mut *tx).await?;
+//! let answer = (http::StatusCode::CREATED, "order placed").into_response();
+//! let answer = store.finalize_in(&mut tx, reservation.as_deref(), answer).await?; // error: roll back
+//! tx.commit().await?;
+//! Ok(answer)
+//! # }
+//! ```
+//!
+//! The mutation and its record then commit together or not at all: a crash at any
+//! instant leaves either nothing (the retry runs the request once) or both (the retry
+//! is replayed). While the transaction is open, the fenced `UPDATE` holds the record's
+//! row lock (SQLite: the database's write lock), so a replica that finds the lease lapsed
+//! and tries to take the record over waits for the transaction, and then finds the
+//! record finalized (commit: it replays) or still in flight (rollback: it takes over and
+//! runs the request). A handler whose reservation was taken over before it finalized
+//! gets [`FinalizeError::TakenOver`] and must roll back. The layer sees the returned
+//! answer marked, does not finalize again, and sends exactly that answer, so what the
+//! caller receives is what the record holds (less what the profile keeps out of the
+//! store, e.g. Iceberg's vended credentials).
+//!
 //! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
 //! versions cannot both link SQLite (`links = "sqlite3"`) into one binary.
 //!
@@ -266,8 +304,9 @@
 //!
 //! # Round trips
 //!
-//! No transaction is ever held open while the handler runs; every operation is
-//! autocommit.
+//! The store never holds a transaction open while the handler runs; every operation is
+//! autocommit, except `finalize_in`, which is one statement in the handler's own
+//! transaction.
 //!
 //! | operation | PostgreSQL | MySQL / MariaDB | SQLite (no network) |
 //! | --- | --- | --- | --- |
@@ -297,6 +336,7 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
+//! | `any` | off | [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in) |
 //!
 //! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
 //! builds the PostgreSQL store alone.
@@ -311,6 +351,7 @@
 
 mod common;
 mod config;
+mod in_transaction;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -321,6 +362,9 @@ mod table;
 
 pub use common::{Operation, PoolSettings};
 pub use config::{open, pool_settings};
+#[cfg(feature = "any")]
+pub use in_transaction::AnyFinalizer;
+pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]

@@ -4,10 +4,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
 use idempotency_core::{
-    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, Ownership, Purged, RecordId, Reservation, ScopeQuota, StoreError,
-    StoredResponse, async_trait,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
+    StoreError, StoredResponse, async_trait,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
 use sqlx::{Connection, Row};
@@ -18,6 +21,7 @@ use crate::common::{
     evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
     trailers_column,
 };
+use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
 
 /// "Now" by the database clock, in epoch milliseconds. Computed from `UTC_TIMESTAMP`
@@ -251,6 +255,12 @@ impl Statements {
             ),
         }
     }
+}
+
+/// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
+#[cfg(feature = "any")]
+pub(crate) fn finalize_statement(table: &TableName) -> String {
+    Statements::new(table).finalize
 }
 
 impl MySqlStore {
@@ -565,6 +575,87 @@ fn is_deadlock_error(error: &StoreError) -> bool {
         .is_some_and(is_deadlock)
 }
 
+impl MySqlStore {
+    /// The fenced finalize with its parameters (`headers` and `trailers` encoded by the
+    /// caller, so that a retried statement does not encode them again).
+    fn finalize_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        token: FencingToken,
+        response: &'q StoredResponse,
+        headers: &'q [u8],
+        trailers: &'q Option<Vec<u8>>,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        sqlx::query(&self.sql.finalize)
+            .bind(i32::from(response.status))
+            .bind(headers)
+            .bind(&response.body[..])
+            .bind(trailers)
+            .bind(&id.scope)
+            .bind(&id.key)
+            .bind(token.0)
+    }
+
+    /// Finalizes the request's reservation **inside your transaction**, with the answer
+    /// you are about to send, and returns the response to send once the transaction
+    /// commits: your mutation and its idempotency record commit together or not at
+    /// all. Everything [`PostgresStore::finalize_in`](crate::PostgresStore::finalize_in)
+    /// says holds here too, with InnoDB's locks: the fenced `UPDATE` takes the record's
+    /// row lock (an exclusive record lock) until your transaction ends, and a replica's
+    /// takeover, whose `UPDATE` reads the latest committed row once it gets the lock,
+    /// waits and then finds the record finalized (commit) or still in flight (rollback).
+    ///
+    /// Unlike the store's own statements, this one is not retried when InnoDB picks it
+    /// as a deadlock victim, since InnoDB then rolls back your whole transaction: you get
+    /// [`FinalizeError::Database`] and may run the transaction again.
+    ///
+    /// ```no_run
+    /// # async fn handler(store: idempotency_store_sql::MySqlStore, reservation: Option<&idempotency_core::ReservationHandle>) -> Result<axum::response::Response, Box<dyn std::error::Error>> {
+    /// use axum::response::IntoResponse;
+    ///
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO orders (item) VALUES (?)").bind("book").execute(&mut *tx).await?;
+    /// let answer = (http::StatusCode::CREATED, "order placed").into_response();
+    /// let answer = store.finalize_in(&mut tx, reservation, answer).await?; // on error: rolled back on drop
+    /// tx.commit().await?;
+    /// Ok(answer)
+    /// # }
+    /// ```
+    pub async fn finalize_in<B>(
+        &self,
+        transaction: &mut sqlx::MySqlConnection,
+        reservation: Option<&ReservationHandle>,
+        response: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let prepared = match in_transaction::prepare(reservation, response).await? {
+            Ok(prepared) => prepared,
+            Err(unchanged) => return Ok(unchanged),
+        };
+        let reservation = prepared.reservation();
+        let stored = prepared
+            .stored()
+            .expect("prepare() passes on only answers with something to store");
+        let headers = stored.encode_headers();
+        let trailers = trailers_column(stored);
+        let done = self
+            .finalize_query(
+                &reservation.id,
+                reservation.token,
+                stored,
+                &headers,
+                &trailers,
+            )
+            .execute(transaction)
+            .await
+            .map_err(FinalizeError::Database)?;
+        in_transaction::finish(prepared, ownership(done.rows_affected()))
+    }
+}
+
 /// sqlx knows only the `mysql` scheme; `mariadb://` means the same server protocol.
 pub(crate) fn mysql_url(url: &str) -> std::borrow::Cow<'_, str> {
     match url.strip_prefix("mariadb:") {
@@ -734,14 +825,7 @@ impl IdempotencyStore for MySqlStore {
         let headers = response.encode_headers();
         let trailers = trailers_column(response);
         let done = retry_deadlocks(|| {
-            sqlx::query(&self.sql.finalize)
-                .bind(i32::from(response.status))
-                .bind(&headers[..])
-                .bind(&response.body[..])
-                .bind(&trailers)
-                .bind(&id.scope)
-                .bind(&id.key)
-                .bind(token.0)
+            self.finalize_query(id, token, response, &headers, &trailers)
                 .execute(&self.pool)
         })
         .await

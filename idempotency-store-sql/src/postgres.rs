@@ -3,10 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
 use idempotency_core::{
-    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, Ownership, Purged, RecordId, Reservation, ScopeQuota, StoreError,
-    StoredResponse, async_trait, is_settled, wait_by_polling,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
+    StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
 };
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgRow};
@@ -19,6 +22,7 @@ use crate::common::{
     evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
     trailers_column,
 };
+use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
@@ -101,7 +105,7 @@ impl Notices {
 
 /// What finalize and release announce for a record: a hash of its id, which says nothing
 /// of the key to whoever else listens on the database.
-fn notice_for(id: &RecordId) -> String {
+pub(crate) fn notice_for(id: &RecordId) -> String {
     let mut hasher = Sha256::new();
     hasher.update((id.scope.len() as u64).to_be_bytes());
     hasher.update(id.scope.as_bytes());
@@ -223,7 +227,9 @@ impl Statements {
                  WHERE {owned}"
             ),
             // Finalize and release announce the settled record to waiters (on every
-            // node) in the same statement; the notice is sent when it commits.
+            // node) in the same statement; the notice is sent when it commits (inside a
+            // handler's transaction too). Finalize returns an integer, not pg_notify's
+            // void, which sqlx's `Any` driver cannot read.
             finalize: format!(
                 "WITH done AS (
                      UPDATE {t}
@@ -231,7 +237,7 @@ impl Statements {
                          response_trailers = $8
                      WHERE {owned}
                      RETURNING 1)
-                 SELECT pg_notify('{channel}', $7) FROM done"
+                 SELECT 1 AS held FROM done WHERE pg_notify('{channel}', $7) IS NOT NULL"
             ),
             release: format!(
                 "WITH done AS (DELETE FROM {t} WHERE {owned} RETURNING 1)
@@ -279,6 +285,12 @@ impl Statements {
             ),
         }
     }
+}
+
+/// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
+#[cfg(feature = "any")]
+pub(crate) fn finalize_statement(table: &TableName) -> String {
+    Statements::new(table).finalize
 }
 
 impl PostgresStore {
@@ -499,6 +511,104 @@ impl PostgresStore {
     fn owned_query<'q>(&self, sql: &'q str, id: &'q RecordId, token: FencingToken) -> PgQuery<'q> {
         sqlx::query(sql).bind(&id.scope).bind(&id.key).bind(token.0)
     }
+
+    /// The fenced finalize, with its parameters; it returns a row iff the token held.
+    fn finalize_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        token: FencingToken,
+        response: &'q StoredResponse,
+    ) -> PgQuery<'q> {
+        self.owned_query(&self.sql.finalize, id, token)
+            .bind(i32::from(response.status))
+            .bind(response.encode_headers())
+            .bind(&response.body[..])
+            .bind(notice_for(id))
+            .bind(trailers_column(response))
+    }
+
+    /// Finalizes the request's reservation **inside your transaction**, with the answer
+    /// you are about to send, and returns the response to send once the transaction
+    /// commits. Your mutation and its idempotency record then commit together or not at
+    /// all: a crash at any instant leaves either nothing (the client's retry runs the
+    /// request once) or both (the retry gets this answer), so the request runs exactly
+    /// once, across crashes and replicas.
+    ///
+    /// - `transaction` is your open transaction on the store's database (`&mut tx`).
+    /// - `reservation` is the request's [`ReservationHandle`] extension; `None` (a
+    ///   request without a key) gives `response` back untouched.
+    /// - `response` is read whole and goes through the layer's rules, as the layer
+    ///   would apply them after your handler: what is stored is what the layer stores
+    ///   (the profile's `to_store` applied, e.g. Iceberg's vended credentials cut out),
+    ///   and an answer the layer does not keep (5xx, 401, 429, …, or one over the size
+    ///   limit) is not written: it comes back unmarked, and the layer handles it after
+    ///   your handler as usual.
+    ///
+    /// The write is one fenced `UPDATE` (the store's own finalize statement, see
+    /// [`sql`](Self::sql)). It holds the record's row lock until your transaction ends,
+    /// so a replica that meanwhile finds the lease lapsed and tries to take the record
+    /// over waits, and then sees the record finalized (commit: it replays) or still in
+    /// flight (rollback: it takes over and runs the request). The waiters of every
+    /// replica are notified when the transaction commits.
+    ///
+    /// The returned response is marked, so the layer does not finalize again; it sends
+    /// exactly this answer, which is what every retry is replayed. Send it only after
+    /// `commit` succeeded. On an error ([`FinalizeError`]), roll back and answer with a
+    /// 5xx: the request no longer owns its key (another took it over and runs the
+    /// mutation), or the database failed.
+    ///
+    /// ```no_run
+    /// use axum::extract::State;
+    /// use axum::response::{IntoResponse, Response};
+    /// use axum::{Extension, http::StatusCode};
+    /// use idempotency_core::ReservationHandle;
+    /// use idempotency_store_sql::{FinalizeError, PostgresStore};
+    ///
+    /// async fn place_order(
+    ///     State(store): State<PostgresStore>,
+    ///     reservation: Option<Extension<ReservationHandle>>,
+    /// ) -> Result<Response, StatusCode> {
+    ///     let failed = |_| StatusCode::SERVICE_UNAVAILABLE; // a 5xx: the layer releases the key
+    ///     let mut tx = store.pool().begin().await.map_err(failed)?;
+    ///     sqlx::query("INSERT INTO orders (item) VALUES ('book')")
+    ///         .execute(&mut *tx)
+    ///         .await
+    ///         .map_err(failed)?;
+    ///     let answer = (StatusCode::CREATED, "order placed").into_response();
+    ///     let answer = store
+    ///         .finalize_in(&mut tx, reservation.as_deref(), answer)
+    ///         .await
+    ///         .map_err(|_: FinalizeError| StatusCode::SERVICE_UNAVAILABLE)?; // tx rolls back on drop
+    ///     tx.commit().await.map_err(failed)?;
+    ///     Ok(answer)
+    /// }
+    /// # let _ = place_order;
+    /// ```
+    pub async fn finalize_in<B>(
+        &self,
+        transaction: &mut sqlx::PgConnection,
+        reservation: Option<&ReservationHandle>,
+        response: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let prepared = match in_transaction::prepare(reservation, response).await? {
+            Ok(prepared) => prepared,
+            Err(unchanged) => return Ok(unchanged),
+        };
+        let reservation = prepared.reservation();
+        let stored = prepared
+            .stored()
+            .expect("prepare() passes on only answers with something to store");
+        let row = self
+            .finalize_query(&reservation.id, reservation.token, stored)
+            .fetch_optional(transaction)
+            .await
+            .map_err(FinalizeError::Database)?;
+        in_transaction::finish(prepared, ownership(u64::from(row.is_some())))
+    }
 }
 
 #[async_trait]
@@ -615,16 +725,8 @@ impl IdempotencyStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let headers = response.encode_headers();
-        self.fenced_and_announced(
-            self.owned_query(&self.sql.finalize, id, token)
-                .bind(i32::from(response.status))
-                .bind(headers)
-                .bind(&response.body[..])
-                .bind(notice_for(id))
-                .bind(trailers_column(response)),
-        )
-        .await
+        self.fenced_and_announced(self.finalize_query(id, token, response))
+            .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {

@@ -4,10 +4,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
 use idempotency_core::{
-    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, Ownership, Purged, RecordId, Reservation, ScopeQuota, StoreError,
-    StoredResponse, async_trait,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
+    StoreError, StoredResponse, async_trait,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool};
 use sqlx::{FromRow, Row};
@@ -18,6 +21,7 @@ use crate::common::{
     evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
     trailers_column,
 };
+use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
 
 /// "Now" by the database clock, in epoch milliseconds. `julianday('now')` has millisecond
@@ -184,6 +188,12 @@ impl Statements {
             ),
         }
     }
+}
+
+/// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
+#[cfg(feature = "any")]
+pub(crate) fn finalize_statement(table: &TableName) -> String {
+    Statements::new(table).finalize
 }
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
@@ -410,6 +420,104 @@ impl SqliteStore {
     ) -> SqliteQuery<'q> {
         sqlx::query(sql).bind(&id.scope).bind(&id.key).bind(token.0)
     }
+
+    /// The fenced finalize, with its parameters.
+    fn finalize_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        token: FencingToken,
+        response: &'q StoredResponse,
+    ) -> SqliteQuery<'q> {
+        self.owned_query(&self.sql.finalize, id, token)
+            .bind(i32::from(response.status))
+            .bind(response.encode_headers())
+            .bind(&response.body[..])
+            .bind(trailers_column(response))
+    }
+
+    /// Finalizes the request's reservation **inside your transaction**, with the answer
+    /// you are about to send, and returns the response to send once the transaction
+    /// commits: your mutation and its idempotency record commit together or not at
+    /// all. Everything [`PostgresStore::finalize_in`](crate::PostgresStore::finalize_in)
+    /// says holds here too, with SQLite's one writer at a time: from its first write,
+    /// your transaction holds the database's write lock until it ends, so another
+    /// process's takeover waits (up to its busy timeout) and then finds the record
+    /// finalized (commit) or still in flight (rollback).
+    ///
+    /// Begin the transaction with `BEGIN IMMEDIATE` (`pool.begin_with("BEGIN
+    /// IMMEDIATE")`) if it reads before it writes: a deferred transaction that read
+    /// while another connection wrote cannot start writing (`SQLITE_BUSY`), and every
+    /// keyed request writes to the same file.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use axum::extract::State;
+    /// use axum::response::{IntoResponse, Response};
+    /// use axum::{Extension, Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use idempotency_core::{IdempotencyLayer, ReservationHandle};
+    /// use idempotency_store_sql::{PoolSettings, SqliteStore};
+    /// use tower::ServiceExt;
+    ///
+    /// async fn place_order(
+    ///     State(store): State<SqliteStore>,
+    ///     reservation: Option<Extension<ReservationHandle>>,
+    /// ) -> Result<Response, StatusCode> {
+    ///     let failed = |_| StatusCode::SERVICE_UNAVAILABLE; // a 5xx: the layer releases the key
+    ///     let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.map_err(failed)?;
+    ///     sqlx::query("INSERT INTO orders (item) VALUES ('book')")
+    ///         .execute(&mut *tx)
+    ///         .await
+    ///         .map_err(failed)?;
+    ///     let answer = (StatusCode::CREATED, "order placed").into_response();
+    ///     let answer = store
+    ///         .finalize_in(&mut tx, reservation.as_deref(), answer)
+    ///         .await
+    ///         .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?; // tx rolls back on drop
+    ///     tx.commit().await.map_err(failed)?;
+    ///     Ok(answer)
+    /// }
+    ///
+    /// let store = SqliteStore::connect("sqlite::memory:", &PoolSettings::default()).await?.migrate().await?;
+    /// sqlx::query("CREATE TABLE orders (item TEXT)").execute(store.pool()).await?;
+    /// let app = Router::new()
+    ///     .route("/orders", post(place_order))
+    ///     .with_state(store.clone())
+    ///     .layer(IdempotencyLayer::new(store.clone()));
+    ///
+    /// let order = || Request::post("/orders").header("idempotency-key", "k1").body(Body::empty()).unwrap();
+    /// assert_eq!(app.clone().oneshot(order()).await?.status(), StatusCode::CREATED);
+    /// let retry = app.oneshot(order()).await?;
+    /// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    /// let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(store.pool()).await?;
+    /// assert_eq!(orders, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn finalize_in<B>(
+        &self,
+        transaction: &mut sqlx::SqliteConnection,
+        reservation: Option<&ReservationHandle>,
+        response: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let prepared = match in_transaction::prepare(reservation, response).await? {
+            Ok(prepared) => prepared,
+            Err(unchanged) => return Ok(unchanged),
+        };
+        let reservation = prepared.reservation();
+        let stored = prepared
+            .stored()
+            .expect("prepare() passes on only answers with something to store");
+        let done = self
+            .finalize_query(&reservation.id, reservation.token, stored)
+            .execute(transaction)
+            .await
+            .map_err(FinalizeError::Database)?;
+        in_transaction::finish(prepared, ownership(done.rows_affected()))
+    }
 }
 
 #[async_trait]
@@ -487,15 +595,7 @@ impl IdempotencyStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let headers = response.encode_headers();
-        self.fenced(
-            self.owned_query(&self.sql.finalize, id, token)
-                .bind(i32::from(response.status))
-                .bind(headers)
-                .bind(&response.body[..])
-                .bind(trailers_column(response)),
-        )
-        .await
+        self.fenced(self.finalize_query(id, token, response)).await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {

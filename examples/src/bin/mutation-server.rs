@@ -1,27 +1,43 @@
 //! A small server for crash and outage tests: `POST /mutations/{name}` inserts one row
-//! into a `side_effects` table of the same database that holds the idempotency records,
-//! so a test can count how often a mutation really ran, across processes and crashes.
+//! into a `side_effects` table of the database that holds the idempotency records, and
+//! finalizes the request's key **in the same transaction** (`finalize_in`), so that the
+//! row and the record commit together or not at all. A test counts the rows to see how
+//! often a mutation really ran, across processes and crashes.
 //!
 //! ```text
 //! cargo run -p examples --bin mutation-server -- \
 //!     --database postgres://postgres@127.0.0.1:5432/test --listen 127.0.0.1:8300 --lease-ms 1000
 //! ```
 //!
-//! Request headers steer the handler: `x-sleep-before-ms` waits before the row is
-//! written (a kill then lands before the side effect), `x-sleep-after-ms` waits after it
-//! is committed (a kill then lands between the side effect and the finalize). Every
-//! response carries `x-idempotency-outcome` with what the layer did.
+//! `--database` takes `postgres://…`, `mysql://…` (MySQL 8 or MariaDB) or `sqlite:FILE`.
+//!
+//! Request headers steer the handler, so that a test can kill the process at a chosen
+//! instant:
+//!
+//! - `x-sleep-before-ms`: wait before the transaction begins (a kill lands before the
+//!   side effect);
+//! - `x-sleep-in-transaction-ms`: wait after the row and the record are written, before
+//!   the commit (a kill rolls both back);
+//! - `x-sleep-after-ms`: wait after the commit, before answering (a kill lands between
+//!   the side effect and the answer; the record is already final);
+//! - `x-finalize-by-layer: true`: do not finalize in the transaction, and leave it to
+//!   the layer after the answer, as a handler whose side effect lives elsewhere must (a
+//!   kill during `x-sleep-after-ms` then lands between the side effect and the
+//!   finalize).
+//!
+//! Every response carries `x-idempotency-outcome` with what the layer did.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idempotency_core::{IdempotencyLayer, Outcome};
-use idempotency_store_sql::sqlx::{self, PgPool};
-use idempotency_store_sql::{PoolSettings, PostgresStore};
+use axum::{Extension, Router};
+use idempotency_core::{IdempotencyLayer, Outcome, ReservationHandle};
+use idempotency_store_sql::sqlx;
+use idempotency_store_sql::{FinalizeError, MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 
 struct Flags {
     database: String,
@@ -61,6 +77,70 @@ fn parse_flags() -> Result<Flags, String> {
     Ok(flags)
 }
 
+/// The store, typed by database: each has its own connection type for `finalize_in`.
+#[derive(Clone)]
+enum Database {
+    Postgres(PostgresStore),
+    MySql(MySqlStore),
+    Sqlite(SqliteStore),
+}
+
+impl Database {
+    async fn open(url: &str, table: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let settings = PoolSettings::default();
+        Ok(if url.starts_with("postgres") {
+            let store = PostgresStore::connect(url, &settings).await?;
+            Self::Postgres(store.with_table_name(table)?.migrate().await?)
+        } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+            let store = MySqlStore::connect(url, &settings).await?;
+            Self::MySql(store.with_table_name(table)?.migrate().await?)
+        } else if url.starts_with("sqlite") {
+            let store = SqliteStore::connect(url, &settings).await?;
+            Self::Sqlite(store.with_table_name(table)?.migrate().await?)
+        } else {
+            return Err(format!(
+                "unsupported --database {url:?}: use postgres://…, mysql://… or sqlite:FILE"
+            )
+            .into());
+        })
+    }
+
+    fn layer(&self) -> IdempotencyLayer {
+        match self {
+            Self::Postgres(store) => IdempotencyLayer::new(store.clone()),
+            Self::MySql(store) => IdempotencyLayer::new(store.clone()),
+            Self::Sqlite(store) => IdempotencyLayer::new(store.clone()),
+        }
+    }
+
+    /// The side effects table, created if missing (several processes may start at once:
+    /// a concurrent creator may win the race on PostgreSQL's catalog, and the retry then
+    /// finds the table).
+    async fn create_side_effects(&self, table: &str) -> Result<(), sqlx::Error> {
+        let statement = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (name TEXT NOT NULL, pid INTEGER NOT NULL)"
+        );
+        if self.execute(&statement).await.is_err() {
+            self.execute(&statement).await?;
+        }
+        Ok(())
+    }
+
+    async fn execute(&self, statement: &str) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Postgres(store) => sqlx::query(statement).execute(store.pool()).await.map(drop),
+            Self::MySql(store) => sqlx::query(statement).execute(store.pool()).await.map(drop),
+            Self::Sqlite(store) => sqlx::query(statement).execute(store.pool()).await.map(drop),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    database: Database,
+    side_effects: String,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -69,19 +149,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let flags = parse_flags()?;
-    let store = PostgresStore::connect(&flags.database, &PoolSettings::default())
-        .await?
-        .with_table_name(&flags.table)?
-        .migrate()
-        .await?;
-    let pool = store.pool().clone();
-    sqlx_create_side_effects(&pool, &flags.table).await?;
-    let layer = IdempotencyLayer::new(store).with_lease(flags.lease);
+    let database = Database::open(&flags.database, &flags.table).await?;
+    let side_effects = format!("{}_side_effects", flags.table);
+    database.create_side_effects(&side_effects).await?;
+    let layer = database.layer().with_lease(flags.lease);
     let in_flight = layer.in_flight();
     let app = Router::new()
         .route("/mutations/{name}", post(mutate))
         .route("/health", get(|| async { "ok" }))
-        .with_state((pool, format!("{}_side_effects", flags.table)))
+        .with_state(Arc::new(App {
+            database,
+            side_effects,
+        }))
         .layer(layer)
         .layer(axum::middleware::map_response(label_outcome));
     let listener = tokio::net::TcpListener::bind(&flags.listen).await?;
@@ -95,46 +174,94 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn sqlx_create_side_effects(pool: &PgPool, table: &str) -> Result<(), sqlx::Error> {
-    // Same advisory-lock-free idiom as the store: retry once if a concurrent creator won.
-    let statement = format!(
-        "CREATE TABLE IF NOT EXISTS {table}_side_effects (name TEXT NOT NULL, pid INTEGER NOT NULL)"
-    );
-    if sqlx::query(&statement).execute(pool).await.is_err() {
-        sqlx::query(&statement).execute(pool).await?;
+/// Why a mutation failed: a 5xx, so the layer releases the key and a retry runs again.
+struct Failed(String);
+
+impl From<sqlx::Error> for Failed {
+    fn from(error: sqlx::Error) -> Self {
+        Self(format!("database error: {error}"))
     }
-    Ok(())
+}
+
+impl From<FinalizeError> for Failed {
+    fn from(error: FinalizeError) -> Self {
+        Self(error.to_string())
+    }
+}
+
+impl IntoResponse for Failed {
+    fn into_response(self) -> Response {
+        (StatusCode::SERVICE_UNAVAILABLE, self.0).into_response()
+    }
 }
 
 async fn mutate(
-    State((pool, side_effects)): State<(PgPool, String)>,
+    State(app): State<Arc<App>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-) -> Result<(StatusCode, String), (StatusCode, String)> {
+    reservation: Option<Extension<ReservationHandle>>,
+) -> Result<Response, Failed> {
     let pause = |header: &str| {
-        headers
+        let pause = headers
             .get(header)
             .and_then(|v| v.to_str().ok()?.parse().ok())
-            .map(Duration::from_millis)
+            .map_or(Duration::ZERO, Duration::from_millis);
+        tokio::time::sleep(pause)
     };
-    if let Some(pause) = pause("x-sleep-before-ms") {
-        tokio::time::sleep(pause).await;
-    }
-    sqlx::query(&format!(
-        "INSERT INTO {side_effects} (name, pid) VALUES ($1, $2)"
-    ))
-    .bind(&name)
-    .bind(std::process::id() as i32)
-    .execute(&pool)
-    .await
-    .map_err(|error| (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-    if let Some(pause) = pause("x-sleep-after-ms") {
-        tokio::time::sleep(pause).await;
-    }
-    Ok((
+    pause("x-sleep-before-ms").await;
+    let pid = std::process::id() as i32;
+    let answer = (
         StatusCode::CREATED,
-        format!(r#"{{"mutation":"{name}","pid":{}}}"#, std::process::id()),
-    ))
+        format!(r#"{{"mutation":"{name}","pid":{pid}}}"#),
+    )
+        .into_response();
+    let reservation = match headers.get("x-finalize-by-layer") {
+        Some(value) if value == "true" => None,
+        _ => reservation.as_deref(),
+    };
+    let table = &app.side_effects;
+    // The side effect and the record, in one transaction. (Dropping a transaction
+    // without committing rolls it back.)
+    let answer = match &app.database {
+        Database::Postgres(store) => {
+            let mut tx = store.pool().begin().await?;
+            sqlx::query(&format!("INSERT INTO {table} (name, pid) VALUES ($1, $2)"))
+                .bind(&name)
+                .bind(pid)
+                .execute(&mut *tx)
+                .await?;
+            let answer = store.finalize_in(&mut tx, reservation, answer).await?;
+            pause("x-sleep-in-transaction-ms").await;
+            tx.commit().await?;
+            answer
+        }
+        Database::MySql(store) => {
+            let mut tx = store.pool().begin().await?;
+            sqlx::query(&format!("INSERT INTO {table} (name, pid) VALUES (?, ?)"))
+                .bind(&name)
+                .bind(pid)
+                .execute(&mut *tx)
+                .await?;
+            let answer = store.finalize_in(&mut tx, reservation, answer).await?;
+            pause("x-sleep-in-transaction-ms").await;
+            tx.commit().await?;
+            answer
+        }
+        Database::Sqlite(store) => {
+            let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
+            sqlx::query(&format!("INSERT INTO {table} (name, pid) VALUES (?, ?)"))
+                .bind(&name)
+                .bind(pid)
+                .execute(&mut *tx)
+                .await?;
+            let answer = store.finalize_in(&mut tx, reservation, answer).await?;
+            pause("x-sleep-in-transaction-ms").await;
+            tx.commit().await?;
+            answer
+        }
+    };
+    pause("x-sleep-after-ms").await;
+    Ok(answer)
 }
 
 async fn label_outcome(mut response: Response) -> Response {

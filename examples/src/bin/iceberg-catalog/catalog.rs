@@ -3,20 +3,40 @@
 //!
 //! The state lives in two SQL tables, `iceberg_namespace_properties` and
 //! `iceberg_tables`, the schema that iceberg-rust's `SqlCatalog` (and the Java and Python
-//! SQL catalogs) use. Most operations go through `iceberg_catalog_sql::SqlCatalog`; the
-//! ones it lacks or cannot be reached through from a REST server are written here over
-//! the same tables with sqlx `Any`:
+//! SQL catalogs) use, in the same database as the idempotency records. `SqlCatalog`
+//! creates the tables and serves some reads (load / exists namespace, list / load / exists
+//! table); everything else is written here over the same tables with sqlx `Any`, and
+//! **every change in a transaction of its own**, because `SqlCatalog` commits each of its
+//! writes by itself and cannot join an outside transaction:
 //!
-//! | operation | through |
+//! | operation | how |
 //! |---|---|
-//! | create / load / exists namespace, list / create / load / exists / drop / rename table | `SqlCatalog` |
+//! | create / drop namespace, update its properties | insert / delete property rows (a marker row `exists` keeps a namespace without properties) |
+//! | create, register, drop, rename a table | insert / delete / update its row (`iceberg_type = 'TABLE'`) |
+//! | commit a table, commit a transaction | a compare-and-swap on each table's metadata location |
+//! | staged create (`stage-create`) | nothing is written; its create transaction is a commit |
+//! | views | rows with `iceberg_type = 'VIEW'`, like the Java JDBC catalog |
 //! | list namespaces under a parent | here: `SqlCatalog` lists descendants, not children |
-//! | update namespace properties | here: `SqlCatalog` cannot remove a property |
-//! | drop namespace | here: refuses a non-empty one with a proper error |
-//! | commit a table, commit a transaction | here: `SqlCatalog::update_table` takes a `TableCommit`, which only iceberg-rust's own transactions can build |
-//! | staged create (`stage-create`) and its create transaction | here |
-//! | register a table (with `overwrite`) | here |
-//! | views | here, as `iceberg_type = 'VIEW'` rows like the Java JDBC catalog |
+//!
+//! # Exactly once: the answer commits with the change
+//!
+//! A change is written in an open transaction and handed back as [`Uncommitted`]; the
+//! route builds the answer from it, and [`Uncommitted::commit`] writes that answer into
+//! the request's idempotency record **in the same transaction** (`AnyFinalizer`, fenced
+//! by the request's token) before it commits. The change and its answer then commit
+//! together or not at all: a replica killed right after the commit is replayed on the
+//! retry (a second `updateTable` would fail its requirements with
+//! `CommitFailedException`, and the Java client would then delete files the committed
+//! snapshot needs); one killed before it leaves nothing, and the retry runs once.
+//!
+//! Metadata files are written before their transaction (they are not in the database):
+//! if it rolls back, or the process dies before it commits, the file it wrote is left
+//! with nothing pointing at it. That orphan is harmless, and the catalog deletes it when
+//! it can (a refused or failed change); a purge (`purgeRequested`) deletes the table's
+//! files only after the drop committed.
+//!
+//! For crash tests, `ICEBERG_CATALOG_CRASH_AFTER_COMMIT=1` makes the process abort right
+//! after it commits a change, before it answers.
 //!
 //! # Files
 //!
@@ -39,16 +59,20 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use axum::response::Response;
 use iceberg::io::{FileIO, LocalFsStorageFactory};
 use iceberg::spec::{
     FormatVersion, SortOrder, TableMetadata, TableMetadataBuilder, UnboundPartitionSpec,
     ViewFormatVersion, ViewMetadata, ViewMetadataBuilder,
 };
+use iceberg::table::Table;
 use iceberg::{
     Catalog as _, CatalogBuilder as _, ErrorKind, MetadataLocation, NamespaceIdent, TableCreation,
     TableIdent, TableRequirement, TableUpdate, ViewUpdate,
 };
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use idempotency_core::ReservationHandle;
+use idempotency_store_sql::AnyFinalizer;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{Any, AnyPool, Row, Transaction};
 
@@ -66,6 +90,8 @@ const EXISTS_PROPERTY: &str = "exists";
 const LOCATION_PROPERTY: &str = "location";
 const TABLE_TYPE_FILTER: &str = "(iceberg_type = 'TABLE' OR iceberg_type IS NULL)";
 const VIEW_TYPE_FILTER: &str = "iceberg_type = 'VIEW'";
+/// Set to `1`, the process aborts right after it commits a change, before it answers.
+pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
 
 /// Which SQL database the catalog runs on, told by its URL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +127,96 @@ pub(crate) struct Catalog {
     file_io: FileIO,
     /// The warehouse root as a `file://` URI, without a trailing slash.
     warehouse: String,
+    /// Writes a request's answer into its idempotency record in the change's transaction;
+    /// `None` when the catalog runs without idempotency.
+    finalizer: Option<AnyFinalizer>,
+    /// [`CRASH_AFTER_COMMIT`] is set.
+    crash_after_commit: bool,
+}
+
+/// A change written in an open database transaction: nothing of it is visible until
+/// [`commit`](Self::commit), and dropped, it rolls back.
+#[must_use = "a change that is not committed rolls back"]
+pub(crate) struct Uncommitted<'a, T> {
+    catalog: &'a Catalog,
+    tx: Transaction<'static, Any>,
+    /// What the change made, for the answer.
+    pub(crate) value: T,
+    /// Metadata files written for the change: nothing points at them unless it commits.
+    written: Vec<String>,
+    /// A dropped table whose files go once the drop committed (`purgeRequested`).
+    purge: Option<Table>,
+}
+
+impl<'a, T> Uncommitted<'a, T> {
+    fn new(catalog: &'a Catalog, tx: Transaction<'static, Any>, value: T) -> Self {
+        Self {
+            catalog,
+            tx,
+            value,
+            written: Vec::new(),
+            purge: None,
+        }
+    }
+
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Uncommitted<'a, U> {
+        Uncommitted {
+            catalog: self.catalog,
+            tx: self.tx,
+            value: f(self.value),
+            written: self.written,
+            purge: self.purge,
+        }
+    }
+
+    /// Writes `answer` into the request's idempotency record (if it carries a key) in the
+    /// change's own transaction, commits the two together, and returns the answer to
+    /// send, which is exactly what a retry with the key is replayed.
+    ///
+    /// If the record cannot be written (the request's key was taken over by another
+    /// request while it ran, or the database failed), the change rolls back and the
+    /// request fails with a 5xx: the key stays with whoever owns it, and nothing of this
+    /// request is committed.
+    pub(crate) async fn commit(
+        mut self,
+        reservation: Option<&ReservationHandle>,
+        answer: Response,
+    ) -> ApiResult<Response> {
+        let answer = match &self.catalog.finalizer {
+            Some(finalizer) => {
+                match finalizer
+                    .finalize_in(&mut self.tx, reservation, answer)
+                    .await
+                {
+                    Ok(answer) => answer,
+                    Err(error) => {
+                        let _ = self.tx.rollback().await;
+                        self.catalog.delete_unused(&self.written).await;
+                        return Err(error.into());
+                    }
+                }
+            }
+            None => answer,
+        };
+        if let Err(e) = self.tx.commit().await {
+            // The database may or may not have applied it; the files stay, since a
+            // committed change may point at them.
+            tracing::error!(error = %e, "commit of catalog transaction failed");
+            return Err(ApiError::commit_state_unknown(format!(
+                "Database commit failed, the state of the change is unknown: {e}"
+            )));
+        }
+        if self.catalog.crash_after_commit {
+            tracing::error!("{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");
+            std::process::abort();
+        }
+        if let Some(table) = self.purge
+            && let Err(e) = iceberg::drop_table_data(&table).await
+        {
+            tracing::warn!(error = %e, "could not delete all files of a purged table");
+        }
+        Ok(answer)
+    }
 }
 
 /// A commit whose new metadata file is written but not yet swapped in.
@@ -115,9 +231,13 @@ struct PreparedCommit {
 impl Catalog {
     /// Connects to the database, creates the catalog tables if they are missing, and
     /// keeps metadata files under `warehouse` (a `file://` URI of an existing directory).
+    ///
+    /// With a `finalizer`, every change commits together with its request's idempotency
+    /// record, which must live in the same database.
     pub(crate) async fn open(
         database_url: &str,
         warehouse: String,
+        finalizer: Option<AnyFinalizer>,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let backend = Backend::from_url(database_url)?;
         sqlx::any::install_default_drivers();
@@ -158,13 +278,41 @@ impl Catalog {
                 Err(e) => return Err(e.into()),
             }
         };
+        let crash_after_commit = std::env::var(CRASH_AFTER_COMMIT).is_ok_and(|v| v == "1");
+        if crash_after_commit {
+            tracing::warn!(
+                "{CRASH_AFTER_COMMIT}=1: the process aborts after its first committed change"
+            );
+        }
         Ok(Self {
             sql,
             pool,
             backend,
             file_io: FileIO::new_with_fs(),
             warehouse,
+            finalizer,
+            crash_after_commit,
         })
+    }
+
+    /// A transaction for a change. On SQLite it takes the write lock at once (`BEGIN
+    /// IMMEDIATE`): a deferred transaction that read first could not start writing once
+    /// another connection wrote meanwhile, and the idempotency store writes to the same
+    /// file on every keyed request.
+    async fn begin(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres | Backend::MySql => self.pool.begin().await,
+        }
+    }
+
+    /// Deletes metadata files that nothing points at (their change did not commit).
+    async fn delete_unused(&self, locations: &[String]) {
+        for location in locations {
+            if let Err(e) = self.file_io.delete(location).await {
+                tracing::warn!(%location, error = %e, "could not delete an unused metadata file");
+            }
+        }
     }
 
     /// A statement in this backend's placeholder style: `?` becomes `$1`, `$2`, ... on
@@ -214,28 +362,44 @@ impl Catalog {
     // Namespaces
     // ----------------------------------------------------------------------------------
 
-    /// Creates a namespace; 409 if it exists.
+    /// Creates a namespace with its properties; 409 if it exists.
     pub(crate) async fn create_namespace(
         &self,
         namespace: &NamespaceIdent,
         properties: HashMap<String, String>,
-    ) -> ApiResult<HashMap<String, String>> {
+    ) -> ApiResult<Uncommitted<'_, HashMap<String, String>>> {
         check_namespace(namespace)?;
         check_property_keys(properties.keys())?;
-        match self.sql.create_namespace(namespace, properties).await {
-            Ok(created) => Ok(visible(created.properties().clone())),
-            // Two replicas both saw it missing; the primary key let one in.
-            Err(e)
-                if e.kind() == ErrorKind::Unexpected
-                    && self.namespace_exists(namespace).await? =>
-            {
-                Err(namespace_exists_error(namespace))
-            }
-            Err(e) if e.kind() == ErrorKind::NamespaceAlreadyExists => {
-                Err(namespace_exists_error(namespace))
-            }
-            Err(e) => Err(e.into()),
+        if self.namespace_exists(namespace).await? {
+            return Err(namespace_exists_error(namespace));
         }
+        let joined = namespace.join(".");
+        let mut tx = self.begin().await?;
+        // The marker row makes the namespace exist whatever its properties.
+        let rows = properties
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_str()))
+            .chain([(EXISTS_PROPERTY, "true")]);
+        for (key, value) in rows {
+            let inserted = self
+                .execute_in(
+                    &mut tx,
+                    "INSERT INTO iceberg_namespace_properties \
+                     (catalog_name, namespace, property_key, property_value) VALUES (?, ?, ?, ?)",
+                    &[CATALOG_NAME, &joined, key, value],
+                )
+                .await;
+            if let Err(e) = inserted {
+                drop(tx);
+                // Two replicas both saw it missing; the primary key let one in.
+                return Err(if self.namespace_exists(namespace).await? {
+                    namespace_exists_error(namespace)
+                } else {
+                    e.into()
+                });
+            }
+        }
+        Ok(Uncommitted::new(self, tx, properties))
     }
 
     /// Whether a namespace exists.
@@ -298,7 +462,7 @@ impl Catalog {
         namespace: &NamespaceIdent,
         removals: Vec<String>,
         updates: HashMap<String, String>,
-    ) -> ApiResult<UpdateNamespacePropertiesResponse> {
+    ) -> ApiResult<Uncommitted<'_, UpdateNamespacePropertiesResponse>> {
         if let Some(both) = removals.iter().find(|k| updates.contains_key(*k)) {
             return Err(ApiError::new(
                 axum::http::StatusCode::UNPROCESSABLE_ENTITY,
@@ -309,7 +473,7 @@ impl Catalog {
         check_property_keys(removals.iter().chain(updates.keys()))?;
         self.require_namespace(namespace).await?;
         let joined = namespace.join(".");
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let select = self.sql(
             "SELECT property_key FROM iceberg_namespace_properties \
              WHERE catalog_name = ? AND namespace = ?",
@@ -365,16 +529,18 @@ impl Catalog {
                 .await?;
             response.updated.push(key);
         }
-        tx.commit().await?;
         response.updated.sort();
         response.removed.sort();
         response.missing.sort();
-        Ok(response)
+        Ok(Uncommitted::new(self, tx, response))
     }
 
     /// Drops an empty namespace: 404 if missing, 409 if it still has tables, views or
     /// namespaces below it.
-    pub(crate) async fn drop_namespace(&self, namespace: &NamespaceIdent) -> ApiResult<()> {
+    pub(crate) async fn drop_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+    ) -> ApiResult<Uncommitted<'_, ()>> {
         self.require_namespace(namespace).await?;
         let joined = namespace.join(".");
         let objects = self
@@ -397,15 +563,14 @@ impl Catalog {
                 display_namespace(namespace)
             )));
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         self.execute_in(
             &mut tx,
             "DELETE FROM iceberg_namespace_properties WHERE catalog_name = ? AND namespace = ?",
             &[CATALOG_NAME, &joined],
         )
         .await?;
-        tx.commit().await?;
-        Ok(())
+        Ok(Uncommitted::new(self, tx, ()))
     }
 
     /// Table and view locations (and registered metadata files) must lie inside the
@@ -496,12 +661,89 @@ impl Catalog {
         }
     }
 
-    /// Creates a table, or with `stage-create` only computes its first metadata.
+    /// Creates a table: writes its first metadata file and inserts its row.
     pub(crate) async fn create_table(
         &self,
         namespace: &NamespaceIdent,
         request: CreateTableRequest,
+    ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
+        let (ident, creation) = self.table_creation(namespace, request).await?;
+        let location = creation.location.clone().unwrap_or_default();
+        let metadata = TableMetadataBuilder::from_table_creation(creation)?
+            .build()?
+            .metadata;
+        let metadata_location = MetadataLocation::new_with_metadata(location, &metadata);
+        metadata.write_to(&self.file_io, &metadata_location).await?;
+        let metadata_location = metadata_location.to_string();
+        let written = vec![metadata_location.clone()];
+        let mut tx = match self.begin().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.delete_unused(&written).await;
+                return Err(e.into());
+            }
+        };
+        let inserted = self
+            .execute_in(
+                &mut tx,
+                "INSERT INTO iceberg_tables (catalog_name, table_namespace, table_name, \
+                 metadata_location, iceberg_type) VALUES (?, ?, ?, ?, 'TABLE')",
+                &[
+                    CATALOG_NAME,
+                    &namespace.join("."),
+                    ident.name(),
+                    &metadata_location,
+                ],
+            )
+            .await;
+        if let Err(e) = inserted {
+            drop(tx);
+            self.delete_unused(&written).await;
+            // Lost a race with another replica: the primary key let only one in.
+            return Err(if self.name_taken(&ident).await? {
+                table_exists_error(&ident)
+            } else {
+                e.into()
+            });
+        }
+        let mut created = Uncommitted::new(
+            self,
+            tx,
+            LoadTableResult {
+                metadata_location: Some(metadata_location),
+                metadata,
+                config: HashMap::new(),
+            },
+        );
+        created.written = written;
+        Ok(created)
+    }
+
+    /// `stage-create`: computes a table's first metadata and writes nothing; the
+    /// client's create transaction (a commit with `assert-create`) creates it.
+    pub(crate) async fn stage_create_table(
+        &self,
+        namespace: &NamespaceIdent,
+        request: CreateTableRequest,
     ) -> ApiResult<LoadTableResult> {
+        let (_, creation) = self.table_creation(namespace, request).await?;
+        let metadata = TableMetadataBuilder::from_table_creation(creation)?
+            .build()?
+            .metadata;
+        Ok(LoadTableResult {
+            metadata_location: None,
+            metadata,
+            config: HashMap::new(),
+        })
+    }
+
+    /// Checks a create request (name, namespace, location inside the warehouse) and
+    /// turns it into a `TableCreation` with its location set.
+    async fn table_creation(
+        &self,
+        namespace: &NamespaceIdent,
+        request: CreateTableRequest,
+    ) -> ApiResult<(TableIdent, TableCreation)> {
         check_name(&request.name)?;
         self.require_namespace(namespace).await?;
         let ident = TableIdent::new(namespace.clone(), request.name.clone());
@@ -521,29 +763,7 @@ impl Catalog {
             .sort_order_opt(request.write_order)
             .properties(request.properties)
             .build();
-        if request.stage_create {
-            let metadata = TableMetadataBuilder::from_table_creation(creation)?
-                .build()?
-                .metadata;
-            return Ok(LoadTableResult {
-                metadata_location: None,
-                metadata,
-                config: HashMap::new(),
-            });
-        }
-        match self.sql.create_table(namespace, creation).await {
-            Ok(table) => Ok(LoadTableResult {
-                metadata_location: table.metadata_location().map(str::to_owned),
-                metadata: table.metadata().clone(),
-                config: HashMap::new(),
-            }),
-            Err(e) if e.kind() == ErrorKind::TableAlreadyExists => Err(table_exists_error(&ident)),
-            // Lost a race with another replica: the primary key let only one in.
-            Err(e) if e.kind() == ErrorKind::Unexpected && self.name_taken(&ident).await? => {
-                Err(table_exists_error(&ident))
-            }
-            Err(e) => Err(e.into()),
-        }
+        Ok((ident, creation))
     }
 
     /// A table's current metadata and its location.
@@ -559,48 +779,91 @@ impl Catalog {
         })
     }
 
-    /// Drops a table from the catalog; with `purge` also deletes its files.
-    pub(crate) async fn drop_table(&self, ident: &TableIdent, purge: bool) -> ApiResult<()> {
-        let result = if purge {
-            self.sql.purge_table(ident).await
+    /// Drops a table from the catalog; with `purge` its files are deleted once the drop
+    /// committed.
+    pub(crate) async fn drop_table(
+        &self,
+        ident: &TableIdent,
+        purge: bool,
+    ) -> ApiResult<Uncommitted<'_, ()>> {
+        let table = if purge {
+            match self.sql.load_table(ident).await {
+                Ok(table) => Some(table),
+                Err(e) if e.kind() == ErrorKind::TableNotFound => {
+                    return Err(ApiError::no_such_table(ident));
+                }
+                Err(e) => return Err(e.into()),
+            }
         } else {
-            self.sql.drop_table(ident).await
+            None
         };
-        match result {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::TableNotFound => Err(ApiError::no_such_table(ident)),
-            Err(e) => Err(e.into()),
+        let mut tx = self.begin().await?;
+        let deleted = self
+            .execute_in(
+                &mut tx,
+                &format!(
+                    "DELETE FROM iceberg_tables WHERE catalog_name = ? AND table_namespace = ? \
+                     AND table_name = ? AND {TABLE_TYPE_FILTER}"
+                ),
+                &[CATALOG_NAME, &ident.namespace().join("."), ident.name()],
+            )
+            .await?;
+        if deleted == 0 {
+            return Err(ApiError::no_such_table(ident));
         }
+        let mut dropped = Uncommitted::new(self, tx, ());
+        dropped.purge = table;
+        Ok(dropped)
     }
 
     /// Renames a table, possibly into another namespace. Its files stay where they are.
-    pub(crate) async fn rename_table(&self, from: &TableIdent, to: &TableIdent) -> ApiResult<()> {
+    pub(crate) async fn rename_table(
+        &self,
+        from: &TableIdent,
+        to: &TableIdent,
+    ) -> ApiResult<Uncommitted<'_, ()>> {
         check_name(to.name())?;
-        if from == to {
-            return if self.table_exists(from).await? {
-                Ok(())
-            } else {
-                Err(ApiError::no_such_table(from))
-            };
-        }
         if !self.table_exists(from).await? {
             return Err(ApiError::no_such_table(from));
+        }
+        if from == to {
+            // Nothing changes; the answer is still recorded with the key.
+            return Ok(Uncommitted::new(self, self.begin().await?, ()));
         }
         self.require_namespace(to.namespace()).await?;
         if self.name_taken(to).await? {
             return Err(table_exists_error(to));
         }
-        match self.sql.rename_table(from, to).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::TableNotFound => Err(ApiError::no_such_table(from)),
-            Err(e) if e.kind() == ErrorKind::NamespaceNotFound => Err(ApiError::no_such_namespace(
-                display_namespace(to.namespace()),
-            )),
-            Err(e) if e.kind() == ErrorKind::TableAlreadyExists => Err(table_exists_error(to)),
-            Err(e) if e.kind() == ErrorKind::Unexpected && self.name_taken(to).await? => {
-                Err(table_exists_error(to))
+        let mut tx = self.begin().await?;
+        let renamed = self
+            .execute_in(
+                &mut tx,
+                &format!(
+                    "UPDATE iceberg_tables SET table_namespace = ?, table_name = ? \
+                     WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+                     AND {TABLE_TYPE_FILTER}"
+                ),
+                &[
+                    &to.namespace().join("."),
+                    to.name(),
+                    CATALOG_NAME,
+                    &from.namespace().join("."),
+                    from.name(),
+                ],
+            )
+            .await;
+        match renamed {
+            Ok(1) => Ok(Uncommitted::new(self, tx, ())),
+            Ok(_) => Err(ApiError::no_such_table(from)),
+            Err(e) => {
+                drop(tx);
+                // Lost a race with another replica: the primary key let only one in.
+                if self.name_taken(to).await? {
+                    Err(table_exists_error(to))
+                } else {
+                    Err(e.into())
+                }
             }
-            Err(e) => Err(e.into()),
         }
     }
 
@@ -611,7 +874,7 @@ impl Catalog {
         ident: &TableIdent,
         metadata_location: String,
         overwrite: bool,
-    ) -> ApiResult<LoadTableResult> {
+    ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
         self.check_location(&metadata_location)?;
@@ -623,7 +886,7 @@ impl Catalog {
                 ))
             })?;
         let current = self.metadata_location(ident, TABLE_TYPE_FILTER).await?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let written = match current {
             Some(current) if overwrite => {
                 self.execute_in(
@@ -659,44 +922,54 @@ impl Catalog {
             }
         };
         match written {
-            Ok(1) => tx.commit().await?,
+            Ok(1) => {}
             Ok(_) => {
                 return Err(ApiError::commit_failed(format!(
                     "Table {ident} changed concurrently"
                 )));
             }
-            Err(e) if self.name_taken(ident).await? => {
-                tracing::debug!(error = %e, "register lost a race");
-                return Err(table_exists_error(ident));
+            Err(e) => {
+                drop(tx);
+                if self.name_taken(ident).await? {
+                    tracing::debug!(error = %e, "register lost a race");
+                    return Err(table_exists_error(ident));
+                }
+                return Err(e.into());
             }
-            Err(e) => return Err(e.into()),
         }
-        Ok(LoadTableResult {
-            metadata_location: Some(metadata_location),
-            metadata,
-            config: HashMap::new(),
-        })
+        Ok(Uncommitted::new(
+            self,
+            tx,
+            LoadTableResult {
+                metadata_location: Some(metadata_location),
+                metadata,
+                config: HashMap::new(),
+            },
+        ))
     }
 
-    /// Commits requirements and updates to one table (updateTable).
+    /// Commits requirements and updates to one table (updateTable): its new metadata
+    /// location and metadata.
     pub(crate) async fn commit_table(
         &self,
         ident: &TableIdent,
         request: CommitTableRequest,
-    ) -> ApiResult<(String, TableMetadata)> {
+    ) -> ApiResult<Uncommitted<'_, (String, TableMetadata)>> {
         let prepared = self
             .prepare_commit(ident.clone(), request.requirements, request.updates)
             .await?;
-        let mut committed = self.swap_in(vec![prepared]).await?;
-        let commit = committed.pop().expect("one commit");
-        Ok((commit.location, commit.metadata))
+        let swapped = self.swap_in(vec![prepared]).await?;
+        Ok(swapped.map(|mut commits| {
+            let commit = commits.pop().expect("one commit");
+            (commit.location, commit.metadata)
+        }))
     }
 
     /// Commits changes to several tables atomically (commitTransaction): all or none.
     pub(crate) async fn commit_transaction(
         &self,
         changes: Vec<(TableIdent, CommitTableRequest)>,
-    ) -> ApiResult<()> {
+    ) -> ApiResult<Uncommitted<'_, ()>> {
         let mut seen = HashSet::new();
         let mut prepared = Vec::with_capacity(changes.len());
         for (ident, change) in changes {
@@ -717,7 +990,7 @@ impl Catalog {
                 }
             }
         }
-        self.swap_in(prepared).await.map(drop)
+        Ok(self.swap_in(prepared).await?.map(drop))
     }
 
     /// Checks the requirements against the current metadata, applies the updates and
@@ -779,8 +1052,11 @@ impl Catalog {
 
     /// Swaps the prepared metadata locations in, in one database transaction, each only
     /// if its table is still at the base it was computed on.
-    async fn swap_in(&self, commits: Vec<PreparedCommit>) -> ApiResult<Vec<PreparedCommit>> {
-        let mut tx = match self.pool.begin().await {
+    async fn swap_in(
+        &self,
+        commits: Vec<PreparedCommit>,
+    ) -> ApiResult<Uncommitted<'_, Vec<PreparedCommit>>> {
+        let mut tx = match self.begin().await {
             Ok(tx) => tx,
             Err(e) => {
                 self.discard(&commits).await;
@@ -829,15 +1105,10 @@ impl Catalog {
             self.discard(&commits).await;
             return Err(failure);
         }
-        if let Err(e) = tx.commit().await {
-            // The database may or may not have applied it; the files stay, since a
-            // committed table may point at them.
-            tracing::error!(error = %e, "commit of catalog transaction failed");
-            return Err(ApiError::commit_state_unknown(format!(
-                "Database commit failed, the state of the commit is unknown: {e}"
-            )));
-        }
-        Ok(commits)
+        let written = commits.iter().map(|c| c.location.clone()).collect();
+        let mut swapped = Uncommitted::new(self, tx, commits);
+        swapped.written = written;
+        Ok(swapped)
     }
 
     /// Deletes the metadata files of commits that were not swapped in.
@@ -894,7 +1165,7 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateViewRequest,
-    ) -> ApiResult<LoadViewResult> {
+    ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         check_name(&request.name)?;
         self.require_namespace(namespace).await?;
         let ident = TableIdent::new(namespace.clone(), request.name.clone());
@@ -919,7 +1190,14 @@ impl Catalog {
         let metadata_location = view_metadata_location(&metadata, 0);
         self.write_view_metadata(&metadata_location, &metadata)
             .await?;
-        let mut tx = self.pool.begin().await?;
+        let written = vec![metadata_location.clone()];
+        let mut tx = match self.begin().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.delete_unused(&written).await;
+                return Err(e.into());
+            }
+        };
         let inserted = self
             .execute_in(
                 &mut tx,
@@ -933,23 +1211,26 @@ impl Catalog {
                 ],
             )
             .await;
-        match inserted {
-            Ok(_) => tx.commit().await?,
-            Err(e) => {
-                drop(tx);
-                let _ = self.file_io.delete(&metadata_location).await;
-                return Err(if self.name_taken(&ident).await? {
-                    view_exists_error(&ident)
-                } else {
-                    e.into()
-                });
-            }
+        if let Err(e) = inserted {
+            drop(tx);
+            self.delete_unused(&written).await;
+            return Err(if self.name_taken(&ident).await? {
+                view_exists_error(&ident)
+            } else {
+                e.into()
+            });
         }
-        Ok(LoadViewResult {
-            metadata_location,
-            metadata,
-            config: HashMap::new(),
-        })
+        let mut created = Uncommitted::new(
+            self,
+            tx,
+            LoadViewResult {
+                metadata_location,
+                metadata,
+                config: HashMap::new(),
+            },
+        );
+        created.written = written;
+        Ok(created)
     }
 
     async fn write_view_metadata(&self, location: &str, metadata: &ViewMetadata) -> ApiResult<()> {
@@ -984,7 +1265,7 @@ impl Catalog {
         ident: &TableIdent,
         requirements: Vec<ViewRequirement>,
         updates: Vec<ViewUpdate>,
-    ) -> ApiResult<LoadViewResult> {
+    ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         let current = self.load_view(ident).await?;
         for requirement in requirements {
             match requirement {
@@ -1006,7 +1287,14 @@ impl Catalog {
         let version = view_metadata_version(&current.metadata_location).map_or(0, |v| v + 1);
         let location = view_metadata_location(&metadata, version);
         self.write_view_metadata(&location, &metadata).await?;
-        let mut tx = self.pool.begin().await?;
+        let written = vec![location.clone()];
+        let mut tx = match self.begin().await {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.delete_unused(&written).await;
+                return Err(e.into());
+            }
+        };
         let swapped = self
             .execute_in(
                 &mut tx,
@@ -1024,25 +1312,31 @@ impl Catalog {
                     &current.metadata_location,
                 ],
             )
-            .await?;
-        if swapped != 1 {
-            drop(tx);
-            let _ = self.file_io.delete(&location).await;
-            return Err(ApiError::commit_failed(format!(
-                "Commit failed: view {ident} was changed by another commit"
-            )));
+            .await;
+        if swapped.as_ref().is_ok_and(|swapped| *swapped == 1) {
+            let mut replaced = Uncommitted::new(
+                self,
+                tx,
+                LoadViewResult {
+                    metadata_location: location,
+                    metadata,
+                    config: HashMap::new(),
+                },
+            );
+            replaced.written = written;
+            return Ok(replaced);
         }
-        tx.commit().await?;
-        Ok(LoadViewResult {
-            metadata_location: location,
-            metadata,
-            config: HashMap::new(),
-        })
+        drop(tx);
+        self.delete_unused(&written).await;
+        swapped?;
+        Err(ApiError::commit_failed(format!(
+            "Commit failed: view {ident} was changed by another commit"
+        )))
     }
 
     /// Drops a view from the catalog.
-    pub(crate) async fn drop_view(&self, ident: &TableIdent) -> ApiResult<()> {
-        let mut tx = self.pool.begin().await?;
+    pub(crate) async fn drop_view(&self, ident: &TableIdent) -> ApiResult<Uncommitted<'_, ()>> {
+        let mut tx = self.begin().await?;
         let deleted = self
             .execute_in(
                 &mut tx,
@@ -1053,27 +1347,31 @@ impl Catalog {
                 &[CATALOG_NAME, &ident.namespace().join("."), ident.name()],
             )
             .await?;
-        tx.commit().await?;
         if deleted == 0 {
             return Err(ApiError::no_such_view(ident));
         }
-        Ok(())
+        Ok(Uncommitted::new(self, tx, ()))
     }
 
     /// Renames a view, possibly into another namespace.
-    pub(crate) async fn rename_view(&self, from: &TableIdent, to: &TableIdent) -> ApiResult<()> {
+    pub(crate) async fn rename_view(
+        &self,
+        from: &TableIdent,
+        to: &TableIdent,
+    ) -> ApiResult<Uncommitted<'_, ()>> {
         check_name(to.name())?;
         if !self.view_exists(from).await? {
             return Err(ApiError::no_such_view(from));
         }
         if from == to {
-            return Ok(());
+            // Nothing changes; the answer is still recorded with the key.
+            return Ok(Uncommitted::new(self, self.begin().await?, ()));
         }
         self.require_namespace(to.namespace()).await?;
         if self.name_taken(to).await? {
             return Err(view_exists_error(to));
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let renamed = self
             .execute_in(
                 &mut tx,
@@ -1092,10 +1390,7 @@ impl Catalog {
             )
             .await;
         match renamed {
-            Ok(1) => {
-                tx.commit().await?;
-                Ok(())
-            }
+            Ok(1) => Ok(Uncommitted::new(self, tx, ())),
             Ok(_) => Err(ApiError::no_such_view(from)),
             Err(e) => {
                 drop(tx);
@@ -1113,7 +1408,7 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         metadata_location: String,
-    ) -> ApiResult<LoadViewResult> {
+    ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
         self.check_location(&metadata_location)?;
@@ -1129,7 +1424,7 @@ impl Catalog {
         if self.name_taken(ident).await? {
             return Err(view_exists_error(ident));
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let inserted = self
             .execute_in(
                 &mut tx,
@@ -1143,22 +1438,23 @@ impl Catalog {
                 ],
             )
             .await;
-        match inserted {
-            Ok(_) => tx.commit().await?,
-            Err(e) => {
-                drop(tx);
-                return Err(if self.name_taken(ident).await? {
-                    view_exists_error(ident)
-                } else {
-                    e.into()
-                });
-            }
+        if let Err(e) = inserted {
+            drop(tx);
+            return Err(if self.name_taken(ident).await? {
+                view_exists_error(ident)
+            } else {
+                e.into()
+            });
         }
-        Ok(LoadViewResult {
-            metadata_location,
-            metadata,
-            config: HashMap::new(),
-        })
+        Ok(Uncommitted::new(
+            self,
+            tx,
+            LoadViewResult {
+                metadata_location,
+                metadata,
+                config: HashMap::new(),
+            },
+        ))
     }
 }
 

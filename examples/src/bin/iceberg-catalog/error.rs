@@ -130,6 +130,30 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+impl From<idempotency_store_sql::FinalizeError> for ApiError {
+    /// The change's transaction was rolled back: nothing of the request is committed.
+    fn from(error: idempotency_store_sql::FinalizeError) -> Self {
+        match error {
+            // Another request holds the key now and makes the change itself; the client's
+            // retry with the key gets that request's answer (the Java client resends a
+            // 503 with the same key; a 409 would be a definite commit failure).
+            idempotency_store_sql::FinalizeError::TakenOver => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailableException",
+                "This request's Idempotency-Key was taken over by a retry while the request \
+                 ran (its lease lapsed), so nothing of it was committed; retry with the same \
+                 key to get the retry's answer",
+            ),
+            other => {
+                tracing::error!(error = %other, "recording the answer with the change failed");
+                Self::internal(format!(
+                    "Cannot record the answer with the change, so nothing was committed; retry: {other}"
+                ))
+            }
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({

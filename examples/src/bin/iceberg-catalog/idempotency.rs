@@ -15,6 +15,11 @@
 //! With `--idempotency-store redis://…` (or `redis+cluster://…`) the records live in
 //! Redis or Valkey instead, one server or a cluster, where they expire by themselves; the
 //! catalog's own state stays in its database.
+//!
+//! Being in the same database, a change's answer is written into its record in the
+//! change's own transaction ([`AnyFinalizer`], on the catalog's `Any` connections), so
+//! that the two commit together: see [`crate::catalog`]. Records in Redis cannot join
+//! that transaction: the layer then finalizes them after the answer, as for any service.
 
 use std::time::Duration;
 
@@ -22,6 +27,7 @@ use idempotency_core::IdempotencyLayer;
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
 use idempotency_store_redis::{RedisOptions, RedisStore};
+use idempotency_store_sql::AnyFinalizer;
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -34,11 +40,13 @@ pub(crate) enum Records<'a> {
     Redis(&'a str),
 }
 
-/// The layer for the catalog, keeping answers for `lifetime` where `records` says.
+/// The layer for the catalog, keeping answers for `lifetime` where `records` says, and,
+/// when the records are in the catalog's database, the finalizer that writes an answer
+/// into its record in the catalog's own transactions.
 pub(crate) async fn layer(
     records: Records<'_>,
     lifetime: Duration,
-) -> Result<IdempotencyLayer, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(IdempotencyLayer, Option<AnyFinalizer>), Box<dyn std::error::Error + Send + Sync>> {
     match records {
         Records::Database(database_url) => {
             let config = IdempotencyConfig::from_properties([
@@ -53,7 +61,8 @@ pub(crate) async fn layer(
             ])?;
             let store = idempotency_store_sql::open(&config).await?;
             config.spawn_purge_task(store.clone());
-            Ok(config.iceberg_layer(store))
+            // `open` keeps the records in the default table.
+            Ok((config.iceberg_layer(store), Some(AnyFinalizer::default())))
         }
         Records::Redis(url) => {
             let options = RedisOptions::from_url(url).map_err(|error| {
@@ -66,7 +75,10 @@ pub(crate) async fn layer(
                 .await
                 .map_err(|error| format!("--idempotency-store: {error}"))?;
             // Records expire in Redis by themselves: no purge task.
-            Ok(IdempotencyLayer::iceberg(store).with_lifetime(lifetime))
+            Ok((
+                IdempotencyLayer::iceberg(store).with_lifetime(lifetime),
+                None,
+            ))
         }
     }
 }

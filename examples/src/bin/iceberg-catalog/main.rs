@@ -17,9 +17,12 @@
 //! The catalog ([`catalog`]) builds the table's first metadata with iceberg-rust's
 //! `TableMetadataBuilder`, writes it to
 //! `<warehouse>/db/<table>/metadata/00000-<uuid>.metadata.json`, and inserts the table's
-//! row into the SQL database. The answer, a `LoadTableResult`, goes back through the
-//! layer, which stores it under the key, and out through the access log, which prints
-//! method, path, status and what the layer did (`executed`).
+//! row into the SQL database, in a transaction that it does not commit yet. The route
+//! builds the answer, a `LoadTableResult`, and commits it with the table: the answer goes
+//! into the key's record in the same transaction, so a crash at any instant leaves both
+//! or neither. The answer goes back through the layer, which sees it recorded already,
+//! and out through the access log, which prints method, path, status and what the layer
+//! did (`executed`).
 //!
 //! The answer is lost on the way; the client sends the same request again with the same
 //! key. This time the layer finds the key finished and answers with the stored response,
@@ -156,17 +159,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(listen) => Some(telemetry::serve(listen).await?),
         None => None,
     };
-    let catalog = Catalog::open(&args.database, warehouse.clone()).await?;
-
-    let layer = if args.no_idempotency {
-        None
+    let (layer, finalizer) = if args.no_idempotency {
+        (None, None)
     } else {
         let records = match &args.idempotency_store {
             Some(url) => idempotency::Records::Redis(url),
             None => idempotency::Records::Database(&args.database),
         };
-        Some(idempotency::layer(records, args.idempotency_lifetime).await?)
+        let (layer, finalizer) = idempotency::layer(records, args.idempotency_lifetime).await?;
+        (Some(layer), finalizer)
     };
+    let catalog = Catalog::open(&args.database, warehouse.clone(), finalizer).await?;
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
     let admin = admin::router(
         args.admin_token.as_deref(),

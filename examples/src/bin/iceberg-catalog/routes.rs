@@ -4,6 +4,10 @@
 //! Request bodies are parsed here rather than by axum's `Json` extractor, so that a body
 //! that is not the spec's JSON (an unknown table update, say) gets the spec's 400
 //! `BadRequestException` instead of axum's 422.
+//!
+//! A handler of a change gets it back from the catalog uncommitted, builds its answer,
+//! and commits the change together with that answer, which goes into the request's
+//! idempotency record in the same transaction (see [`crate::catalog`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,8 +17,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use iceberg::{NamespaceIdent, TableIdent};
+use idempotency_core::ReservationHandle;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -26,6 +31,10 @@ use crate::rest::{
     ListIdentifiersResponse, ListNamespacesResponse, NamespaceResponse, RegisterTableRequest,
     RegisterViewRequest, RenameRequest, TableIdentifier, UpdateNamespacePropertiesRequest,
 };
+
+/// The reservation of a request with an `Idempotency-Key`, which the layer put on it;
+/// `None` without a key.
+type Reservation = Option<Extension<ReservationHandle>>;
 
 /// What every handler shares.
 pub(crate) struct AppState {
@@ -234,19 +243,22 @@ async fn list_namespaces(
 
 async fn create_namespace(
     State(state): State<Arc<AppState>>,
+    reservation: Reservation,
     body: Bytes,
-) -> ApiResult<Json<NamespaceResponse>> {
+) -> ApiResult<Response> {
     let request: CreateNamespaceRequest = parse(&body)?;
     let namespace = NamespaceIdent::from_vec(request.namespace.clone())
         .map_err(|e| ApiError::bad_request(e.message().to_owned()))?;
-    let properties = state
+    let created = state
         .catalog
         .create_namespace(&namespace, request.properties)
         .await?;
-    Ok(Json(NamespaceResponse {
+    let answer = Json(NamespaceResponse {
         namespace: request.namespace,
-        properties,
-    }))
+        properties: created.value.clone(),
+    })
+    .into_response();
+    created.commit(reservation.as_deref(), answer).await
 }
 
 async fn load_namespace(
@@ -278,22 +290,25 @@ async fn namespace_exists(
 async fn drop_namespace(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
+    reservation: Reservation,
 ) -> ApiResult<Response> {
-    state.catalog.drop_namespace(&path.ident()?).await?;
-    Ok(no_content())
+    let dropped = state.catalog.drop_namespace(&path.ident()?).await?;
+    dropped.commit(reservation.as_deref(), no_content()).await
 }
 
 async fn update_properties(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: UpdateNamespacePropertiesRequest = parse(&body)?;
-    let response = state
+    let updated = state
         .catalog
         .update_namespace_properties(&path.ident()?, request.removals, request.updates)
         .await?;
-    Ok(Json(response).into_response())
+    let answer = Json(&updated.value).into_response();
+    updated.commit(reservation.as_deref(), answer).await
 }
 
 // --------------------------------------------------------------------------------------
@@ -313,11 +328,21 @@ async fn list_tables(
 async fn create_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateTableRequest = parse(&body)?;
-    let result = state.catalog.create_table(&path.ident()?, request).await?;
-    Ok(Json(result).into_response())
+    let namespace = path.ident()?;
+    if request.stage_create {
+        let staged = state
+            .catalog
+            .stage_create_table(&namespace, request)
+            .await?;
+        return Ok(Json(staged).into_response());
+    }
+    let created = state.catalog.create_table(&namespace, request).await?;
+    let answer = Json(&created.value).into_response();
+    created.commit(reservation.as_deref(), answer).await
 }
 
 async fn load_table(
@@ -343,6 +368,7 @@ async fn table_exists(
 async fn commit_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<TablePath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -355,24 +381,27 @@ async fn commit_table(
             identifier(named)?
         )));
     }
-    let (metadata_location, metadata) = state.catalog.commit_table(&ident, request).await?;
-    Ok(Json(CommitTableResponse {
-        metadata_location,
-        metadata,
+    let committed = state.catalog.commit_table(&ident, request).await?;
+    let (metadata_location, metadata) = &committed.value;
+    let answer = Json(CommitTableResponse {
+        metadata_location: metadata_location.clone(),
+        metadata: metadata.clone(),
     })
-    .into_response())
+    .into_response();
+    committed.commit(reservation.as_deref(), answer).await
 }
 
 async fn drop_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<TablePath>,
     Query(query): Query<HashMap<String, String>>,
+    reservation: Reservation,
 ) -> ApiResult<Response> {
     let purge = query
         .get("purgeRequested")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    state.catalog.drop_table(&path.ident()?, purge).await?;
-    Ok(no_content())
+    let dropped = state.catalog.drop_table(&path.ident()?, purge).await?;
+    dropped.commit(reservation.as_deref(), no_content()).await
 }
 
 /// Scan and commit reports are accepted and dropped: this catalog keeps no metrics.
@@ -384,31 +413,38 @@ async fn report_metrics(Path(path): Path<TablePath>) -> ApiResult<Response> {
 async fn register_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RegisterTableRequest = parse(&body)?;
     let ident = TableIdent::new(path.ident()?, request.name);
-    let result = state
+    let registered = state
         .catalog
         .register_table(&ident, request.metadata_location, request.overwrite)
         .await?;
-    Ok(Json(result).into_response())
+    let answer = Json(&registered.value).into_response();
+    registered.commit(reservation.as_deref(), answer).await
 }
 
-async fn rename_table(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+async fn rename_table(
+    State(state): State<Arc<AppState>>,
+    reservation: Reservation,
+    body: Bytes,
+) -> ApiResult<Response> {
     let request: RenameRequest = parse(&body)?;
-    state
+    let renamed = state
         .catalog
         .rename_table(
             &identifier(&request.source)?,
             &identifier(&request.destination)?,
         )
         .await?;
-    Ok(no_content())
+    renamed.commit(reservation.as_deref(), no_content()).await
 }
 
 async fn commit_transaction(
     State(state): State<Arc<AppState>>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CommitTransactionRequest = parse(&body)?;
@@ -421,8 +457,8 @@ async fn commit_transaction(
         };
         changes.push((identifier(named)?, change));
     }
-    state.catalog.commit_transaction(changes).await?;
-    Ok(no_content())
+    let committed = state.catalog.commit_transaction(changes).await?;
+    committed.commit(reservation.as_deref(), no_content()).await
 }
 
 // --------------------------------------------------------------------------------------
@@ -442,11 +478,13 @@ async fn list_views(
 async fn create_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateViewRequest = parse(&body)?;
-    let result = state.catalog.create_view(&path.ident()?, request).await?;
-    Ok(Json(result).into_response())
+    let created = state.catalog.create_view(&path.ident()?, request).await?;
+    let answer = Json(&created.value).into_response();
+    created.commit(reservation.as_deref(), answer).await
 }
 
 async fn load_view(
@@ -472,46 +510,55 @@ async fn view_exists(
 async fn replace_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<ViewPath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CommitViewRequest = parse(&body)?;
-    let result = state
+    let replaced = state
         .catalog
         .replace_view(&path.ident()?, request.requirements, request.updates)
         .await?;
-    Ok(Json(result).into_response())
+    let answer = Json(&replaced.value).into_response();
+    replaced.commit(reservation.as_deref(), answer).await
 }
 
 async fn drop_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<ViewPath>,
+    reservation: Reservation,
 ) -> ApiResult<Response> {
-    state.catalog.drop_view(&path.ident()?).await?;
-    Ok(no_content())
+    let dropped = state.catalog.drop_view(&path.ident()?).await?;
+    dropped.commit(reservation.as_deref(), no_content()).await
 }
 
-async fn rename_view(State(state): State<Arc<AppState>>, body: Bytes) -> ApiResult<Response> {
+async fn rename_view(
+    State(state): State<Arc<AppState>>,
+    reservation: Reservation,
+    body: Bytes,
+) -> ApiResult<Response> {
     let request: RenameRequest = parse(&body)?;
-    state
+    let renamed = state
         .catalog
         .rename_view(
             &identifier(&request.source)?,
             &identifier(&request.destination)?,
         )
         .await?;
-    Ok(no_content())
+    renamed.commit(reservation.as_deref(), no_content()).await
 }
 
 async fn register_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
+    reservation: Reservation,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RegisterViewRequest = parse(&body)?;
     let ident = TableIdent::new(path.ident()?, request.name);
-    let result = state
+    let registered = state
         .catalog
         .register_view(&ident, request.metadata_location)
         .await?;
-    Ok(Json(result).into_response())
+    let answer = Json(&registered.value).into_response();
+    registered.commit(reservation.as_deref(), answer).await
 }
