@@ -704,22 +704,29 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 /// Most of what is left comes from the size of each batch, so keep batches small.
 pub const PURGE_REST_FACTOR: u32 = 3;
 
+/// How long one batch of [`purge_all_expired`] should take at most: the batch size
+/// shrinks while batches take longer, and grows back (up to the size asked for) while
+/// they take less than half of it. A reservation that queues behind a batch then waits
+/// about this long at worst, whatever the database's speed or load.
+pub const PURGE_BATCH_TIME: Duration = Duration::from_millis(1);
+
 /// Runs [`IdempotencyStore::purge_expired`] until a batch comes back short, and says how
 /// many records it deleted in all (or [`Purged::ByBackend`] for a store that expires
 /// records by itself).
 ///
-/// Each batch is its own short statement, and after each full batch the purge rests for
+/// Each batch is its own short statement of at most `batch_size` records, sized to take
+/// about [`PURGE_BATCH_TIME`], and after each full batch the purge rests for
 /// [`PURGE_REST_FACTOR`] times as long as the batch took, so a large backlog is worked off
 /// in the gaps of the foreground traffic instead of competing with it for the database.
-/// The rest scales with the batch, so it backs off further when the database is busy and
-/// batches slow down. A rest under a millisecond (the memory store's batches) only yields:
+/// Batches shrink and rests grow when the database is busy and batches slow down. A rest under a millisecond (the memory store's batches) only yields:
 /// tokio's timer would round it up to a whole millisecond and slow such a purge twentyfold.
 /// Needs tokio's timer, like [`spawn_purge_task`].
 pub async fn purge_all_expired(
     store: &dyn IdempotencyStore,
     batch_size: usize,
 ) -> Result<Purged, StoreError> {
-    let batch_size = batch_size.max(1);
+    let max_batch = batch_size.max(1);
+    let mut batch_size = max_batch;
     let mut total = 0;
     loop {
         let started = tokio::time::Instant::now();
@@ -738,7 +745,13 @@ pub async fn purge_all_expired(
         if deleted < batch_size as u64 {
             return Ok(Purged::Deleted(total));
         }
-        let rest = started.elapsed() * PURGE_REST_FACTOR;
+        let took = started.elapsed();
+        if took > PURGE_BATCH_TIME {
+            batch_size = (batch_size / 2).max(1);
+        } else if took < PURGE_BATCH_TIME / 2 {
+            batch_size = (batch_size * 2).min(max_batch);
+        }
+        let rest = took * PURGE_REST_FACTOR;
         if rest < Duration::from_millis(1) {
             tokio::task::yield_now().await;
         } else {
