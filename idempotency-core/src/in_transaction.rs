@@ -68,8 +68,9 @@ pub struct ReservationHandle {
 /// What the layer knows about a keyed request that the handler's finalize needs.
 struct AnswerRules {
     settings: Arc<Settings>,
-    /// The keyed request as the layer read it, for the profile's `to_store`.
-    request: Request<Bytes>,
+    /// The keyed request as the layer read it, for the profile's `to_store`; shared
+    /// with the owner, which keeps it for the same purpose.
+    request: Arc<Request<Bytes>>,
     /// Set once the handler finalized in its transaction (commit pending or done): the
     /// layer then stops renewing the lease, and a renewal that finds the record no
     /// longer in flight is no surprise.
@@ -79,7 +80,7 @@ struct AnswerRules {
 impl ReservationHandle {
     pub(crate) fn new(
         settings: Arc<Settings>,
-        request: Request<Bytes>,
+        request: Arc<Request<Bytes>>,
         id: RecordId,
         token: FencingToken,
     ) -> Self {

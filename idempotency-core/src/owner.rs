@@ -61,6 +61,8 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
+    // Shared with the reservation handed to the inner service, rather than copied.
+    let request = Arc::new(request);
     let executed = execute::<S, B>(&settings, inner, &request, &id, token, &mut held).await;
     let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
@@ -95,7 +97,7 @@ type Panic = Box<dyn std::any::Any + Send>;
 async fn execute<S, B>(
     settings: &Arc<Settings>,
     mut inner: S,
-    request: &Request<Bytes>,
+    request: &Arc<Request<Bytes>>,
     id: &RecordId,
     token: FencingToken,
     held: &mut Held,
@@ -105,7 +107,7 @@ where
     B: Bodies,
 {
     let reservation = ReservationHandle::new(settings.clone(), request.clone(), id.clone(), token);
-    let mut request = request.clone().map(B::request);
+    let mut request = Request::clone(request).map(B::request);
     prepare_for_inner(settings, request.headers_mut());
     request.extensions_mut().insert(reservation.clone());
     let max_body = settings.max_response_body;
