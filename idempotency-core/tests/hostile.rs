@@ -516,3 +516,14 @@ async fn an_answer_over_the_budget_that_cannot_stream_gets_502_and_is_not_run_ag
     assert!(body.contains("already ran"), "{body}");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn an_answer_over_the_limit_within_the_budget_is_delivered_whole_with_inner_bodies() {
+    let app = Router::new()
+        .route("/export", post(|| async { streamed_answer(320) })) // 20 MiB
+        .layer(IdempotencyLayer::new(MemoryStore::new()).with_max_response_body(1 << 20));
+    let (status, _, body, outcome) = send(&app, keyed("/export", "export-3", "{}")).await;
+    assert_eq!(status, StatusCode::OK, "{}", &body[..body.len().min(300)]);
+    assert_eq!(body.len(), 20 << 20);
+    assert_eq!(outcome, Some(Outcome::ExecutedNotStored));
+}
