@@ -190,6 +190,11 @@ impl Drop for Server {
 
 async fn measure(postgres: String) {
     println!("| case | figure |\n|---|---|");
+    if std::env::var("HOSTILE_ONLY").as_deref() == Ok("postgres") {
+        #[cfg(feature = "sql")]
+        postgres_cases(&postgres).await;
+        return;
+    }
     slow_bodies(500).await;
     oversized_declared_length().await;
     duplicates_holding_large_bodies(200).await;
@@ -483,12 +488,14 @@ async fn postgres_cases(admin_url: &str) {
         let started = Instant::now();
         let refused = Arc::new(AtomicU64::new(0));
         let sent = Arc::new(AtomicU64::new(0));
+        let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
         let tasks: Vec<_> = (0..32)
             .map(|worker| {
                 let client = client.clone();
                 let address = server.address;
                 let refused = refused.clone();
                 let sent = sent.clone();
+                let statuses = statuses.clone();
                 tokio::spawn(async move {
                     for i in 0..625 {
                         let answer = client
@@ -499,7 +506,9 @@ async fn postgres_cases(admin_url: &str) {
                             .send()
                             .await;
                         sent.fetch_add(1, Ordering::Relaxed);
-                        if answer.is_ok_and(|a| a.status() == 429) {
+                        let status = answer.as_ref().map_or(0, |a| a.status().as_u16());
+                        statuses.lock().unwrap().push(status);
+                        if status == 429 {
                             refused.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -514,13 +523,14 @@ async fn postgres_cases(admin_url: &str) {
             .await
             .expect("count");
         println!(
-            "| PostgreSQL, {} keys on requests that fail with 400, quota {} | {rows} rows kept, {} refused with 429, in {:.1} s |",
+            "| PostgreSQL, {} keys on requests that fail with 400, quota {} | {rows} rows kept, {} refused with 429, in {:.1} s; answers: {} |",
             sent.load(Ordering::Relaxed),
             quota.map_or("none".to_owned(), |(r, b)| format!(
                 "{r} records / {b} bytes"
             )),
             refused.load(Ordering::Relaxed),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            tally(&statuses.lock().unwrap())
         );
 
         // A 60 KB query string and a 2 MiB body the 400 echoes.
@@ -536,21 +546,28 @@ async fn postgres_cases(admin_url: &str) {
             })
             .collect();
         let started = Instant::now();
+        statuses.lock().unwrap().clear();
         let tasks: Vec<_> = (0..16)
             .map(|worker| {
                 let client = client.clone();
                 let address = server.address;
                 let query = query.clone();
                 let body = body.clone();
+                let statuses = statuses.clone();
                 tokio::spawn(async move {
                     for i in 0..63 {
-                        let _ = client
+                        let answer = client
                             .post(format!("http://{address}/fail?{query}"))
                             .header("idempotency-key", format!("echo-{worker}-{i}"))
-                            .header("authorization", "Bearer a")
+                            // Another caller than the failing requests above: its own quota.
+                            .header("authorization", "Bearer b")
                             .body(body.clone())
                             .send()
                             .await;
+                        statuses
+                            .lock()
+                            .unwrap()
+                            .push(answer.map_or(0, |a| a.status().as_u16()));
                     }
                 })
             })
