@@ -50,7 +50,7 @@ use crate::store::{BoxError, FencingToken, RecordId, StoredResponse};
 /// // In an axum handler: `None` for a request without a key.
 /// async fn handler(reservation: Option<Extension<ReservationHandle>>) -> &'static str {
 ///     if let Some(Extension(reservation)) = reservation {
-///         let _ = (&reservation.id, reservation.token);
+///         let _ = (reservation.id(), reservation.token());
 ///     }
 ///     "ok"
 /// }
@@ -58,19 +58,17 @@ use crate::store::{BoxError, FencingToken, RecordId, StoredResponse};
 /// ```
 #[derive(Clone)]
 pub struct ReservationHandle {
-    /// The record reserved.
-    pub id: RecordId,
-    /// The token that owns it.
-    pub token: FencingToken,
-    rules: Arc<AnswerRules>,
+    reserved: Arc<Reserved>,
 }
 
-/// What the layer knows about a keyed request that the handler's finalize needs.
-struct AnswerRules {
+/// The reservation, and what the layer knows about the keyed request that the handler's
+/// finalize needs. One allocation per keyed request, shared by the owner and the handler.
+struct Reserved {
+    id: RecordId,
+    token: FencingToken,
     settings: Arc<Settings>,
-    /// The keyed request as the layer read it, for the profile's `to_store`; shared
-    /// with the owner, which keeps it for the same purpose.
-    request: Arc<Request<Bytes>>,
+    /// The keyed request as the layer read it, for the profile's `to_store`.
+    request: Request<Bytes>,
     /// Set once the handler finalized in its transaction (commit pending or done): the
     /// layer then stops renewing the lease, and a renewal that finds the record no
     /// longer in flight is no surprise.
@@ -80,14 +78,14 @@ struct AnswerRules {
 impl ReservationHandle {
     pub(crate) fn new(
         settings: Arc<Settings>,
-        request: Arc<Request<Bytes>>,
+        request: Request<Bytes>,
         id: RecordId,
         token: FencingToken,
     ) -> Self {
         Self {
-            id,
-            token,
-            rules: Arc::new(AnswerRules {
+            reserved: Arc::new(Reserved {
+                id,
+                token,
                 settings,
                 request,
                 finalized: AtomicBool::new(false),
@@ -95,9 +93,24 @@ impl ReservationHandle {
         }
     }
 
+    /// The record reserved.
+    pub fn id(&self) -> &RecordId {
+        &self.reserved.id
+    }
+
+    /// The token that owns it.
+    pub fn token(&self) -> FencingToken {
+        self.reserved.token
+    }
+
+    /// The keyed request as the layer read it.
+    pub(crate) fn request(&self) -> &Request<Bytes> {
+        &self.reserved.request
+    }
+
     /// Whether the handler finalized this reservation in its own transaction.
     pub(crate) fn finalized_in_transaction(&self) -> bool {
-        self.rules.finalized.load(Ordering::Acquire)
+        self.reserved.finalized.load(Ordering::Acquire)
     }
 
     /// Reads `response` whole and applies the layer's rules to it, as the layer would
@@ -138,7 +151,7 @@ impl ReservationHandle {
     ///         return prepared.into_response::<Body>(); // not kept: the layer goes on as usual
     ///     };
     ///     // Your store's fenced finalize, inside the transaction of your mutation.
-    ///     match records.finalize(&reservation.id, reservation.token, stored).await.unwrap() {
+    ///     match records.finalize(reservation.id(), reservation.token(), stored).await.unwrap() {
     ///         Ownership::Held => prepared.into_finalized(), // commit, then send this
     ///         Ownership::Lost => StatusCode::SERVICE_UNAVAILABLE.into_response(), // roll back
     ///     }
@@ -160,7 +173,7 @@ impl ReservationHandle {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
-        let settings = &self.rules.settings;
+        let settings = &self.reserved.settings;
         let (parts, body) = response.into_parts();
         // Read whole (the handler holds its answer whole anyway); what the layer would
         // not keep is classified as the layer classifies an answer over its limit.
@@ -181,7 +194,7 @@ impl ReservationHandle {
         let verdict = owner::classify(settings, &parts, &read);
         let stored = (verdict == Verdict::Store).then(|| {
             settings.profile.to_store(
-                &self.rules.request,
+                &self.reserved.request,
                 owner::stored_response(settings, &parts, &bytes, trailers.as_ref()),
             )
         });
@@ -196,7 +209,7 @@ impl ReservationHandle {
 
 impl PartialEq for ReservationHandle {
     fn eq(&self, other: &Self) -> bool {
-        self.id == other.id && self.token == other.token
+        self.id() == other.id() && self.token() == other.token()
     }
 }
 
@@ -206,8 +219,11 @@ impl std::fmt::Debug for ReservationHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The key collects the response: show its short hash, as the logs do.
         f.debug_struct("ReservationHandle")
-            .field("key", &self.rules.settings.log_key(&self.id).to_string())
-            .field("token", &self.token)
+            .field(
+                "key",
+                &self.reserved.settings.log_key(self.id()).to_string(),
+            )
+            .field("token", &self.reserved.token)
             .finish_non_exhaustive()
     }
 }
@@ -257,13 +273,12 @@ impl PreparedAnswer {
             return self.into_response();
         }
         self.reservation
-            .rules
+            .reserved
             .finalized
             .store(true, Ordering::Release);
         let (mut parts, body) = self.response.into_parts();
         let mark = FinalizedInTransaction {
-            id: self.reservation.id.clone(),
-            token: self.reservation.token,
+            reservation: self.reservation,
             status: parts.status,
             version: parts.version,
             headers: parts.headers.clone(),
@@ -285,8 +300,7 @@ impl PreparedAnswer {
 /// with the answer exactly as it was prepared.
 #[derive(Clone)]
 struct FinalizedInTransaction {
-    id: RecordId,
-    token: FencingToken,
+    reservation: ReservationHandle,
     status: StatusCode,
     version: Version,
     headers: HeaderMap,
@@ -306,7 +320,7 @@ pub(crate) fn finalized_answer<B: Bodies>(
     outcome: Outcome,
 ) -> Option<Response<B::Answer>> {
     let mark = parts.extensions.remove::<FinalizedInTransaction>()?;
-    if mark.id != *id || mark.token != token {
+    if mark.reservation.id() != id || mark.reservation.token() != token {
         tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response is marked as finalized for another reservation; handling it as an ordinary answer");
         return None;
     }

@@ -177,9 +177,9 @@ pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};
 pub use store::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_BATCH_TIME, PURGE_REST_FACTOR, Purged,
-    RecordId, RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, is_settled,
-    purge_all_expired, spawn_purge_task, wait_by_polling,
+    InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_BATCH_TIME,
+    PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, ScopeQuota, StoreError,
+    StoredResponse, is_settled, purge_all_expired, spawn_purge_task, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

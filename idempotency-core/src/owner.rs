@@ -61,30 +61,41 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    // Shared with the reservation handed to the inner service, rather than copied.
-    let request = Arc::new(request);
-    let executed = execute::<S, B>(&settings, inner, &request, &id, token, &mut held).await;
+    // The reservation handed to the inner service keeps the request (for the profile's
+    // `to_store`) and the record's id: the owner reads both from it rather than keeping
+    // copies.
+    let reservation = ReservationHandle::new(settings.clone(), request, id, token);
+    let id = reservation.id();
+    let executed = execute::<S, B>(&settings, inner, &reservation, &mut held).await;
     let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
-            release(&settings, &id, token, "the inner service returned an error").await;
+            release(&settings, id, token, "the inner service returned an error").await;
             metrics::outcome(&settings, Outcome::Released);
             return Err(error);
         }
         Err(panic) => {
-            release(&settings, &id, token, "the inner service panicked").await;
+            release(&settings, id, token, "the inner service panicked").await;
             metrics::outcome(&settings, Outcome::Released);
             std::panic::resume_unwind(panic);
         }
     };
     if let Some(answer) =
-        in_transaction::finalized_answer::<B>(&settings, &id, token, &mut parts, &body, outcome)
+        in_transaction::finalized_answer::<B>(&settings, id, token, &mut parts, &body, outcome)
     {
         return Ok(answer);
     }
     let verdict = classify(&settings, &parts, &body);
     Ok(settle::<B>(
-        &settings, &request, &id, token, verdict, parts, body, outcome, &mut held,
+        &settings,
+        reservation.request(),
+        id,
+        token,
+        verdict,
+        parts,
+        body,
+        outcome,
+        &mut held,
     )
     .await)
 }
@@ -97,17 +108,14 @@ type Panic = Box<dyn std::any::Any + Send>;
 async fn execute<S, B>(
     settings: &Arc<Settings>,
     mut inner: S,
-    request: &Arc<Request<Bytes>>,
-    id: &RecordId,
-    token: FencingToken,
+    reservation: &ReservationHandle,
     held: &mut Held,
 ) -> Result<Result<(response::Parts, Answered<B::Inner>), S::Error>, Panic>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    let reservation = ReservationHandle::new(settings.clone(), request.clone(), id.clone(), token);
-    let mut request = Request::clone(request).map(B::request);
+    let mut request = Request::clone(reservation.request()).map(B::request);
     prepare_for_inner(settings, request.headers_mut());
     request.extensions_mut().insert(reservation.clone());
     let max_body = settings.max_response_body;
@@ -116,7 +124,12 @@ where
         let (parts, body) = inner.call(request).await?.into_parts();
         Ok((parts, read_answer(body, max_body, &budget, held).await))
     };
-    hold_lease(settings, reservation, AssertUnwindSafe(run).catch_unwind()).await
+    hold_lease(
+        settings,
+        reservation.clone(),
+        AssertUnwindSafe(run).catch_unwind(),
+    )
+    .await
 }
 
 /// What happens to an answer.
@@ -381,7 +394,7 @@ async fn hold_lease<F: Future>(
 }
 
 async fn renew_lease(settings: Arc<Settings>, reservation: ReservationHandle) {
-    let (id, token) = (&reservation.id, reservation.token);
+    let (id, token) = (reservation.id(), reservation.token());
     let lease = settings.lease();
     let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
     loop {

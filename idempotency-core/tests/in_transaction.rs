@@ -93,7 +93,7 @@ async fn finalize_in_handler(
     };
     let held = records
         .inner
-        .finalize(&reservation.id, reservation.token, stored)
+        .finalize(reservation.id(), reservation.token(), stored)
         .await
         .unwrap();
     assert_eq!(held, Ownership::Held);
@@ -383,7 +383,7 @@ async fn trailers_are_stored_and_sent_with_an_answer_finalized_in_the_transactio
                 assert_eq!(stored.trailers.len(), 1, "{stored:?}");
                 records
                     .inner
-                    .finalize(&reservation.id, reservation.token, stored)
+                    .finalize(reservation.id(), reservation.token(), stored)
                     .await
                     .unwrap();
                 Ok::<_, std::convert::Infallible>(prepared.into_finalized::<Full<bytes::Bytes>>())

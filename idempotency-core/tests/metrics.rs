@@ -432,7 +432,7 @@ async fn an_answer_finalized_in_the_handlers_transaction_is_counted_once() {
             let stored = prepared.stored().unwrap();
             // The handler's own write, standing in for its transaction's.
             records
-                .finalize(&reservation.id, reservation.token, stored)
+                .finalize(reservation.id(), reservation.token(), stored)
                 .await
                 .unwrap();
             prepared.into_finalized::<Body>()

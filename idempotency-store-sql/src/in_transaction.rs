@@ -200,7 +200,7 @@ impl AnyFinalizer {
         prepared: &PreparedAnswer,
     ) -> Result<Ownership, FinalizeError> {
         let reservation = prepared.reservation();
-        let (id, token) = (&reservation.id, reservation.token.0);
+        let (id, token) = (reservation.id(), reservation.token().0);
         let stored = prepared
             .stored()
             .expect("prepare() passes on only answers with something to store");

@@ -643,8 +643,8 @@ impl MySqlStore {
         let trailers = trailers_column(stored);
         let done = self
             .finalize_query(
-                &reservation.id,
-                reservation.token,
+                reservation.id(),
+                reservation.token(),
                 stored,
                 &headers,
                 &trailers,

@@ -603,7 +603,7 @@ impl PostgresStore {
             .stored()
             .expect("prepare() passes on only answers with something to store");
         let row = self
-            .finalize_query(&reservation.id, reservation.token, stored)
+            .finalize_query(reservation.id(), reservation.token(), stored)
             .fetch_optional(transaction)
             .await
             .map_err(FinalizeError::Database)?;

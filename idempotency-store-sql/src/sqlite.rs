@@ -512,7 +512,7 @@ impl SqliteStore {
             .stored()
             .expect("prepare() passes on only answers with something to store");
         let done = self
-            .finalize_query(&reservation.id, reservation.token, stored)
+            .finalize_query(reservation.id(), reservation.token(), stored)
             .execute(transaction)
             .await
             .map_err(FinalizeError::Database)?;
