@@ -176,6 +176,84 @@ async fn a_body_that_does_not_arrive_in_time_gets_408_and_frees_its_budget() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// This process's resident memory (Linux).
+#[cfg(target_os = "linux")]
+fn resident_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .expect("VmRSS in /proc/self/status");
+    kib * 1024
+}
+
+/// Slow clients that each send all but the last byte of an 8 MB keyed body hold the
+/// server's memory at the budget, not at clients × 8 MB: the process (one per test under
+/// nextest; the clients share one buffer) grows by less than the budget plus a margin
+/// for what a server needs anyway, and the clients past the budget get 503 before their
+/// body is read. Without the budget the layer would hold 48 × 8 MB.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_hold_no_more_memory_than_the_budget() {
+    const BODY: usize = 8 << 20;
+    const CLIENTS: usize = 48;
+    const BUDGET: usize = 16 << 20;
+    const MARGIN: usize = 48 << 20;
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .with_memory_budget(BUDGET)
+        .with_request_body_timeout(Duration::from_secs(30));
+    let address = serve(app(Arc::default()).layer(layer)).await;
+    let all_but_the_last_byte: Arc<[u8]> = vec![b'x'; BODY - 1].into();
+    let before = resident_bytes();
+
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let body = all_but_the_last_byte.clone();
+            tokio::spawn(async move {
+                let mut stream = TcpStream::connect(address).await.unwrap();
+                let head = format!(
+                    "POST /orders/{i} HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-{i}\r\n\
+                     content-length: {BODY}\r\n\r\n"
+                );
+                stream.write_all(head.as_bytes()).await.unwrap();
+                // A refused request's body is not read: its write stalls or fails.
+                let _ = tokio::time::timeout(Duration::from_secs(3), stream.write_all(&body)).await;
+                let answer = read_some(&mut stream, Duration::from_secs(2)).await;
+                (stream, answer)
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    for client in clients {
+        held.push(client.await.unwrap());
+    }
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        grown < BUDGET + MARGIN,
+        "{CLIENTS} slow clients grew the process by {} MiB (budget {} MiB)",
+        grown >> 20,
+        BUDGET >> 20
+    );
+    let refused = held
+        .iter()
+        .filter(|(_, answer)| answer.starts_with("HTTP/1.1 503"))
+        .count();
+    assert!(
+        refused >= CLIENTS - BUDGET / BODY,
+        "only {refused} of {CLIENTS} slow clients were refused: {:?}",
+        held.iter()
+            .map(|(_, answer)| answer.lines().next())
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test]
 async fn answers_never_echo_another_requests_path_query_or_body() {
     let calls = Arc::new(AtomicUsize::new(0));
