@@ -7,6 +7,7 @@
 //! a SQLite file of its own (PostgreSQL for the two-replica test). Under `CI=true` an
 //! unreachable PostgreSQL or a failed `pip install` is a failure, never a skip.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -45,6 +46,8 @@ fn unavailable(what: &str) {
 struct Server {
     child: Child,
     address: String,
+    /// `http://ADDR/metrics`, when started with `--metrics-listen`.
+    metrics: Option<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -89,17 +92,27 @@ impl Server {
         let (sender, receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(address) = line.strip_prefix("grpc-orders listening on ") {
-                    let _ = sender.send(address.to_owned());
-                }
+                let _ = sender.send(line);
             }
         });
-        let address = receiver
-            .recv_timeout(Duration::from_secs(60))
-            .expect("grpc-orders did not start within 60 s");
+        // The metrics line, when there is one, comes before the listening line.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut metrics = None;
+        let address = loop {
+            let line = receiver
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+                .expect("grpc-orders did not start within 60 s");
+            if let Some(url) = line.strip_prefix("grpc-orders metrics on ") {
+                metrics = Some(url.to_owned());
+            }
+            if let Some(address) = line.strip_prefix("grpc-orders listening on ") {
+                break address.to_owned();
+            }
+        };
         Server {
             child,
             address: format!("http://{address}"),
+            metrics,
             _dir: None,
         }
     }
@@ -437,6 +450,255 @@ async fn a_second_replica_replays_the_first_ones_answer() {
             .await
             .unwrap();
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// Operating it: --metrics-listen and --idempotency-store
+// ------------------------------------------------------------------------------------------
+
+/// Every sample of a Prometheus text scrape, by series (`name{labels}` as the exporter
+/// prints them), and the text itself.
+async fn scrape(url: &str) -> (String, BTreeMap<String, f64>) {
+    let response = reqwest::get(url).await.expect("scrape /metrics");
+    assert_eq!(response.status(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(content_type.starts_with("text/plain"), "{content_type}");
+    let text = response.text().await.expect("metrics text");
+    let samples = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect();
+    (text, samples)
+}
+
+#[tokio::test]
+async fn metrics_listen_serves_keyed_calls_by_outcome_for_prometheus() {
+    let server = Server::start(&["--metrics-listen", "127.0.0.1:0"]);
+    let metrics_url = server
+        .metrics
+        .clone()
+        .expect("grpc-orders prints where it serves the metrics");
+    let (_, before) = scrape(&metrics_url).await;
+    let mut client = server.client().await;
+    let order_key = format!("order-{}", uuid::Uuid::new_v4());
+    let invalid_key = format!("invalid-{}", uuid::Uuid::new_v4());
+    let unavailable_key = format!("unavailable-{}", uuid::Uuid::new_v4());
+
+    // Executed, then replayed; the key reused with another message.
+    let first = create(&mut client, "book", &[&order_key]).await;
+    assert!(!first.replayed);
+    first.order();
+    assert!(create(&mut client, "book", &[&order_key]).await.replayed);
+    let reused = create(&mut client, "lamp", &[&order_key]).await;
+    assert_eq!(reused.status().code(), Code::FailedPrecondition);
+    // INVALID_ARGUMENT from the handler is stored (executed), then replayed.
+    let invalid = create(&mut client, "invalid", &[&invalid_key]).await;
+    assert_eq!(invalid.status().code(), Code::InvalidArgument);
+    assert!(!invalid.replayed);
+    let invalid_retry = create(&mut client, "invalid", &[&invalid_key]).await;
+    assert_eq!(invalid_retry.status().code(), Code::InvalidArgument);
+    assert!(invalid_retry.replayed);
+    // UNAVAILABLE from the handler releases the key.
+    let unavailable = create(&mut client, "unavailable", &[&unavailable_key]).await;
+    assert_eq!(unavailable.status().code(), Code::Unavailable);
+    // A key too long for the layer never reaches the store.
+    let too_long = create(&mut client, "book", &[&"k".repeat(300)]).await;
+    assert_eq!(too_long.status().code(), Code::InvalidArgument);
+    // Neither a call without a key nor a streaming call is a keyed call the layer counts.
+    create(&mut client, "pen", &[]).await.order();
+    let (orders, _) = list(&mut client, Some("list-key")).await;
+    assert_eq!(items(&orders), [(1, "book"), (2, "pen")]);
+
+    let (text, after) = scrape(&metrics_url).await;
+    let moved =
+        |series: &str| after.get(series).unwrap_or(&0.0) - before.get(series).unwrap_or(&0.0);
+    for (series, expected) in [
+        (r#"idempotency_requests{idempotency_outcome="executed"}"#, 2.0),
+        (r#"idempotency_requests{idempotency_outcome="replayed"}"#, 2.0),
+        (r#"idempotency_requests{idempotency_outcome="released"}"#, 1.0),
+        (
+            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="key-reused"}"#,
+            1.0,
+        ),
+        (
+            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="invalid-key"}"#,
+            1.0,
+        ),
+        // Six keyed calls reached the store (not the one with the bad key); the two
+        // executions were finalized by the layer, the released call's key released.
+        (
+            r#"idempotency_store_duration_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#,
+            6.0,
+        ),
+        (
+            r#"idempotency_store_duration_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#,
+            2.0,
+        ),
+        (
+            r#"idempotency_store_duration_count{idempotency_operation="release",idempotency_store_result="ok"}"#,
+            1.0,
+        ),
+    ] {
+        assert_eq!(moved(series), expected, "{series}\n{text}");
+    }
+    let requests_moved: f64 = after
+        .keys()
+        .filter(|series| series.starts_with("idempotency_requests{"))
+        .map(|series| moved(series))
+        .sum();
+    assert_eq!(requests_moved, 7.0, "nothing else was counted:\n{text}");
+    let store_errors: Vec<&String> = after
+        .keys()
+        .filter(|series| series.contains(r#"idempotency_store_result="error""#))
+        .collect();
+    assert!(store_errors.is_empty(), "{store_errors:?}");
+    assert!(
+        text.contains("# TYPE idempotency_requests counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE idempotency_store_duration histogram"),
+        "{text}"
+    );
+    // No key, method path or message in any label.
+    for secret in [
+        order_key.as_str(),
+        invalid_key.as_str(),
+        "orders.v1",
+        "book",
+    ] {
+        assert!(!text.contains(secret), "{secret:?} in the metrics:\n{text}");
+    }
+}
+
+/// The Redis server for `--idempotency-store`: the machine's own on 6379, or
+/// `IDEMPOTENCY_TEST_REDIS_URL`. The tests' keys are UUIDs, so tests sharing it never
+/// meet, and each deletes its records afterwards.
+fn redis_url() -> Option<String> {
+    let url = std::env::var("IDEMPOTENCY_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    if redis_cli(&url, &["PING"]).trim() == "PONG" {
+        Some(url)
+    } else {
+        unavailable(&format!(
+            "Redis at {url} does not answer PING through redis-cli"
+        ));
+        None
+    }
+}
+
+fn redis_cli(url: &str, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .args(["-u", url])
+        .args(args)
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Two processes on one PostgreSQL database (their orders) and one Redis server (their
+/// idempotency records): a call is replayed by its own replica and by the other, and the
+/// records are in Redis, not in the database.
+#[tokio::test]
+async fn with_records_in_redis_two_replicas_run_a_keyed_call_once() {
+    let url = std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    if let Err(error) = std::net::TcpStream::connect("127.0.0.1:5432") {
+        return unavailable(&format!("PostgreSQL at {url} is unreachable ({error})"));
+    }
+    let Some(redis) = redis_url() else {
+        return;
+    };
+    let tables = format!("grpc_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let flags = ["--idempotency-store", redis.as_str()];
+    let a = Server::start_on(&url, &tables, &flags);
+    let b = Server::start_on(&url, &tables, &flags);
+    let mut on_a = a.client().await;
+    let mut on_b = b.client().await;
+    let key = format!("redis-{}", uuid::Uuid::new_v4());
+
+    let first = create(&mut on_a, "book", &[&key]).await;
+    assert_eq!(items(std::slice::from_ref(first.order())), [(1, "book")]);
+    assert!(!first.replayed);
+    let retry = create(&mut on_a, "book", &[&key]).await;
+    assert_eq!(retry.order(), first.order());
+    assert!(retry.replayed, "the retry on the same replica is a replay");
+    let other = create(&mut on_b, "book", &[&key]).await;
+    assert_eq!(other.order(), first.order());
+    assert!(other.replayed, "the retry on the other replica is a replay");
+    for client in [&mut on_a, &mut on_b] {
+        let (orders, _) = list(client, None).await;
+        assert_eq!(items(&orders), [(1, "book")], "one order");
+    }
+
+    // The record is a hash in Redis (default key prefix, default scope), holding the
+    // answer; the database has the orders table and no idempotency table.
+    let record = format!("idempotency:{{0::{key}}}");
+    assert_eq!(
+        redis_cli(&redis, &["HGET", &record, "response_status"]).trim(),
+        "200",
+        "{record} holds the stored answer"
+    );
+    let pool = sqlx::PgPool::connect(&url).await.expect("connect to check");
+    let table_exists = |table: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                .bind(table)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(table_exists(format!("{tables}_orders")).await);
+    assert!(!table_exists(format!("{tables}_idempotency")).await);
+
+    drop((a, b));
+    assert_eq!(redis_cli(&redis, &["DEL", &record]).trim(), "1");
+    sqlx::query(&format!("DROP TABLE IF EXISTS {tables}_orders"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_bad_idempotency_store_url_stops_grpc_orders_with_what_to_fix() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(BINARY)
+        .current_dir(dir.path())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--idempotency-store",
+            "memcached://127.0.0.1:11211",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run grpc-orders");
+    assert!(!output.status.success());
+    let printed = String::from_utf8_lossy(&output.stderr).into_owned()
+        + &String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("--idempotency-store"), "{printed}");
+    assert!(printed.contains("redis://host:port"), "{printed}");
+    assert!(
+        !printed.contains("grpc-orders listening on"),
+        "it never served: {printed}"
+    );
+
+    let help = Command::new(BINARY).arg("--help").output().expect("--help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("--idempotency-store <URL>"), "{help}");
+    assert!(help.contains("redis+cluster://"), "{help}");
+    assert!(help.contains("--metrics-listen <ADDR>"), "{help}");
 }
 
 /// The README's tonic snippet is the one the example compiles.
