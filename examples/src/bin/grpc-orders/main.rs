@@ -17,6 +17,16 @@
 //! - `ListOrders` streams every order in id order; it is a streaming method, so it passes
 //!   through the layer untouched, key or no key.
 //!
+//! Operating it:
+//!
+//! - `--idempotency-store redis://host:port` (or `redis+cluster://host:port,host:port`)
+//!   keeps the idempotency records in Redis or Valkey, where they expire by themselves;
+//!   the orders stay in `--database`. Replicas then share the Redis server as well as the
+//!   database.
+//! - `--metrics-listen 127.0.0.1:9090` serves the layer's metrics (keyed calls by outcome,
+//!   store call durations) as Prometheus text on `http://127.0.0.1:9090/metrics`, a
+//!   listener of its own.
+//!
 //! A call with `idempotency-key` metadata runs at most once per key; every retry gets the
 //! first answer back with `idempotent-replayed: true` in its metadata. The layer is set
 //! up in three lines (the README shows the same ones):
@@ -48,9 +58,9 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
 
-    /// Database for the orders and the idempotency records: `sqlite://FILE?mode=rwc`,
-    /// `postgres://...` or `mysql://...`. Processes sharing one PostgreSQL or MySQL
-    /// database are replicas of one service.
+    /// Database for the orders and (without `--idempotency-store`) the idempotency
+    /// records: `sqlite://FILE?mode=rwc`, `postgres://...` or `mysql://...`. Processes
+    /// sharing one PostgreSQL or MySQL database are replicas of one service.
     #[arg(long, default_value = "sqlite://grpc-orders.db?mode=rwc")]
     database: String,
 
@@ -63,18 +73,40 @@ struct Args {
     /// `UNAVAILABLE`, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     in_flight_wait_ms: u64,
+
+    /// Keep the idempotency records in Redis or Valkey instead of `--database`:
+    /// `redis://host:port[/db]` for one server, `redis+cluster://host:port,host:port` for a
+    /// Redis Cluster. The orders stay in `--database`. The server must run with
+    /// `maxmemory-policy noeviction` (and `appendonly yes` for records that survive its
+    /// restart).
+    #[arg(long, value_name = "URL")]
+    idempotency_store: Option<String>,
+
+    /// Serve the idempotency layer's metrics as Prometheus text on
+    /// `http://ADDR/metrics`, e.g. `127.0.0.1:9090` (a listener of its own).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let args = Args::parse();
+    // Before the layer is made, so that its metrics have a recorder from the first call.
+    if let Some(listen) = args.metrics_listen {
+        let address = examples::telemetry::serve(listen).await?;
+        // Printed before the listening line, which the tests wait for.
+        println!("grpc-orders metrics on http://{address}/metrics");
+    }
     let database = Database::open(&args.database, &format!("{}_orders", args.tables)).await?;
-    let store = store(&args.database, &format!("{}_idempotency", args.tables)).await?;
+    let store: Arc<dyn IdempotencyStore> = match &args.idempotency_store {
+        Some(url) => Arc::new(examples::records::connect_redis(url).await?),
+        None => store(&args.database, &format!("{}_idempotency", args.tables)).await?,
+    };
     let orders = OrdersService::new(database);
 
     // README: tonic
@@ -107,7 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 async fn store(
     url: &str,
     table: &str,
-) -> Result<Arc<dyn IdempotencyStore>, Box<dyn std::error::Error>> {
+) -> Result<Arc<dyn IdempotencyStore>, Box<dyn std::error::Error + Send + Sync>> {
     let settings = PoolSettings::default();
     Ok(if url.starts_with("postgres") {
         Arc::new(

@@ -14,7 +14,8 @@
 //!
 //! With `--idempotency-store redis://…` (or `redis+cluster://…`) the records live in
 //! Redis or Valkey instead, one server or a cluster, where they expire by themselves; the
-//! catalog's own state stays in its database.
+//! catalog's own state stays in its database (`grpc-orders` connects the same way:
+//! [`examples::records`]).
 //!
 //! Being in the same database, a change's answer is written into its record in the
 //! change's own transaction ([`AnyFinalizer`], on the catalog's `Any` connections), so
@@ -26,7 +27,6 @@ use std::time::Duration;
 use idempotency_core::IdempotencyLayer;
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
-use idempotency_store_redis::{RedisOptions, RedisStore};
 use idempotency_store_sql::AnyFinalizer;
 
 /// How often expired records are purged.
@@ -65,15 +65,7 @@ pub(crate) async fn layer(
             Ok((config.iceberg_layer(store), Some(AnyFinalizer::default())))
         }
         Records::Redis(url) => {
-            let options = RedisOptions::from_url(url).map_err(|error| {
-                format!(
-                    "--idempotency-store: {error}; or leave it out to keep the records in \
-                     --database"
-                )
-            })?;
-            let store = RedisStore::connect_with(options)
-                .await
-                .map_err(|error| format!("--idempotency-store: {error}"))?;
+            let store = examples::records::connect_redis(url).await?;
             // Records expire in Redis by themselves: no purge task.
             Ok((
                 IdempotencyLayer::iceberg(store).with_lifetime(lifetime),

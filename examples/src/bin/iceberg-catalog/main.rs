@@ -54,7 +54,8 @@
 //! - [`rest`]: the request and response bodies.
 //! - [`error`]: Iceberg `ErrorModel` errors.
 //! - [`idempotency`]: the layer and its store.
-//! - [`telemetry`]: `--metrics-listen`, the layer's metrics as Prometheus text.
+//! - [`telemetry`]: `--metrics-listen`, the layer's metrics as Prometheus text (shared
+//!   with `grpc-orders`, in the examples' library).
 //! - [`admin`]: `--admin-token`, endpoints that inspect and evict idempotency records.
 
 mod admin;
@@ -63,7 +64,6 @@ mod error;
 mod idempotency;
 mod rest;
 mod routes;
-mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -74,6 +74,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use clap::Parser;
+use examples::telemetry;
 use idempotency_core::{IdempotencyLayer, Outcome};
 use tower_layer::Layer as _;
 

@@ -4,7 +4,7 @@
 //! The layer records through the `metrics` facade (see `idempotency_core::metrics`); this
 //! module installs `metrics-exporter-prometheus` as the recorder and serves what it
 //! renders, on a listener of its own so that the metrics never share a port (or an
-//! access log, or the idempotency layer) with the catalog's clients. Durations are
+//! access log, or the idempotency layer) with the service's clients. Durations are
 //! Prometheus histograms with buckets from half a millisecond to half a minute, so that
 //! `histogram_quantile` works across replicas.
 
@@ -26,8 +26,11 @@ const DURATION_BUCKETS: [f64; 15] = [
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Installs the Prometheus recorder and serves `/metrics` on `listen`; returns the
-/// address it listens on.
-pub(crate) async fn serve(
+/// address it listens on (the port chosen when `listen`'s is 0).
+///
+/// Call it before making the idempotency layer, so that its metrics have a recorder from
+/// the first request; and at most once per process: the recorder is global.
+pub async fn serve(
     listen: SocketAddr,
 ) -> Result<SocketAddr, Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::TcpListener::bind(listen)
