@@ -22,7 +22,7 @@
 //! - `--idempotency-store redis://host:port` (or `redis+cluster://host:port,host:port`)
 //!   keeps the idempotency records in Redis or Valkey, where they expire by themselves;
 //!   the orders stay in `--database`. Replicas then share the Redis server as well as the
-//!   database.
+//!   database. In SQL, expired records are deleted by a purge task once a minute.
 //! - `--metrics-listen 127.0.0.1:9090` serves the layer's metrics (keyed calls by outcome,
 //!   store call durations) as Prometheus text on `http://127.0.0.1:9090/metrics`, a
 //!   listener of its own.
@@ -107,6 +107,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(url) => Arc::new(examples::records::connect_redis(url).await?),
         None => store(&args.database, &format!("{}_idempotency", args.tables)).await?,
     };
+    // SQL tables keep expired records until they are deleted; Redis expires its own (the
+    // task then ends after its first round).
+    let _purge = idempotency_core::spawn_purge_task(
+        store.clone(),
+        Duration::from_secs(60),
+        idempotency_core::config::PURGE_BATCH_SIZE,
+    );
     let orders = OrdersService::new(database);
 
     // README: tonic
