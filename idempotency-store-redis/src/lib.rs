@@ -206,7 +206,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    StoreError, StoredResponse, async_trait,
+    ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use redis::{Cmd, RedisError, Value};
 
@@ -238,6 +238,7 @@ pub struct RedisStore {
     prefix: KeyPrefix,
     operation_timeout: Duration,
     target: String,
+    quota: Option<ScopeQuota>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -246,6 +247,7 @@ impl std::fmt::Debug for RedisStore {
             .field("target", &self.target)
             .field("prefix", &self.prefix)
             .field("operation_timeout", &self.operation_timeout)
+            .field("scope_quota", &self.quota)
             .finish_non_exhaustive()
     }
 }
@@ -278,7 +280,40 @@ impl RedisStore {
             prefix: options.prefix,
             operation_timeout: options.operation_timeout,
             target,
+            quota: None,
         })
+    }
+
+    /// Bounds what each scope may hold (see [`ScopeQuota`]): a reservation of a new key
+    /// that would take its scope over gets [`StoreError::QuotaExceeded`] (the layer
+    /// answers 429 with `Retry-After`), decided inside the reserve script, so atomically
+    /// across every replica, on a single server and on a cluster.
+    ///
+    /// **This changes the key layout** to the layout by scope (see
+    /// [Scope quotas](crate#scope-quotas)): a scope's records and its accounting share
+    /// one hash slot, so on a cluster one scope's load lands on one primary. Records
+    /// written without a quota are not seen with one, and the other way round: every
+    /// replica must have a quota, or none, and switching is like changing the key prefix
+    /// (a retry that spans the switch runs again).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_redis::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379")
+    ///     .await?
+    ///     .with_scope_quota(ScopeQuota::default().with_max_records(10_000));
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// The scope quota, if one is set.
+    pub fn scope_quota(&self) -> Option<&ScopeQuota> {
+        self.quota.as_ref()
     }
 
     /// The connection the store runs on, for your own commands beside it.
@@ -291,9 +326,26 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key of `id`'s record, e.g. to look at it with `redis-cli HGETALL`.
+    /// The Redis key of `id`'s record, e.g. to look at it with `redis-cli HGETALL`: in
+    /// the layout by scope when the store has a scope quota.
     pub fn record_key(&self, id: &RecordId) -> Vec<u8> {
-        self.prefix.record_key(&id.scope, &id.key)
+        match self.quota {
+            Some(_) => self.prefix.scoped_record_key(&id.scope, &id.key),
+            None => self.prefix.record_key(&id.scope, &id.key),
+        }
+    }
+
+    /// The keys `id`'s record runs its scripts on: the record's, and with a scope quota
+    /// its scope's two accounting keys (all three in one slot).
+    fn keys(&self, id: &RecordId) -> Vec<Vec<u8>> {
+        let record = self.record_key(id);
+        match self.quota {
+            Some(_) => {
+                let [expiries, bytes] = self.prefix.scope_accounting_keys(&id.scope);
+                vec![record, expiries, bytes]
+            }
+            None => vec![record],
+        }
     }
 
     /// The Lua script `operation` runs, exactly as the store sends it.
@@ -308,9 +360,9 @@ impl RedisStore {
         id: &RecordId,
         args: impl Fn(&mut Cmd),
     ) -> Result<Value, StoreError> {
-        let key = self.record_key(id);
+        let keys = self.keys(id);
         let connection = self.link.connection();
-        let running = connection.run(operation.script(), &key, args);
+        let running = connection.run(operation.script(), &keys, args);
         match tokio::time::timeout(self.operation_timeout, running).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(source)) => {
@@ -330,6 +382,24 @@ impl RedisStore {
                     timeout: self.operation_timeout,
                 }))
             }
+        }
+    }
+
+    /// The error for the reserve script's `{'over-quota', records, bytes, ms until the
+    /// scope's next expiry or -1}`.
+    fn over_quota(&self, parts: &[Value]) -> StoreError {
+        let number = |at: usize| match parts.get(at) {
+            Some(Value::Int(n)) => *n,
+            _ => 0,
+        };
+        let (records, bytes, wait) = (number(1), number(2), number(3));
+        let bound = self
+            .quota
+            .and_then(|quota| quota.refuses(records.max(0) as u64, bytes.max(0) as u64))
+            .unwrap_or_else(|| "its quota".to_owned());
+        StoreError::QuotaExceeded {
+            bound,
+            retry_after: (wait >= 0).then(|| Duration::from_millis(wait as u64)),
         }
     }
 
@@ -358,6 +428,7 @@ impl IdempotencyStore for RedisStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         let (lease, lifetime) = (millis(lease), millis(lifetime));
+        let bound = |max: Option<u64>| max.map_or_else(String::new, |max| max.to_string());
         for _ in 0..MAX_TOKEN_DRAWS {
             let token = new_token();
             let answer = self
@@ -368,6 +439,11 @@ impl IdempotencyStore for RedisStore {
                         .arg(&binding.method)
                         .arg(&binding.path)
                         .arg(&binding.body_sha256[..]);
+                    if let Some(quota) = &self.quota {
+                        cmd.arg(bound(quota.max_records))
+                            .arg(bound(quota.max_bytes))
+                            .arg(id.reserved_bytes(binding));
+                    }
                 })
                 .await?;
             let Value::Array(mut parts) = answer else {
@@ -390,6 +466,7 @@ impl IdempotencyStore for RedisStore {
                     return Ok(Reservation::Exists(record));
                 }
                 (Some(b"token-taken"), None) => continue,
+                (Some(b"over-quota"), _) => return Err(self.over_quota(&parts)),
                 _ => return Err(unexpected(Operation::Reserve, &Value::Array(parts))),
             }
         }
@@ -432,6 +509,9 @@ impl IdempotencyStore for RedisStore {
                 .arg(&headers[..])
                 .arg(&response.body[..])
                 .arg(&trailers[..]);
+            if self.quota.is_some() {
+                cmd.arg(response.stored_bytes());
+            }
         })
         .await
     }

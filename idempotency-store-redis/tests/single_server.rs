@@ -6,7 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{RedisServer, bounded, checks, redis_available};
+use common::{RedisServer, bounded, checks, quota, redis_available};
+use idempotency_core::ScopeQuota;
 use idempotency_store_redis::RedisStore;
 
 async fn store(server: &RedisServer) -> RedisStore {
@@ -61,6 +62,47 @@ async fn two_store_handles_act_as_two_replicas() {
         let (a, b) = (store(&server).await, store(&server).await);
         checks::two_handles(Arc::new(a.clone()), Arc::new(b.clone())).await;
         checks::sixty_four_racers_over_two_handles_run_once(a, b).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn enforces_a_scope_quota_across_two_handles() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    bounded(120, async {
+        quota::two_handles_race_for_the_last_places(store(&server).await, store(&server).await)
+            .await;
+        quota::a_byte_quota_counts_answers(store(&server).await).await;
+        quota::release_gives_room_back(store(&server).await).await;
+        quota::expiry_gives_room_back_and_renewal_keeps_it(store(&server).await).await;
+        quota::the_layer_answers_429_with_retry_after(store(&server).await).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_the_conformance_suite_and_the_model_with_a_scope_quota() {
+    if !redis_available() {
+        return;
+    }
+    let server = RedisServer::start();
+    bounded(180, async {
+        // A quota no check reaches: the layout by scope must keep every other rule.
+        let quota = ScopeQuota::default()
+            .with_max_records(1_000_000)
+            .with_max_bytes(1 << 40);
+        let one = store(&server).await.with_scope_quota(quota);
+        checks::conformance_suite(Arc::new(one.clone())).await;
+        checks::reference_model(Arc::new(one.clone()), 5_000, 100).await;
+        checks::expiry_is_native(&one).await;
+        checks::two_handles(
+            Arc::new(one.clone()),
+            Arc::new(store(&server).await.with_scope_quota(quota)),
+        )
+        .await;
     })
     .await;
 }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod checks;
+pub mod quota;
 
 use idempotency_core::{Binding, Bytes, RecordId, StoredResponse};
 
