@@ -90,6 +90,7 @@ async fn enforces_a_scope_quota_across_two_handles_on_a_cluster() {
         quota::release_gives_room_back(store(&cluster).await).await;
         quota::expiry_gives_room_back_and_renewal_keeps_it(store(&cluster).await).await;
         quota::the_layer_answers_429_with_retry_after(store(&cluster).await).await;
+        quota::every_expired_record_gives_its_bytes_back(store(&cluster).await).await;
 
         // A scope's records and its accounting keys share one slot (so one primary),
         // while scopes spread over the primaries.

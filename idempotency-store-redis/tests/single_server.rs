@@ -79,6 +79,7 @@ async fn enforces_a_scope_quota_across_two_handles() {
         quota::release_gives_room_back(store(&server).await).await;
         quota::expiry_gives_room_back_and_renewal_keeps_it(store(&server).await).await;
         quota::the_layer_answers_429_with_retry_after(store(&server).await).await;
+        quota::every_expired_record_gives_its_bytes_back(store(&server).await).await;
     })
     .await;
 }

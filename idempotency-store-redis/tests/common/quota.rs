@@ -262,3 +262,28 @@ pub async fn the_layer_answers_429_with_retry_after(store: RedisStore) {
     );
     assert_eq!(calls.0.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// More expired records than one reservation prunes in its first batch (64): a byte
+/// refusal is only given once every expired record's bytes are taken off.
+pub async fn every_expired_record_gives_its_bytes_back(store: RedisStore) {
+    let scope = scope();
+    let id = |name: &str| RecordId::new(scope.clone(), name.to_owned());
+    // Keys of one length, so every reservation holds the same bytes.
+    let each = id("s000").reserved_bytes(&binding());
+    let max = 100 * each + 10;
+    let store = store.with_scope_quota(ScopeQuota::default().with_max_bytes(max));
+    let long = id("long");
+    let token = reserve(&store, &long, LONG, LONG).await;
+    let lifetime = Duration::from_millis(500);
+    for i in 1..100 {
+        reserve(&store, &id(&format!("s{i:03}")), Duration::ZERO, lifetime).await;
+    }
+    // The long record's answer takes the scope over its bytes.
+    let mut answer = response(b"");
+    answer.body = vec![b'x'; (max - 20 * each) as usize].into();
+    store.finalize(&long, token, &answer).await.unwrap();
+    refused(&store, &id("s100")).await;
+    tokio::time::sleep(lifetime + Duration::from_millis(200)).await;
+    // 99 expired records: 64 pruned first would leave 35 counted, still over the bound.
+    reserve(&store, &id("s100"), LONG, LONG).await;
+}
