@@ -14,6 +14,19 @@
 //! lands in the same slot, while different records spread over all slots. A scope or key
 //! that itself holds `}` ends the tag early; the tag is then shorter, but still the same
 //! for all of that record's keys, which is all that atomicity needs.
+//!
+//! A store with a scope quota uses the layout by scope, whose hash tag holds the scope
+//! alone, so that a scope's records and its accounting share a slot:
+//!
+//! ```text
+//! <prefix>{<scope length>:<scope>}:<key>       a record
+//! <prefix>{<scope length>:<scope>}#expiries    the scope's records by expiry (sorted set)
+//! <prefix>{<scope length>:<scope>}#bytes       the scope's bytes (hash)
+//! ```
+//!
+//! There too the length says where the scope ends; then comes `}`, where the other layout
+//! has `:`, so no key belongs to both layouts; and after the `}`, `:` starts a record's
+//! key and `#` an accounting key.
 
 use std::fmt;
 

@@ -59,7 +59,8 @@
 //! The scope's length in bytes comes first, so no pair of (scope, key) can share a Redis
 //! key whatever bytes they hold (scope `a:b` + key `c` is `{3:a:b:c}`; scope `a` + key
 //! `b:c` is `{1:a:b:c}`). The braces make the whole id the hash tag: every key a record
-//! has lives in one slot, and records spread over all slots.
+//! has lives in one slot, and records spread over all slots. A store with a scope quota
+//! uses another layout, by scope: see [Scope quotas](#scope-quotas).
 //!
 //! | field | holds |
 //! | --- | --- |
@@ -75,8 +76,9 @@
 //! # The scripts
 //!
 //! Every operation is one Lua script, so it is atomic: the server runs it to the end
-//! before any other command. Each script touches exactly one key, the record's, so it
-//! runs on a cluster as on a single server. "Now" is the server's `TIME`, read inside
+//! before any other command. Each script touches the record's key only (with a scope
+//! quota, also its scope's two accounting keys, in the same slot), so it runs on a
+//! cluster as on a single server. "Now" is the server's `TIME`, read inside
 //! the script; the client's clock is never used, so clock skew between replicas cannot
 //! cause a double execution. A lease or an expiry ending at `t` is over at `t`. The
 //! scripts are sent by SHA-1 (`EVALSHA`); a server that does not know one yet (first
@@ -138,6 +140,68 @@
 //!   out or loses its connection also makes a fresh cluster connection in the background
 //!   (one at a time), which replaces the old one once it is up.
 //!
+//! # Scope quotas
+//!
+//! [`RedisStore::with_scope_quota`] bounds the live records and bytes each scope (each
+//! tenant, each caller under a `CredentialScope`) may hold; see [`ScopeQuota`]. It is off
+//! by default. The reserve script counts the scope and writes the record in one step, so
+//! the bound holds across any number of replicas, on a single server and on a cluster.
+//! A new key over the bound gets [`StoreError::QuotaExceeded`], whose `retry_after` is
+//! the time until the scope's next record expires; the layer answers 429 with
+//! `Retry-After`. A reservation that finds a live record (a replay, a duplicate in
+//! flight) answers it before counting anything, so it is never refused; a finalize is
+//! never refused either (the request already ran), so an answer may take a scope over its
+//! byte bound, after which it reserves nothing more until it is back under. Other scopes
+//! are never affected.
+//!
+//! **The layout by scope.** A script may only touch keys of one hash slot, so with a
+//! quota the hash tag holds the scope alone, and the scope's accounting sits beside its
+//! records:
+//!
+//! ```text
+//! idempotency:{6:tenant}:0b7f5e2c-…     the record of scope "tenant", key "0b7f5e2c-…"
+//! idempotency:{6:tenant}#expiries        sorted set: member a record's key, score its expiry (epoch ms)
+//! idempotency:{6:tenant}#bytes           hash: a record's key → its bytes, and `total`
+//! ```
+//!
+//! The mapping stays unambiguous: the length says where the scope ends, and after its
+//! `}` a `:` starts a record's key and a `#` an accounting key. No key of one layout is a
+//! key of the other. What this costs:
+//!
+//! - **On a cluster, one scope lives on one primary.** A busy scope loads one primary
+//!   instead of all of them, and a service without scopes (every request in the scope
+//!   `""`) puts every record in one slot: use a quota on a cluster together with a
+//!   `CredentialScope`, or with scopes of your own. On a single server nothing changes.
+//! - **Switching the quota on or off moves every record.** Records written under the
+//!   other layout are not seen (they expire by themselves), so a retry that spans the
+//!   switch runs again, as after a change of key prefix. Every replica must agree: a
+//!   replica with a quota and one without do not see each other's records, and a
+//!   duplicate sent to both would run twice. Changing the bounds alone (or setting one
+//!   of the two) keeps the layout.
+//!
+//! **Counting.** Records expire natively, so the accounting never waits for a deletion
+//! it would be told about:
+//!
+//! - Records are counted with `ZCOUNT` over the members whose expiry is after now:
+//!   exact, whether or not expired members were removed yet.
+//! - Bytes are a running `total`, as [`ScopeQuota`] counts them
+//!   ([`RecordId::reserved_bytes`] at reserve, [`StoredResponse::stored_bytes`] added at
+//!   finalize). Each reservation of a new key removes up to 64 expired members and takes
+//!   their bytes off (each member once, so the work is spread over the reservations);
+//!   before refusing for bytes, it removes all of them, so a refusal never counts an
+//!   expired record.
+//! - Renew and take over move a record's score when they move its expiry; release and
+//!   evict remove its member; a reservation that replaces an expired record removes the
+//!   old member first.
+//! - Both accounting keys expire with the scope's last record (`PEXPIREAT` at the
+//!   highest score), and are deleted when the scope's last record is released or
+//!   evicted, so a scope that goes quiet leaves nothing behind.
+//!
+//! **Cost.** No round trip is added. Reserving a new key runs about ten more commands
+//! inside its script (each O(log n) in the scope's records), plus the pruning; a replay
+//! runs none; finalize two `HINCRBY`; release and evict three or four commands. Each
+//! live record also holds a sorted-set member and a hash field, each a copy of its key.
+//!
 //! Duplicates waiting for an in-flight owner poll the record (the trait's default `wait`:
 //! 5 ms, doubling to 200 ms); they are not notified.
 //!
@@ -172,16 +236,17 @@
 //!   answers 503.
 //! - Tested against Redis 7.0, a single server and a cluster. Valkey implements every
 //!   command the scripts use (`EVAL`/`EVALSHA`, `TIME`, `HMGET`, `HSET`, `PEXPIREAT`,
-//!   `DEL`), but no Valkey server runs in these tests.
+//!   `DEL`; with a scope quota also `ZADD`, `ZRANGE`, `ZRANGEBYSCORE`, `ZCOUNT`, `ZREM`,
+//!   `ZCARD`, `HGET`, `HINCRBY`, `HDEL`), but no Valkey server runs in these tests.
 //!
 //! # Tests
 //!
 //! The crate's tests start their own `redis-server` processes on free ports of
 //! 127.0.0.1: a single server with `appendonly yes`, and a three-primary Redis Cluster
 //! made with `redis-cli --cluster create`. They run the conformance suite and the
-//! reference model on both, race 64 requests through the layer over two store handles,
-//! restart the server and kill its connections under load, and check each connect-time
-//! error.
+//! reference model on both (with and without a scope quota), race 64 requests through
+//! the layer over two store handles, race two handles for a scope's last places, restart
+//! the server and kill its connections under load, and check each connect-time error.
 //!
 //! # Feature flags
 //!
