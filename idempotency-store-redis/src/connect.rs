@@ -135,15 +135,21 @@ const RECONNECT_ATTEMPTS: usize = 1;
 /// server. The operation timeout still bounds the whole.
 const CLUSTER_RETRIES: u32 = 4;
 
-/// Opens the connection `options` describe and runs the connect-time checks.
-pub(crate) async fn open(options: &RedisOptions) -> Result<Link, ConnectError> {
+/// Opens the connection `options` describe and runs the connect-time checks; for a
+/// single server, also returns the client that subscribes to settled records.
+pub(crate) async fn open(
+    options: &RedisOptions,
+) -> Result<(Link, Option<redis::Client>), ConnectError> {
     match &options.target {
         Target::Server(url) => open_server(url, options).await,
-        Target::Cluster(nodes) => open_cluster(nodes, options).await,
+        Target::Cluster(nodes) => Ok((open_cluster(nodes, options).await?, None)),
     }
 }
 
-async fn open_server(url: &str, options: &RedisOptions) -> Result<Link, ConnectError> {
+async fn open_server(
+    url: &str,
+    options: &RedisOptions,
+) -> Result<(Link, Option<redis::Client>), ConnectError> {
     let target = redact(url);
     let client = redis::Client::open(url).map_err(|source| ConnectError::InvalidUrl {
         url: target.clone(),
@@ -170,7 +176,7 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<Link, ConnectE
         }
     }
     check_servers(&info, options)?;
-    Ok(Link::Server(manager))
+    Ok((Link::Server(manager), Some(client)))
 }
 
 async fn open_cluster(nodes: &[String], options: &RedisOptions) -> Result<Link, ConnectError> {

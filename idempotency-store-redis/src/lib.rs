@@ -261,19 +261,20 @@ mod connect;
 mod connection;
 mod keys;
 mod lua;
+mod notices;
 mod options;
 mod scripts;
 
-use std::time::Duration;
-
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    ScopeQuota, StoreError, StoredResponse, async_trait,
+    ScopeQuota, StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
 };
 use redis::{Cmd, RedisError, Value};
+use tokio::sync::broadcast;
 
 pub use connect::ConnectError;
 pub use connection::RedisConnection;
@@ -304,6 +305,16 @@ pub struct RedisStore {
     operation_timeout: Duration,
     target: String,
     quota: Option<ScopeQuota>,
+    /// On a single server: the client that subscribes to settled records, the channel,
+    /// and the subscription, started by the first wait.
+    notices: Option<Arc<NoticeBoard>>,
+}
+
+/// Where a single server's settled records are announced, and the subscription to them.
+struct NoticeBoard {
+    client: redis::Client,
+    channel: Vec<u8>,
+    listening: tokio::sync::OnceCell<notices::Notices>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -328,7 +339,8 @@ impl RedisStore {
     /// Connects as `options` say, and checks the server(s): see
     /// [Checks at connect](crate#checks-at-connect).
     pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
-        let link = connect::open(&options).await?;
+        let (link, notice_client) = connect::open(&options).await?;
+        let channel = format!("{}settled", options.prefix).into_bytes();
         let target = match &options.target {
             Target::Server(url) => connect::redact(url),
             Target::Cluster(nodes) => format!(
@@ -346,6 +358,13 @@ impl RedisStore {
             operation_timeout: options.operation_timeout,
             target,
             quota: None,
+            notices: notice_client.map(|client| {
+                Arc::new(NoticeBoard {
+                    client,
+                    channel,
+                    listening: tokio::sync::OnceCell::new(),
+                })
+            }),
         })
     }
 
@@ -450,6 +469,14 @@ impl RedisStore {
         }
     }
 
+    /// The channel finalize, release and evict announce settled records on: the store's
+    /// on a single server, none (empty) on a cluster.
+    fn channel(&self) -> &[u8] {
+        self.notices
+            .as_ref()
+            .map_or(&[][..], |board| &board.channel[..])
+    }
+
     /// The error for the reserve script's `{'over-quota', records, bytes, ms until the
     /// scope's next expiry or -1}`.
     fn over_quota(&self, parts: &[Value]) -> StoreError {
@@ -548,6 +575,53 @@ impl IdempotencyStore for RedisStore {
         }
     }
 
+    /// On a single server, waiters are woken by the notice finalize, release and evict
+    /// publish, and look again at least once a second (a lapsed lease is not announced);
+    /// on a cluster they poll (the trait's default).
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let Some(board) = &self.notices else {
+            return wait_by_polling(self, id, timeout).await;
+        };
+        let mut heard = board
+            .listening
+            .get_or_init(|| {
+                notices::Notices::start(
+                    board.client.clone(),
+                    board.channel.clone(),
+                    self.operation_timeout,
+                )
+            })
+            .await
+            .subscribe();
+        let key = self.record_key(id);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let record = self.load(id).await?;
+            let now = tokio::time::Instant::now();
+            if is_settled(&record) || now >= deadline {
+                return Ok(record);
+            }
+            let look_again_at = deadline.min(now + notices::SAFETY_POLL);
+            loop {
+                match tokio::time::timeout_at(look_again_at, heard.recv()).await {
+                    Ok(Ok(notice)) if notice.is_empty() || *notice == *key => break,
+                    Ok(Ok(_)) => {}
+                    // Missed some: this record's may be among them.
+                    Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
+                    Ok(Err(broadcast::error::RecvError::Closed)) => {
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        return wait_by_polling(self, id, left).await;
+                    }
+                    Err(_time_to_look) => break,
+                }
+            }
+        }
+    }
+
     async fn renew(
         &self,
         id: &RecordId,
@@ -573,7 +647,8 @@ impl IdempotencyStore for RedisStore {
                 .arg(response.status)
                 .arg(&headers[..])
                 .arg(&response.body[..])
-                .arg(&trailers[..]);
+                .arg(&trailers[..])
+                .arg(self.channel());
             if self.quota.is_some() {
                 cmd.arg(response.stored_bytes());
             }
@@ -583,7 +658,7 @@ impl IdempotencyStore for RedisStore {
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
         self.fenced(Operation::Release, id, |cmd| {
-            cmd.arg(token.0);
+            cmd.arg(token.0).arg(self.channel());
         })
         .await
     }
@@ -614,7 +689,8 @@ impl IdempotencyStore for RedisStore {
         let force = matches!(in_flight, EvictInFlight::Force);
         let answer = self
             .run(Operation::Evict, id, |cmd| {
-                cmd.arg(if force { "force" } else { "refuse" });
+                cmd.arg(if force { "force" } else { "refuse" })
+                    .arg(self.channel());
             })
             .await?;
         let parts = match answer {
