@@ -202,8 +202,20 @@
 //! runs none; finalize two `HINCRBY`; release and evict three or four commands. Each
 //! live record also holds a sorted-set member and a hash field, each a copy of its key.
 //!
-//! Duplicates waiting for an in-flight owner poll the record (the trait's default `wait`:
-//! 5 ms, doubling to 200 ms); they are not notified.
+//! # Waiting duplicates
+//!
+//! On a single server, finalize, release and evict `PUBLISH` the record's key on the
+//! channel `<prefix>settled` from inside their scripts. Each store handle subscribes to
+//! it on one connection of its own (opened by the first wait), and hands what it hears to
+//! every waiter of the process: a waiter loads the record, then sleeps until its
+//! record's notice comes or a second passes (a lapsed lease is not announced, and a
+//! notice sent while the subscription reconnects is lost), so a duplicate is woken at
+//! once and costs about one load a second. After each (re)subscription every waiter
+//! looks again. The payload is the record's Redis key, which whoever may subscribe on
+//! the server may read anyway.
+//!
+//! On a cluster, waiters poll the record (the trait's default `wait`: 5 ms, doubling to
+//! 200 ms, so at most five loads a second each), and the scripts publish nothing.
 //!
 //! # Checks at connect
 //!
