@@ -317,16 +317,9 @@ pub struct RedisStore {
     operation_timeout: Duration,
     target: String,
     quota: Option<ScopeQuota>,
-    /// On a single server: the client that subscribes to settled records, the channel,
-    /// and the subscription, started by the first wait.
-    notices: Option<Arc<NoticeBoard>>,
-}
-
-/// Where a single server's settled records are announced, and the subscription to them.
-struct NoticeBoard {
-    client: redis::Client,
-    channel: Vec<u8>,
-    listening: tokio::sync::OnceCell<notices::Notices>,
+    /// Where settled records are announced and heard (see [Waiting
+    /// duplicates](crate#waiting-duplicates)).
+    notices: Arc<notices::Board>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -351,8 +344,7 @@ impl RedisStore {
     /// Connects as `options` say, and checks the server(s): see
     /// [Checks at connect](crate#checks-at-connect).
     pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
-        let (link, notice_client) = connect::open(&options).await?;
-        let channel = format!("{}settled", options.prefix).into_bytes();
+        let (link, board) = connect::open(&options).await?;
         let target = match &options.target {
             Target::Server(url) => connect::redact(url),
             Target::Cluster(nodes) => format!(
@@ -370,13 +362,7 @@ impl RedisStore {
             operation_timeout: options.operation_timeout,
             target,
             quota: None,
-            notices: notice_client.map(|client| {
-                Arc::new(NoticeBoard {
-                    client,
-                    channel,
-                    listening: tokio::sync::OnceCell::new(),
-                })
-            }),
+            notices: Arc::new(board),
         })
     }
 
@@ -481,12 +467,9 @@ impl RedisStore {
         }
     }
 
-    /// The channel finalize, release and evict announce settled records on: the store's
-    /// on a single server, none (empty) on a cluster.
-    fn channel(&self) -> &[u8] {
-        self.notices
-            .as_ref()
-            .map_or(&[][..], |board| &board.channel[..])
+    /// How and where finalize, release and evict announce that `id`'s record settled.
+    fn announcement(&self, id: &RecordId) -> (&'static str, Vec<u8>) {
+        self.notices.announcement(&self.record_key(id))
     }
 
     /// The error for the reserve script's `{'over-quota', records, bytes, ms until the
@@ -587,29 +570,15 @@ impl IdempotencyStore for RedisStore {
         }
     }
 
-    /// On a single server, waiters are woken by the notice finalize, release and evict
-    /// publish, and look again at least once a second (a lapsed lease is not announced);
-    /// on a cluster they poll (the trait's default).
+    /// Waiters are woken by the notice finalize, release and evict publish, and look
+    /// again at least once a second (a lapsed lease is not announced).
     async fn wait(
         &self,
         id: &RecordId,
         timeout: Duration,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let Some(board) = &self.notices else {
-            return wait_by_polling(self, id, timeout).await;
-        };
-        let mut heard = board
-            .listening
-            .get_or_init(|| {
-                notices::Notices::start(
-                    board.client.clone(),
-                    board.channel.clone(),
-                    self.operation_timeout,
-                )
-            })
-            .await
-            .subscribe();
         let key = self.record_key(id);
+        let mut heard = self.notices.listen_for(&key, self.operation_timeout).await;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let record = self.load(id).await?;
@@ -654,13 +623,15 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<Ownership, StoreError> {
         let headers = response.encode_headers();
         let trailers = response.encode_trailers();
+        let (how, channel) = self.announcement(id);
         self.fenced(Operation::Finalize, id, |cmd| {
             cmd.arg(token.0)
                 .arg(response.status)
                 .arg(&headers[..])
                 .arg(&response.body[..])
                 .arg(&trailers[..])
-                .arg(self.channel());
+                .arg(how)
+                .arg(&channel[..]);
             if self.quota.is_some() {
                 cmd.arg(response.stored_bytes());
             }
@@ -669,8 +640,9 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        let (how, channel) = self.announcement(id);
         self.fenced(Operation::Release, id, |cmd| {
-            cmd.arg(token.0).arg(self.channel());
+            cmd.arg(token.0).arg(how).arg(&channel[..]);
         })
         .await
     }
@@ -699,10 +671,12 @@ impl IdempotencyStore for RedisStore {
 
     async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
         let force = matches!(in_flight, EvictInFlight::Force);
+        let (how, channel) = self.announcement(id);
         let answer = self
             .run(Operation::Evict, id, |cmd| {
                 cmd.arg(if force { "force" } else { "refuse" })
-                    .arg(self.channel());
+                    .arg(how)
+                    .arg(&channel[..]);
             })
             .await?;
         let parts = match answer {

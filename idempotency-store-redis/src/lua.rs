@@ -87,11 +87,12 @@ local function prune(limit)
     return #expired == limit
 end
 
--- Announces on `channel` (a single server's; '' on a cluster, which is not told) that
--- the record at KEYS[1] settled, for the duplicates waiting on it.
-local function announce(channel)
-    if channel ~= '' then
-        redis.call('PUBLISH', channel, KEYS[1])
+-- Announces that the record at KEYS[1] settled, for the duplicates waiting on it: `how`
+-- is 'PUBLISH' (a single server) or 'SPUBLISH' (a cluster: `channel` is then a shard
+-- channel in the record's slot); anything else announces nothing.
+local function announce(how, channel)
+    if how == 'PUBLISH' or how == 'SPUBLISH' then
+        redis.call(how, channel, KEYS[1])
     end
 end
 
@@ -231,37 +232,37 @@ return 1
 pub(crate) const FINALIZE: &str = r#"
 -- finalize: store the owner's response. KEYS[1] record (KEYS[2], KEYS[3] the scope's
 -- accounting, with a quota); ARGV: token, status, encoded headers, body, encoded trailers
--- (empty for none), the channel to announce on ('' for none), and with a quota the bytes
--- the answer adds.
+-- (empty for none), how and where to announce (see `announce`; '' for not at all), and
+-- with a quota the bytes the answer adds.
 -- Answers 1 if held, 0 otherwise. Never refused for the quota: the request already ran.
 -- The record keeps its expiry: it lives its lifetime from its first submission.
 if not owned_by(KEYS[1], ARGV[1]) then
     return 0
 end
 if accounted then
-    redis.call('HINCRBY', KEYS[3], KEYS[1], ARGV[7])
-    redis.call('HINCRBY', KEYS[3], 'total', ARGV[7])
+    redis.call('HINCRBY', KEYS[3], KEYS[1], ARGV[8])
+    redis.call('HINCRBY', KEYS[3], 'total', ARGV[8])
 end
 redis.call('HSET', KEYS[1],
     'response_status', ARGV[2], 'response_headers', ARGV[3], 'response_body', ARGV[4])
 if ARGV[5] ~= '' then
     redis.call('HSET', KEYS[1], 'response_trailers', ARGV[5])
 end
-announce(ARGV[6])
+announce(ARGV[6], ARGV[7])
 return 1
 "#;
 
 /// `release`.
 pub(crate) const RELEASE: &str = r#"
 -- release: delete the owner's in-flight record, so a retry runs again.
--- KEYS[1] record (and the scope's accounting, with a quota); ARGV: token, the channel
--- to announce on ('' for none). Answers 1 if held, 0 otherwise.
+-- KEYS[1] record (and the scope's accounting, with a quota); ARGV: token, how and where
+-- to announce (see `announce`). Answers 1 if held, 0 otherwise.
 if not owned_by(KEYS[1], ARGV[1]) then
     return 0
 end
 redis.call('DEL', KEYS[1])
 forget_record()
-announce(ARGV[2])
+announce(ARGV[2], ARGV[3])
 return 1
 "#;
 
@@ -296,8 +297,8 @@ return operator_view(KEYS[1])
 pub(crate) const EVICT: &str = r#"
 -- evict: delete the live record on an operator's order, whatever token it holds.
 -- KEYS[1] record (and the scope's accounting, with a quota); ARGV: 'force' to delete a
--- record in flight too, anything else to leave it; the channel to announce on ('' for
--- none). Answers nil (no live record), {'in-flight', <view>} (left alone) or
+-- record in flight too, anything else to leave it; how and where to announce (see
+-- `announce`). Answers nil (no live record), {'in-flight', <view>} (left alone) or
 -- {'evicted', <view>}: the verdict and the deletion are one step, so a finalize cannot
 -- slip between them.
 local view = operator_view(KEYS[1])
@@ -309,6 +310,6 @@ if not view[4] and ARGV[1] ~= 'force' then
 end
 redis.call('DEL', KEYS[1])
 forget_record()
-announce(ARGV[2])
+announce(ARGV[2], ARGV[3])
 return {'evicted', view}
 "#;

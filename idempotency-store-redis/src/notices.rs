@@ -1,31 +1,63 @@
-//! Waking duplicates on a single server: finalize, release and evict `PUBLISH` the
-//! record's key on the store's channel, and one subscribed connection per store hands
-//! what it hears to every waiter of the process.
+//! Waking duplicates: finalize, release and evict announce the record's key from inside
+//! their scripts, and each store hears the announcements on a connection of its own and
+//! hands them to every waiter of the process.
+//!
+//! - On a single server: `PUBLISH` on the channel `<prefix>settled`, which one
+//!   subscribed connection per store hears.
+//! - On a cluster: `SPUBLISH` on the shard channel of the record's slot,
+//!   `<prefix>settled{<n>}` with `n` the smallest number whose hash slot is the record's
+//!   (so the announcement stays on the primary that ran the script). One RESP3 cluster
+//!   connection per store `SSUBSCRIBE`s to a slot's channel when the first waiter of that
+//!   slot starts, and stays subscribed.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use tokio::sync::{broadcast, oneshot};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{OnceCell, broadcast, oneshot};
 
 /// How often a waiter looks at its record although no notice came: a lapsed lease is
-/// not announced, and a notice can be lost while the subscribed connection reconnects.
+/// not announced, and a notice can be lost while a subscribed connection reconnects.
 pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
 
-/// What the listener hands to waiters: a settled record's key, or an empty payload
-/// after each (re)subscription, meaning "look again" (notices may have been missed while
-/// no connection was subscribed; no record key is empty).
+/// How long subscribing may take before a waiter goes on without it (and polls).
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What waiters hear: a settled record's key, or an empty payload meaning "look again"
+/// (after a (re)subscription, notices may have been missed; no record key is empty).
 pub(crate) type Notice = Arc<[u8]>;
 
-/// The subscription of one store: its channel's notices, heard on one connection.
-#[derive(Debug)]
-pub(crate) struct Notices {
+/// Where a store's settled records are announced and heard.
+pub(crate) struct Board {
+    /// `<prefix>settled`.
+    channel: Vec<u8>,
     sender: broadcast::Sender<Notice>,
-    _listening: AbortOnDrop,
+    source: Source,
 }
 
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// How a store hears announcements.
+pub(crate) enum Source {
+    /// A single server: the client to subscribe with, and the listener, started by the
+    /// first wait.
+    Server {
+        client: redis::Client,
+        listening: OnceCell<AbortOnDrop>,
+    },
+    /// A cluster: a RESP3 client whose pushes go to the board's sender, its connection
+    /// (made by the first wait), and the slots subscribed so far.
+    Cluster {
+        client: ClusterClient,
+        connection: OnceCell<ClusterConnection>,
+        slots: Mutex<HashMap<u16, Arc<OnceCell<()>>>>,
+    },
+}
+
+/// Aborts the listening task with the last store handle.
+pub(crate) struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -33,13 +65,122 @@ impl Drop for AbortOnDrop {
     }
 }
 
-impl Notices {
-    /// Starts listening on `channel`, and waits up to `patience` for the first
-    /// subscription (after which no announcement is missed); the listener keeps trying
-    /// in the background if it is not up by then, and waiters poll meanwhile.
-    pub(crate) async fn start(client: redis::Client, channel: Vec<u8>, patience: Duration) -> Self {
+impl Board {
+    /// A single server's board.
+    pub(crate) fn server(client: redis::Client, prefix: &str) -> Self {
+        let (sender, _) = broadcast::channel(1024);
+        Self {
+            channel: format!("{prefix}settled").into_bytes(),
+            sender,
+            source: Source::Server {
+                client,
+                listening: OnceCell::new(),
+            },
+        }
+    }
+
+    /// A cluster's board: `build` gets the push sender to configure a RESP3 cluster
+    /// client with, and returns that client.
+    pub(crate) fn cluster<E>(
+        prefix: &str,
+        build: impl FnOnce(
+            Box<dyn Fn(PushInfo) -> Result<(), redis::aio::SendError> + Send + Sync>,
+        ) -> Result<ClusterClient, E>,
+    ) -> Result<Self, E> {
         let (sender, _) = broadcast::channel(1024);
         let announce = sender.clone();
+        let client = build(Box::new(move |push: PushInfo| {
+            let notice = match push.kind {
+                PushKind::SMessage => match push.data.last() {
+                    Some(Value::BulkString(key)) => Notice::from(&key[..]),
+                    _ => return Ok(()),
+                },
+                // A connection dropped, or a subscription was (re)made: look again.
+                PushKind::Disconnection | PushKind::SSubscribe => Notice::from(&[][..]),
+                _ => return Ok(()),
+            };
+            let _ = announce.send(notice);
+            Ok(())
+        }))?;
+        Ok(Self {
+            channel: format!("{prefix}settled").into_bytes(),
+            sender,
+            source: Source::Cluster {
+                client,
+                connection: OnceCell::new(),
+                slots: Mutex::new(HashMap::new()),
+            },
+        })
+    }
+
+    /// The command and channel the scripts announce the record at `key` with.
+    pub(crate) fn announcement(&self, key: &[u8]) -> (&'static str, Vec<u8>) {
+        match self.source {
+            Source::Server { .. } => ("PUBLISH", self.channel.clone()),
+            Source::Cluster { .. } => ("SPUBLISH", self.slot_channel(slot_of(key))),
+        }
+    }
+
+    /// `<prefix>settled{<n>}`, a shard channel in `slot`.
+    fn slot_channel(&self, slot: u16) -> Vec<u8> {
+        let mut channel = self.channel.clone();
+        channel.extend_from_slice(format!("{{{}}}", SLOT_TAGS[usize::from(slot)]).as_bytes());
+        channel
+    }
+
+    /// A receiver of the notices that concern the record at `key`, from now on:
+    /// subscribed (as far as the server lets us within a few seconds) before it returns,
+    /// so that a waiter that loads its record after this misses no announcement.
+    pub(crate) async fn listen_for(
+        &self,
+        key: &[u8],
+        patience: Duration,
+    ) -> broadcast::Receiver<Notice> {
+        let heard = self.sender.subscribe();
+        match &self.source {
+            Source::Server { client, listening } => {
+                listening
+                    .get_or_init(|| self.listen_on_server(client.clone(), patience))
+                    .await;
+            }
+            Source::Cluster {
+                client,
+                connection,
+                slots,
+            } => {
+                let slot = slot_of(key);
+                let subscribed = slots
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .entry(slot)
+                    .or_default()
+                    .clone();
+                let subscribing = subscribed.get_or_try_init(|| async {
+                    let connection = connection
+                        .get_or_try_init(|| client.get_async_connection())
+                        .await?;
+                    connection.clone().ssubscribe(self.slot_channel(slot)).await
+                });
+                match tokio::time::timeout(SUBSCRIBE_TIMEOUT, subscribing).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => tracing::warn!(
+                        %error,
+                        "idempotency store: cannot subscribe to a Redis Cluster shard channel for settled records; waiters poll"
+                    ),
+                    Err(_) => tracing::warn!(
+                        "idempotency store: subscribing to a Redis Cluster shard channel timed out; waiters poll"
+                    ),
+                }
+            }
+        }
+        heard
+    }
+
+    /// Starts the single server's listener, waiting up to `patience` for its first
+    /// subscription; it keeps trying in the background, and waiters poll meanwhile.
+    async fn listen_on_server(&self, client: redis::Client, patience: Duration) -> AbortOnDrop {
+        let announce = self.sender.clone();
+        let channel = self.channel.clone();
         let (subscribed, first) = oneshot::channel();
         let listening = tokio::spawn(async move {
             let mut subscribed = Some(subscribed);
@@ -67,28 +208,98 @@ impl Notices {
             }
         });
         let _ = tokio::time::timeout(patience, first).await;
-        Self {
-            sender,
-            _listening: AbortOnDrop(listening),
-        }
-    }
-
-    /// A receiver of the notices from now on.
-    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Notice> {
-        self.sender.subscribe()
+        AbortOnDrop(listening)
     }
 }
 
-/// A connection subscribed to `channel`, or why not (within 5 s).
+/// A connection subscribed to `channel`, or why not.
 async fn subscribe(client: &redis::Client, channel: &[u8]) -> Result<redis::aio::PubSub, String> {
     let subscribing = async {
         let mut pubsub = client.get_async_pubsub().await?;
         pubsub.subscribe(channel).await?;
         Ok::<_, redis::RedisError>(pubsub)
     };
-    match tokio::time::timeout(Duration::from_secs(5), subscribing).await {
+    match tokio::time::timeout(SUBSCRIBE_TIMEOUT, subscribing).await {
         Ok(Ok(pubsub)) => Ok(pubsub),
         Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err("no answer within 5 s".to_owned()),
+        Err(_) => Err(format!("no answer within {SUBSCRIBE_TIMEOUT:?}")),
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag (what lies
+/// between the first `{` and the next `}`, if not empty) or of the whole key, mod 16384.
+pub(crate) fn slot_of(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(hashed) % 16384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// For each slot, the smallest number whose decimal digits hash to it.
+static SLOT_TAGS: LazyLock<Vec<u32>> = LazyLock::new(|| {
+    let mut tags = vec![u32::MAX; 16384];
+    let mut missing = tags.len();
+    let mut n: u32 = 0;
+    while missing > 0 {
+        let slot = usize::from(crc16(n.to_string().as_bytes()) % 16384);
+        if tags[slot] == u32::MAX {
+            tags[slot] = n;
+            missing -= 1;
+        }
+        n += 1;
+    }
+    tags
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_redis_cluster_rules() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot_of(b"foo"), 12182);
+        assert_eq!(slot_of(b"{user1000}.following"), slot_of(b"user1000"));
+        assert_eq!(slot_of(b"foo{}{bar}"), slot_of(b"foo{}{bar}"));
+        assert_ne!(slot_of(b"foo{}{bar}"), slot_of(b"bar"));
+        assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
+    }
+
+    #[test]
+    fn every_slot_has_a_channel_in_it() {
+        let board = Board {
+            channel: b"p:settled".to_vec(),
+            sender: broadcast::channel(1).0,
+            source: Source::Server {
+                client: redis::Client::open("redis://127.0.0.1:1").unwrap(),
+                listening: OnceCell::new(),
+            },
+        };
+        for slot in [0, 1, 5000, 12182, 16383] {
+            assert_eq!(slot_of(&board.slot_channel(slot)), slot);
+        }
+        assert!(SLOT_TAGS.iter().all(|&n| n != u32::MAX));
     }
 }

@@ -147,3 +147,29 @@ async fn passes_the_conformance_suite_with_a_scope_quota_on_a_cluster() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_are_woken_by_shard_notices_on_a_cluster() {
+    if !redis_available() {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    bounded(90, async {
+        let scripts_run = || cluster.nodes.iter().map(common::scripts_run).sum::<u64>();
+        checks::waiters_wake_at_once_and_load_about_once_a_second(
+            store(&cluster).await,
+            store(&cluster).await,
+            scripts_run,
+        )
+        .await;
+        // With a quota too (another layout: the shard channel follows the record's slot).
+        let quota = ScopeQuota::default().with_max_records(100);
+        checks::waiters_wake_at_once_and_load_about_once_a_second(
+            store(&cluster).await.with_scope_quota(quota),
+            store(&cluster).await.with_scope_quota(quota),
+            scripts_run,
+        )
+        .await;
+    })
+    .await;
+}

@@ -336,3 +336,13 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
         trailers: Vec::new(),
     }
 }
+
+/// How many `EVALSHA` calls the server on `port` has answered (every store operation is
+/// one).
+pub fn scripts_run(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
