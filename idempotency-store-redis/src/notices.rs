@@ -44,16 +44,19 @@ pub(crate) enum Source {
     /// A single server: the client to subscribe with, and the listener, started by the
     /// first wait.
     Server {
-        client: redis::Client,
+        client: Box<redis::Client>,
         listening: OnceCell<AbortOnDrop>,
     },
     /// A cluster: a RESP3 client whose pushes go to the board's sender, its connection
     /// (made by the first wait), and the slots subscribed so far.
-    Cluster {
-        client: ClusterClient,
-        connection: OnceCell<ClusterConnection>,
-        slots: Mutex<HashMap<u16, Arc<OnceCell<()>>>>,
-    },
+    Cluster(Box<ClusterSource>),
+}
+
+/// A cluster's side of [`Source`].
+pub(crate) struct ClusterSource {
+    client: ClusterClient,
+    connection: OnceCell<ClusterConnection>,
+    slots: Mutex<HashMap<u16, Arc<OnceCell<()>>>>,
 }
 
 /// Aborts the listening task with the last store handle.
@@ -73,7 +76,7 @@ impl Board {
             channel: format!("{prefix}settled").into_bytes(),
             sender,
             source: Source::Server {
-                client,
+                client: Box::new(client),
                 listening: OnceCell::new(),
             },
         }
@@ -105,11 +108,11 @@ impl Board {
         Ok(Self {
             channel: format!("{prefix}settled").into_bytes(),
             sender,
-            source: Source::Cluster {
+            source: Source::Cluster(Box::new(ClusterSource {
                 client,
                 connection: OnceCell::new(),
                 slots: Mutex::new(HashMap::new()),
-            },
+            })),
         })
     }
 
@@ -117,7 +120,7 @@ impl Board {
     pub(crate) fn announcement(&self, key: &[u8]) -> (&'static str, Vec<u8>) {
         match self.source {
             Source::Server { .. } => ("PUBLISH", self.channel.clone()),
-            Source::Cluster { .. } => ("SPUBLISH", self.slot_channel(slot_of(key))),
+            Source::Cluster(_) => ("SPUBLISH", self.slot_channel(slot_of(key))),
         }
     }
 
@@ -140,14 +143,15 @@ impl Board {
         match &self.source {
             Source::Server { client, listening } => {
                 listening
-                    .get_or_init(|| self.listen_on_server(client.clone(), patience))
+                    .get_or_init(|| self.listen_on_server((**client).clone(), patience))
                     .await;
             }
-            Source::Cluster {
-                client,
-                connection,
-                slots,
-            } => {
+            Source::Cluster(cluster) => {
+                let ClusterSource {
+                    client,
+                    connection,
+                    slots,
+                } = &**cluster;
                 let slot = slot_of(key);
                 let subscribed = slots
                     .lock()
@@ -293,7 +297,7 @@ mod tests {
             channel: b"p:settled".to_vec(),
             sender: broadcast::channel(1).0,
             source: Source::Server {
-                client: redis::Client::open("redis://127.0.0.1:1").unwrap(),
+                client: Box::new(redis::Client::open("redis://127.0.0.1:1").unwrap()),
                 listening: OnceCell::new(),
             },
         };
