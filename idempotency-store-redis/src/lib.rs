@@ -77,8 +77,9 @@
 //!
 //! Every operation is one Lua script, so it is atomic: the server runs it to the end
 //! before any other command. Each script touches the record's key only (with a scope
-//! quota, also its scope's two accounting keys, in the same slot), so it runs on a
-//! cluster as on a single server. "Now" is the server's `TIME`, read inside
+//! quota, also its scope's two accounting keys, in the same slot; on a cluster it
+//! announces on a shard channel of that slot too), so it runs on a cluster as on a
+//! single server. "Now" is the server's `TIME`, read inside
 //! the script; the client's clock is never used, so clock skew between replicas cannot
 //! cause a double execution. A lease or an expiry ending at `t` is over at `t`. The
 //! scripts are sent by SHA-1 (`EVALSHA`); a server that does not know one yet (first
@@ -204,18 +205,25 @@
 //!
 //! # Waiting duplicates
 //!
-//! On a single server, finalize, release and evict `PUBLISH` the record's key on the
-//! channel `<prefix>settled` from inside their scripts. Each store handle subscribes to
-//! it on one connection of its own (opened by the first wait), and hands what it hears to
-//! every waiter of the process: a waiter loads the record, then sleeps until its
-//! record's notice comes or a second passes (a lapsed lease is not announced, and a
-//! notice sent while the subscription reconnects is lost), so a duplicate is woken at
-//! once and costs about one load a second. After each (re)subscription every waiter
-//! looks again. The payload is the record's Redis key, which whoever may subscribe on
-//! the server may read anyway.
+//! Finalize, release and evict announce the record's key from inside their scripts:
 //!
-//! On a cluster, waiters poll the record (the trait's default `wait`: 5 ms, doubling to
-//! 200 ms, so at most five loads a second each), and the scripts publish nothing.
+//! - on a single server with `PUBLISH` on the channel `<prefix>settled`, to which each
+//!   store handle subscribes on one connection of its own, opened by its first wait;
+//! - on a cluster with `SPUBLISH` on a shard channel in the record's slot,
+//!   `<prefix>settled{<n>}` (`n` the smallest number whose hash slot is the record's), so
+//!   the notice stays on the primary that ran the script. Each store handle opens one
+//!   RESP3 cluster connection at its first wait (one more connection per primary), and
+//!   `SSUBSCRIBE`s to a slot's channel when the first waiter of that slot starts; it
+//!   stays subscribed, and the `redis` crate subscribes again after a reconnection.
+//!
+//! The store hands what it hears to every waiter of the process. A waiter subscribes,
+//! loads its record, then sleeps until its record's notice comes or a second passes (a
+//! lapsed lease is not announced, and a notice sent while a subscription reconnects is
+//! lost), so a duplicate is woken at once and costs about one load a second instead of
+//! five. After a (re)subscription or a dropped connection every waiter looks again. A
+//! subscription that cannot be made within 5 s is logged and the waiter goes on looking
+//! once a second. The payload is the record's Redis key, which whoever may subscribe on
+//! the server may read anyway.
 //!
 //! # Checks at connect
 //!
@@ -248,7 +256,8 @@
 //!   answers 503.
 //! - Tested against Redis 7.0, a single server and a cluster. Valkey implements every
 //!   command the scripts use (`EVAL`/`EVALSHA`, `TIME`, `HMGET`, `HSET`, `PEXPIREAT`,
-//!   `DEL`; with a scope quota also `ZADD`, `ZRANGE`, `ZRANGEBYSCORE`, `ZCOUNT`, `ZREM`,
+//!   `DEL`, `PUBLISH`, and on a cluster `SPUBLISH`/`SSUBSCRIBE` (Redis 7 or Valkey 7.2+);
+//!   with a scope quota also `ZADD`, `ZRANGE`, `ZRANGEBYSCORE`, `ZCOUNT`, `ZREM`,
 //!   `ZCARD`, `HGET`, `HINCRBY`, `HDEL`), but no Valkey server runs in these tests.
 //!
 //! # Tests
@@ -257,8 +266,9 @@
 //! 127.0.0.1: a single server with `appendonly yes`, and a three-primary Redis Cluster
 //! made with `redis-cli --cluster create`. They run the conformance suite and the
 //! reference model on both (with and without a scope quota), race 64 requests through
-//! the layer over two store handles, race two handles for a scope's last places, restart
-//! the server and kill its connections under load, and check each connect-time error.
+//! the layer over two store handles, race two handles for a scope's last places, wake 50
+//! waiters by a notice and count their loads, restart the server and kill its
+//! connections under load, and check each connect-time error.
 //!
 //! # Feature flags
 //!

@@ -156,10 +156,18 @@ async fn waiters_are_woken_by_shard_notices_on_a_cluster() {
     let cluster = RedisCluster::start();
     bounded(90, async {
         let scripts_run = || cluster.nodes.iter().map(common::scripts_run).sum::<u64>();
+        let kill_subscriptions = || {
+            cluster
+                .nodes
+                .iter()
+                .map(common::kill_subscriptions)
+                .sum::<u64>()
+        };
         checks::waiters_wake_at_once_and_load_about_once_a_second(
             store(&cluster).await,
             store(&cluster).await,
             scripts_run,
+            kill_subscriptions,
         )
         .await;
         // With a quota too (another layout: the shard channel follows the record's slot).
@@ -168,6 +176,7 @@ async fn waiters_are_woken_by_shard_notices_on_a_cluster() {
             store(&cluster).await.with_scope_quota(quota),
             store(&cluster).await.with_scope_quota(quota),
             scripts_run,
+            kill_subscriptions,
         )
         .await;
     })

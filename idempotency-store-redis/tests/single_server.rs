@@ -119,6 +119,7 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_load_a_second() {
             store(&server).await,
             store(&server).await,
             || common::scripts_run(&server),
+            || common::kill_subscriptions(&server),
         )
         .await;
     })

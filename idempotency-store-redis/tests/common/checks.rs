@@ -198,6 +198,7 @@ pub async fn waiters_wake_at_once_and_load_about_once_a_second(
     owner: RedisStore,
     waiters_node: RedisStore,
     scripts_run: impl Fn() -> u64,
+    kill_subscriptions: impl Fn() -> u64,
 ) {
     use idempotency_core::{Ownership, RecordState};
     use tokio::time::Instant;
@@ -265,5 +266,41 @@ pub async fn waiters_wake_at_once_and_load_about_once_a_second(
     assert!(
         woken_after < Duration::from_millis(300),
         "a waiter woke {woken_after:?} after the release"
+    );
+
+    // The subscription is killed: a waiter meanwhile still finishes (it looks once a
+    // second), and the store subscribes again by itself, so waiters are woken at once
+    // again afterwards.
+    assert!(kill_subscriptions() > 0, "no subscribed connection to kill");
+    let one_waiter = |id: RecordId| {
+        let store = waiters_node.clone();
+        tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+    };
+    let during = super::id();
+    let token = reserve_new(&owner, &during, super::LONG, super::LONG).await;
+    let waiter = one_waiter(during.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let finalized_at = Instant::now();
+    owner
+        .finalize(&during, token, &response(b"during"))
+        .await
+        .unwrap();
+    assert!(waiter.await.unwrap().unwrap().is_some());
+    assert!(finalized_at.elapsed() < Duration::from_millis(1_500));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let after = super::id();
+    let token = reserve_new(&owner, &after, super::LONG, super::LONG).await;
+    let waiter = one_waiter(after.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let finalized_at = Instant::now();
+    owner
+        .finalize(&after, token, &response(b"after"))
+        .await
+        .unwrap();
+    assert!(waiter.await.unwrap().unwrap().is_some());
+    let woken_after = finalized_at.elapsed();
+    assert!(
+        woken_after < Duration::from_millis(300),
+        "after its subscription was killed, a waiter woke {woken_after:?} after the finalize"
     );
 }

@@ -346,3 +346,12 @@ pub fn scripts_run(server: &RedisServer) -> u64 {
         .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
+
+/// Kills the subscribed (pub/sub) connections of the server; returns how many.
+pub fn kill_subscriptions(server: &RedisServer) -> u64 {
+    server
+        .cli(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
