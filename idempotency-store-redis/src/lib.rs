@@ -477,8 +477,12 @@ impl RedisStore {
         }
     }
 
-    /// How and where finalize, release and evict announce that `id`'s record settled.
-    fn announcement(&self, id: &RecordId) -> (&'static str, Vec<u8>) {
+    /// How and where finalize, release and evict announce that `id`'s record settled, as
+    /// their scripts take it: `PUBLISH` and the store's channel on a single server,
+    /// `SPUBLISH` and the shard channel of the record's slot on a cluster (see [Waiting
+    /// duplicates](crate#waiting-duplicates)). For running the scripts raw, as the
+    /// benchmarks do.
+    pub fn announcement(&self, id: &RecordId) -> (&'static str, Vec<u8>) {
         self.notices.announcement(&self.record_key(id))
     }
 
