@@ -220,10 +220,11 @@
 //! loads its record, then sleeps until its record's notice comes or a second passes (a
 //! lapsed lease is not announced, and a notice sent while a subscription reconnects is
 //! lost), so a duplicate is woken at once and costs about one load a second instead of
-//! five. After a (re)subscription or a dropped connection every waiter looks again. A
-//! subscription that cannot be made within 5 s is logged and the waiter goes on looking
-//! once a second. The payload is the record's Redis key, which whoever may subscribe on
-//! the server may read anyway.
+//! five. After a (re)subscription or a dropped connection every waiter looks again.
+//! While no subscription is up (it could not be made within the operation timeout, or a
+//! single server's listener is reconnecting), new waiters poll as the trait's default
+//! `wait` does (5 ms doubling to 200 ms), and the failure is logged. The payload is the
+//! record's Redis key, which whoever may subscribe on the server may read anyway.
 //!
 //! # Checks at connect
 //!
@@ -585,14 +586,17 @@ impl IdempotencyStore for RedisStore {
     }
 
     /// Waiters are woken by the notice finalize, release and evict publish, and look
-    /// again at least once a second (a lapsed lease is not announced).
+    /// again at least once a second (a lapsed lease is not announced); without a
+    /// subscription they poll (the trait's default).
     async fn wait(
         &self,
         id: &RecordId,
         timeout: Duration,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let key = self.record_key(id);
-        let mut heard = self.notices.listen_for(&key, self.operation_timeout).await;
+        let Some(mut heard) = self.notices.listen_for(&key, self.operation_timeout).await else {
+            return wait_by_polling(self, id, timeout).await;
+        };
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let record = self.load(id).await?;

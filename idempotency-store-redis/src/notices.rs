@@ -11,6 +11,7 @@
 //!   slot starts, and stays subscribed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use tokio::sync::{OnceCell, broadcast, oneshot};
 /// not announced, and a notice can be lost while a subscribed connection reconnects.
 pub(crate) const SAFETY_POLL: Duration = Duration::from_secs(1);
 
-/// How long subscribing may take before a waiter goes on without it (and polls).
+/// How long the single server's listener may take to subscribe, per attempt.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What waiters hear: a settled record's key, or an empty payload meaning "look again"
@@ -46,6 +47,8 @@ pub(crate) enum Source {
     Server {
         client: Box<redis::Client>,
         listening: OnceCell<AbortOnDrop>,
+        /// Whether the listener is subscribed right now.
+        up: Arc<AtomicBool>,
     },
     /// A cluster: a RESP3 client whose pushes go to the board's sender, its connection
     /// (made by the first wait), and the slots subscribed so far.
@@ -78,6 +81,7 @@ impl Board {
             source: Source::Server {
                 client: Box::new(client),
                 listening: OnceCell::new(),
+                up: Arc::new(AtomicBool::new(false)),
             },
         }
     }
@@ -131,20 +135,26 @@ impl Board {
         channel
     }
 
-    /// A receiver of the notices that concern the record at `key`, from now on:
-    /// subscribed (as far as the server lets us within a few seconds) before it returns,
-    /// so that a waiter that loads its record after this misses no announcement.
+    /// A receiver of the notices that concern the record at `key`, from now on, once a
+    /// subscription that hears them is up (so that a waiter that loads its record after
+    /// this misses no announcement); `None` if none is up within `patience`, and the
+    /// waiter then polls.
     pub(crate) async fn listen_for(
         &self,
         key: &[u8],
         patience: Duration,
-    ) -> broadcast::Receiver<Notice> {
+    ) -> Option<broadcast::Receiver<Notice>> {
         let heard = self.sender.subscribe();
         match &self.source {
-            Source::Server { client, listening } => {
+            Source::Server {
+                client,
+                listening,
+                up,
+            } => {
                 listening
-                    .get_or_init(|| self.listen_on_server((**client).clone(), patience))
+                    .get_or_init(|| self.listen_on_server((**client).clone(), up.clone(), patience))
                     .await;
+                up.load(Ordering::Acquire).then_some(heard)
             }
             Source::Cluster(cluster) => {
                 let ClusterSource {
@@ -165,48 +175,68 @@ impl Board {
                         .await?;
                     connection.clone().ssubscribe(self.slot_channel(slot)).await
                 });
-                match tokio::time::timeout(SUBSCRIBE_TIMEOUT, subscribing).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(error)) => tracing::warn!(
-                        %error,
-                        "idempotency store: cannot subscribe to a Redis Cluster shard channel for settled records; waiters poll"
-                    ),
-                    Err(_) => tracing::warn!(
-                        "idempotency store: subscribing to a Redis Cluster shard channel timed out; waiters poll"
-                    ),
+                match tokio::time::timeout(patience, subscribing).await {
+                    Ok(Ok(())) => Some(heard),
+                    Ok(Err(error)) => {
+                        tracing::warn!(
+                            %error,
+                            "idempotency store: cannot subscribe to a Redis Cluster shard channel for settled records; waiters poll"
+                        );
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "idempotency store: subscribing to a Redis Cluster shard channel timed out; waiters poll"
+                        );
+                        None
+                    }
                 }
             }
         }
-        heard
     }
 
     /// Starts the single server's listener, waiting up to `patience` for its first
-    /// subscription; it keeps trying in the background, and waiters poll meanwhile.
-    async fn listen_on_server(&self, client: redis::Client, patience: Duration) -> AbortOnDrop {
+    /// attempt to subscribe; it keeps `up` current and keeps trying in the background,
+    /// and waiters poll while it is down.
+    async fn listen_on_server(
+        &self,
+        client: redis::Client,
+        up: Arc<AtomicBool>,
+        patience: Duration,
+    ) -> AbortOnDrop {
         let announce = self.sender.clone();
         let channel = self.channel.clone();
-        let (subscribed, first) = oneshot::channel();
+        let (tried, first) = oneshot::channel();
         let listening = tokio::spawn(async move {
-            let mut subscribed = Some(subscribed);
+            let mut tried = Some(tried);
             loop {
                 match subscribe(&client, &channel).await {
                     Ok(pubsub) => {
-                        if let Some(subscribed) = subscribed.take() {
-                            let _ = subscribed.send(());
+                        up.store(true, Ordering::Release);
+                        if let Some(tried) = tried.take() {
+                            let _ = tried.send(());
                         }
                         let _ = announce.send(Notice::from(&[][..]));
                         let mut messages = pubsub.into_on_message();
                         while let Some(message) = messages.next().await {
                             let _ = announce.send(Notice::from(message.get_payload_bytes()));
                         }
+                        up.store(false, Ordering::Release);
+                        // Waiters listening now may miss notices: they look again.
+                        let _ = announce.send(Notice::from(&[][..]));
                         tracing::warn!(
-                            "idempotency store: the Redis connection that hears settled records closed; reconnecting (waiters poll meanwhile)"
+                            "idempotency store: the Redis connection that hears settled records closed; reconnecting (waiters look once a second meanwhile)"
                         );
                     }
-                    Err(error) => tracing::warn!(
-                        %error,
-                        "idempotency store: cannot subscribe to Redis for settled records; retrying (waiters poll meanwhile)"
-                    ),
+                    Err(error) => {
+                        if let Some(tried) = tried.take() {
+                            let _ = tried.send(());
+                        }
+                        tracing::warn!(
+                            %error,
+                            "idempotency store: cannot subscribe to Redis for settled records; retrying (waiters poll meanwhile)"
+                        );
+                    }
                 }
                 tokio::time::sleep(SAFETY_POLL).await;
             }
@@ -299,6 +329,7 @@ mod tests {
             source: Source::Server {
                 client: Box::new(redis::Client::open("redis://127.0.0.1:1").unwrap()),
                 listening: OnceCell::new(),
+                up: Arc::new(AtomicBool::new(false)),
             },
         };
         for slot in [0, 1, 5000, 12182, 16383] {

@@ -125,3 +125,53 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_load_a_second() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_subscription_waiters_poll() {
+    use std::time::Duration;
+
+    use idempotency_core::{IdempotencyStore, Ownership, Reservation};
+    use tokio::time::Instant;
+
+    if !redis_available() {
+        return;
+    }
+    // A server (or a proxy) that does not let clients subscribe.
+    let server = RedisServer::start_with(&["--rename-command", "SUBSCRIBE", ""]);
+    bounded(60, async {
+        let owner = store(&server).await;
+        let waiters_node = store(&server).await;
+        let id = common::id();
+        let Reservation::Reserved(token) = owner
+            .reserve(&id, &common::binding(), common::LONG, common::LONG)
+            .await
+            .unwrap()
+        else {
+            panic!("a fresh key was not reserved")
+        };
+        let started = Instant::now();
+        let waiter = {
+            let id = id.clone();
+            tokio::spawn(async move { waiters_node.wait(&id, Duration::from_secs(20)).await })
+        };
+        // Half way between two looks of a waiter that looks once a second.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let finalized_at = Instant::now();
+        assert_eq!(
+            owner
+                .finalize(&id, token, &common::response(b"done"))
+                .await
+                .unwrap(),
+            Ownership::Held
+        );
+        assert!(waiter.await.unwrap().unwrap().is_some());
+        // Polling looks every 200 ms at most; looking once a second would take longer.
+        let woken_after = finalized_at.elapsed();
+        assert!(
+            woken_after < Duration::from_millis(400),
+            "a polling waiter woke {woken_after:?} after the finalize ({:?} after it started)",
+            started.elapsed()
+        );
+    })
+    .await;
+}
