@@ -202,6 +202,7 @@ impl Bench {
             other => return Err(format!("raw reserve did not reserve: {other:?}").into()),
         }
         let r = response();
+        let (how, channel) = self.store.announcement(id);
         let finalized = self
             .raw(
                 Operation::Finalize,
@@ -212,6 +213,8 @@ impl Bench {
                     &r.encode_headers(),
                     &r.body,
                     &r.encode_trailers(),
+                    how.as_bytes(),
+                    &channel,
                 ],
             )
             .await?;

@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
+
+use crate::notices::Board;
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{IntoConnectionInfo, RedisError, Value};
@@ -135,15 +137,16 @@ const RECONNECT_ATTEMPTS: usize = 1;
 /// server. The operation timeout still bounds the whole.
 const CLUSTER_RETRIES: u32 = 4;
 
-/// Opens the connection `options` describe and runs the connect-time checks.
-pub(crate) async fn open(options: &RedisOptions) -> Result<Link, ConnectError> {
+/// Opens the connection `options` describe and runs the connect-time checks; for a
+/// single server, also returns the client that subscribes to settled records.
+pub(crate) async fn open(options: &RedisOptions) -> Result<(Link, Board), ConnectError> {
     match &options.target {
         Target::Server(url) => open_server(url, options).await,
         Target::Cluster(nodes) => open_cluster(nodes, options).await,
     }
 }
 
-async fn open_server(url: &str, options: &RedisOptions) -> Result<Link, ConnectError> {
+async fn open_server(url: &str, options: &RedisOptions) -> Result<(Link, Board), ConnectError> {
     let target = redact(url);
     let client = redis::Client::open(url).map_err(|source| ConnectError::InvalidUrl {
         url: target.clone(),
@@ -170,10 +173,14 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<Link, ConnectE
         }
     }
     check_servers(&info, options)?;
-    Ok(Link::Server(manager))
+    let board = Board::server(client, options.prefix.as_str());
+    Ok((Link::Server(manager), board))
 }
 
-async fn open_cluster(nodes: &[String], options: &RedisOptions) -> Result<Link, ConnectError> {
+async fn open_cluster(
+    nodes: &[String],
+    options: &RedisOptions,
+) -> Result<(Link, Board), ConnectError> {
     let target = nodes
         .iter()
         .map(|n| redact(n))
@@ -212,7 +219,21 @@ async fn open_cluster(nodes: &[String], options: &RedisOptions) -> Result<Link, 
     check_slots(&connection, &target, options).await?;
     let info = info_of_each_primary(&connection, &target, options).await?;
     check_servers(&info, options)?;
-    Ok(Link::cluster(client, cluster, budget))
+    // The connection that hears settled records: RESP3, for sharded pub/sub pushes.
+    let board = Board::cluster(options.prefix.as_str(), |push| {
+        ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.operation_timeout)
+            .retries(CLUSTER_RETRIES)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(push)
+            .build()
+    })
+    .map_err(|source| ConnectError::InvalidUrl {
+        url: target.clone(),
+        source,
+    })?;
+    Ok((Link::cluster(client, cluster, budget), board))
 }
 
 /// Awaits `connecting` for at most `budget`, sorting its failure into unreachable (no

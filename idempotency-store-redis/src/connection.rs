@@ -153,19 +153,23 @@ impl Link {
 }
 
 impl RedisConnection {
-    /// Runs `script` on the record at `key`: `EVALSHA`, and after a server that does not
-    /// know the script yet (first use, a restart, a failover) answers `NOSCRIPT`, `EVAL`
-    /// with the whole source, which also caches it there. `args` appends the script's
-    /// arguments to either command.
+    /// Runs `script` on `keys` (the record's first, then any of its scope's accounting
+    /// keys, all in one slot): `EVALSHA`, and after a server that does not know the
+    /// script yet (first use, a restart, a failover) answers `NOSCRIPT`, `EVAL` with the
+    /// whole source, which also caches it there. `args` appends the script's arguments to
+    /// either command.
     pub(crate) async fn run(
         &self,
         script: &Script,
-        key: &[u8],
+        keys: &[Vec<u8>],
         args: impl Fn(&mut Cmd),
     ) -> RedisResult<Value> {
         let command = |verb: &str, script_ref: &str| {
             let mut cmd = redis::cmd(verb);
-            cmd.arg(script_ref).arg(1).arg(key);
+            cmd.arg(script_ref).arg(keys.len());
+            for key in keys {
+                cmd.arg(&key[..]);
+            }
             args(&mut cmd);
             cmd
         };

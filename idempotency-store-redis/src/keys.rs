@@ -14,6 +14,19 @@
 //! lands in the same slot, while different records spread over all slots. A scope or key
 //! that itself holds `}` ends the tag early; the tag is then shorter, but still the same
 //! for all of that record's keys, which is all that atomicity needs.
+//!
+//! A store with a scope quota uses the layout by scope, whose hash tag holds the scope
+//! alone, so that a scope's records and its accounting share a slot:
+//!
+//! ```text
+//! <prefix>{<scope length>:<scope>}:<key>       a record
+//! <prefix>{<scope length>:<scope>}#expiries    the scope's records by expiry (sorted set)
+//! <prefix>{<scope length>:<scope>}#bytes       the scope's bytes (hash)
+//! ```
+//!
+//! There too the length says where the scope ends; then comes `}`, where the other layout
+//! has `:`, so no key belongs to both layouts; and after the `}`, `:` starts a record's
+//! key and `#` an accounting key.
 
 use std::fmt;
 
@@ -59,6 +72,46 @@ impl KeyPrefix {
     /// The prefix as configured.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// `<prefix>{<scope length>:<scope>}`: the start of every key of `scope` in the
+    /// layout by scope (a store with a [`ScopeQuota`](idempotency_core::ScopeQuota)).
+    fn scope_tag(&self, scope: &str) -> Vec<u8> {
+        let length = scope.len().to_string();
+        let mut out = Vec::with_capacity(self.0.len() + length.len() + scope.len() + 16);
+        out.extend_from_slice(self.0.as_bytes());
+        out.push(b'{');
+        out.extend_from_slice(length.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(scope.as_bytes());
+        out.push(b'}');
+        out
+    }
+
+    /// The Redis key of the record of (`scope`, `key`) in the layout by scope, used when
+    /// the store has a scope quota: `<prefix>{<scope length>:<scope>}:<key>`. The hash
+    /// tag holds the scope alone, so all of a scope's records and its accounting keys
+    /// ([`scope_accounting_keys`](Self::scope_accounting_keys)) share one cluster slot.
+    pub fn scoped_record_key(&self, scope: &str, key: &str) -> Vec<u8> {
+        let mut out = self.scope_tag(scope);
+        out.reserve(key.len() + 1);
+        out.push(b':');
+        out.extend_from_slice(key.as_bytes());
+        out
+    }
+
+    /// The two keys that account for `scope`'s live records in the layout by scope: a
+    /// sorted set `<prefix>{<scope length>:<scope>}#expiries` (member: a record's Redis
+    /// key; score: its expiry, epoch milliseconds) and a hash
+    /// `<prefix>{<scope length>:<scope>}#bytes` (field: a record's Redis key, value: the
+    /// bytes it holds; field `total`: their sum).
+    pub fn scope_accounting_keys(&self, scope: &str) -> [Vec<u8>; 2] {
+        let tag = self.scope_tag(scope);
+        let mut expiries = tag.clone();
+        expiries.extend_from_slice(b"#expiries");
+        let mut bytes = tag;
+        bytes.extend_from_slice(b"#bytes");
+        [expiries, bytes]
     }
 
     /// The Redis key of the record of (`scope`, `key`).
@@ -111,6 +164,38 @@ mod tests {
         assert_ne!(key("", "1:a:b"), key("1:a", "b"));
         assert_ne!(key("}", "x"), key("", "}x"));
         assert_eq!(key("", "k"), b"idempotency:{0::k}");
+    }
+
+    #[test]
+    fn the_layout_by_scope_is_unambiguous_and_never_meets_the_other() {
+        let prefix = KeyPrefix::default();
+        let scoped = |scope: &str, key: &str| prefix.scoped_record_key(scope, key);
+        assert_eq!(scoped("tenant", "k"), b"idempotency:{6:tenant}:k");
+        assert_eq!(scoped("", "k"), b"idempotency:{0:}:k");
+        assert_ne!(scoped("a:b", "c"), scoped("a", "b:c"));
+        assert_ne!(scoped("a}", "x"), scoped("a", "}x"));
+        // A record key of one layout is never a key of the other, nor an accounting key.
+        for (scope, key) in [("a", "b"), ("a:b", "c"), ("", ""), ("x}", "#bytes")] {
+            let [expiries, bytes] = prefix.scope_accounting_keys(scope);
+            let keys = [
+                scoped(scope, key),
+                prefix.record_key(scope, key),
+                expiries,
+                bytes,
+            ];
+            for (i, one) in keys.iter().enumerate() {
+                for other in &keys[i + 1..] {
+                    assert_ne!(one, other, "{scope:?} {key:?}");
+                }
+            }
+        }
+        assert_eq!(
+            prefix.scope_accounting_keys("t"),
+            [
+                b"idempotency:{1:t}#expiries".to_vec(),
+                b"idempotency:{1:t}#bytes".to_vec()
+            ]
+        );
     }
 
     #[test]

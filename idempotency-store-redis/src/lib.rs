@@ -59,7 +59,8 @@
 //! The scope's length in bytes comes first, so no pair of (scope, key) can share a Redis
 //! key whatever bytes they hold (scope `a:b` + key `c` is `{3:a:b:c}`; scope `a` + key
 //! `b:c` is `{1:a:b:c}`). The braces make the whole id the hash tag: every key a record
-//! has lives in one slot, and records spread over all slots.
+//! has lives in one slot, and records spread over all slots. A store with a scope quota
+//! uses another layout, by scope: see [Scope quotas](#scope-quotas).
 //!
 //! | field | holds |
 //! | --- | --- |
@@ -75,8 +76,10 @@
 //! # The scripts
 //!
 //! Every operation is one Lua script, so it is atomic: the server runs it to the end
-//! before any other command. Each script touches exactly one key, the record's, so it
-//! runs on a cluster as on a single server. "Now" is the server's `TIME`, read inside
+//! before any other command. Each script touches the record's key only (with a scope
+//! quota, also its scope's two accounting keys, in the same slot; on a cluster it
+//! announces on a shard channel of that slot too), so it runs on a cluster as on a
+//! single server. "Now" is the server's `TIME`, read inside
 //! the script; the client's clock is never used, so clock skew between replicas cannot
 //! cause a double execution. A lease or an expiry ending at `t` is over at `t`. The
 //! scripts are sent by SHA-1 (`EVALSHA`); a server that does not know one yet (first
@@ -138,8 +141,90 @@
 //!   out or loses its connection also makes a fresh cluster connection in the background
 //!   (one at a time), which replaces the old one once it is up.
 //!
-//! Duplicates waiting for an in-flight owner poll the record (the trait's default `wait`:
-//! 5 ms, doubling to 200 ms); they are not notified.
+//! # Scope quotas
+//!
+//! [`RedisStore::with_scope_quota`] bounds the live records and bytes each scope (each
+//! tenant, each caller under a `CredentialScope`) may hold; see [`ScopeQuota`]. It is off
+//! by default. The reserve script counts the scope and writes the record in one step, so
+//! the bound holds across any number of replicas, on a single server and on a cluster.
+//! A new key over the bound gets [`StoreError::QuotaExceeded`], whose `retry_after` is
+//! the time until the scope's next record expires; the layer answers 429 with
+//! `Retry-After`. A reservation that finds a live record (a replay, a duplicate in
+//! flight) answers it before counting anything, so it is never refused; a finalize is
+//! never refused either (the request already ran), so an answer may take a scope over its
+//! byte bound, after which it reserves nothing more until it is back under. Other scopes
+//! are never affected.
+//!
+//! **The layout by scope.** A script may only touch keys of one hash slot, so with a
+//! quota the hash tag holds the scope alone, and the scope's accounting sits beside its
+//! records:
+//!
+//! ```text
+//! idempotency:{6:tenant}:0b7f5e2c-…     the record of scope "tenant", key "0b7f5e2c-…"
+//! idempotency:{6:tenant}#expiries        sorted set: member a record's key, score its expiry (epoch ms)
+//! idempotency:{6:tenant}#bytes           hash: a record's key → its bytes, and `total`
+//! ```
+//!
+//! The mapping stays unambiguous: the length says where the scope ends, and after its
+//! `}` a `:` starts a record's key and a `#` an accounting key. No key of one layout is a
+//! key of the other. What this costs:
+//!
+//! - **On a cluster, one scope lives on one primary.** A busy scope loads one primary
+//!   instead of all of them, and a service without scopes (every request in the scope
+//!   `""`) puts every record in one slot: use a quota on a cluster together with a
+//!   `CredentialScope`, or with scopes of your own. On a single server nothing changes.
+//! - **Switching the quota on or off moves every record.** Records written under the
+//!   other layout are not seen (they expire by themselves), so a retry that spans the
+//!   switch runs again, as after a change of key prefix. Every replica must agree: a
+//!   replica with a quota and one without do not see each other's records, and a
+//!   duplicate sent to both would run twice. Changing the bounds alone (or setting one
+//!   of the two) keeps the layout.
+//!
+//! **Counting.** Records expire natively, so the accounting never waits for a deletion
+//! it would be told about:
+//!
+//! - Records are counted with `ZCOUNT` over the members whose expiry is after now:
+//!   exact, whether or not expired members were removed yet.
+//! - Bytes are a running `total`, as [`ScopeQuota`] counts them
+//!   ([`RecordId::reserved_bytes`] at reserve, [`StoredResponse::stored_bytes`] added at
+//!   finalize). Each reservation of a new key removes up to 64 expired members and takes
+//!   their bytes off (each member once, so the work is spread over the reservations);
+//!   before refusing for bytes, it removes all of them, so a refusal never counts an
+//!   expired record.
+//! - Renew and take over move a record's score when they move its expiry; release and
+//!   evict remove its member; a reservation that replaces an expired record removes the
+//!   old member first.
+//! - Both accounting keys expire with the scope's last record (`PEXPIREAT` at the
+//!   highest score), and are deleted when the scope's last record is released or
+//!   evicted, so a scope that goes quiet leaves nothing behind.
+//!
+//! **Cost.** No round trip is added. Reserving a new key runs about ten more commands
+//! inside its script (each O(log n) in the scope's records), plus the pruning; a replay
+//! runs none; finalize two `HINCRBY`; release and evict three or four commands. Each
+//! live record also holds a sorted-set member and a hash field, each a copy of its key.
+//!
+//! # Waiting duplicates
+//!
+//! Finalize, release and evict announce the record's key from inside their scripts:
+//!
+//! - on a single server with `PUBLISH` on the channel `<prefix>settled`, to which each
+//!   store handle subscribes on one connection of its own, opened by its first wait;
+//! - on a cluster with `SPUBLISH` on a shard channel in the record's slot,
+//!   `<prefix>settled{<n>}` (`n` the smallest number whose hash slot is the record's), so
+//!   the notice stays on the primary that ran the script. Each store handle opens one
+//!   RESP3 cluster connection at its first wait (one more connection per primary), and
+//!   `SSUBSCRIBE`s to a slot's channel when the first waiter of that slot starts; it
+//!   stays subscribed, and the `redis` crate subscribes again after a reconnection.
+//!
+//! The store hands what it hears to every waiter of the process. A waiter subscribes,
+//! loads its record, then sleeps until its record's notice comes or a second passes (a
+//! lapsed lease is not announced, and a notice sent while a subscription reconnects is
+//! lost), so a duplicate is woken at once and costs about one load a second instead of
+//! five. After a (re)subscription or a dropped connection every waiter looks again.
+//! While no subscription is up (it could not be made within the operation timeout, or a
+//! single server's listener is reconnecting), new waiters poll as the trait's default
+//! `wait` does (5 ms doubling to 200 ms), and the failure is logged. The payload is the
+//! record's Redis key, which whoever may subscribe on the server may read anyway.
 //!
 //! # Checks at connect
 //!
@@ -172,16 +257,19 @@
 //!   answers 503.
 //! - Tested against Redis 7.0, a single server and a cluster. Valkey implements every
 //!   command the scripts use (`EVAL`/`EVALSHA`, `TIME`, `HMGET`, `HSET`, `PEXPIREAT`,
-//!   `DEL`), but no Valkey server runs in these tests.
+//!   `DEL`, `PUBLISH`, and on a cluster `SPUBLISH`/`SSUBSCRIBE` (Redis 7 or Valkey 7.2+);
+//!   with a scope quota also `ZADD`, `ZRANGE`, `ZRANGEBYSCORE`, `ZCOUNT`, `ZREM`,
+//!   `ZCARD`, `HGET`, `HINCRBY`, `HDEL`), but no Valkey server runs in these tests.
 //!
 //! # Tests
 //!
 //! The crate's tests start their own `redis-server` processes on free ports of
 //! 127.0.0.1: a single server with `appendonly yes`, and a three-primary Redis Cluster
 //! made with `redis-cli --cluster create`. They run the conformance suite and the
-//! reference model on both, race 64 requests through the layer over two store handles,
-//! restart the server and kill its connections under load, and check each connect-time
-//! error.
+//! reference model on both (with and without a scope quota), race 64 requests through
+//! the layer over two store handles, race two handles for a scope's last places, wake 50
+//! waiters by a notice and count their loads, restart the server and kill its
+//! connections under load, and check each connect-time error.
 //!
 //! # Feature flags
 //!
@@ -196,19 +284,20 @@ mod connect;
 mod connection;
 mod keys;
 mod lua;
+mod notices;
 mod options;
 mod scripts;
 
-use std::time::Duration;
-
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    StoreError, StoredResponse, async_trait,
+    ScopeQuota, StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
 };
 use redis::{Cmd, RedisError, Value};
+use tokio::sync::broadcast;
 
 pub use connect::ConnectError;
 pub use connection::RedisConnection;
@@ -238,6 +327,10 @@ pub struct RedisStore {
     prefix: KeyPrefix,
     operation_timeout: Duration,
     target: String,
+    quota: Option<ScopeQuota>,
+    /// Where settled records are announced and heard (see [Waiting
+    /// duplicates](crate#waiting-duplicates)).
+    notices: Arc<notices::Board>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -246,6 +339,7 @@ impl std::fmt::Debug for RedisStore {
             .field("target", &self.target)
             .field("prefix", &self.prefix)
             .field("operation_timeout", &self.operation_timeout)
+            .field("scope_quota", &self.quota)
             .finish_non_exhaustive()
     }
 }
@@ -261,7 +355,7 @@ impl RedisStore {
     /// Connects as `options` say, and checks the server(s): see
     /// [Checks at connect](crate#checks-at-connect).
     pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
-        let link = connect::open(&options).await?;
+        let (link, board) = connect::open(&options).await?;
         let target = match &options.target {
             Target::Server(url) => connect::redact(url),
             Target::Cluster(nodes) => format!(
@@ -278,7 +372,41 @@ impl RedisStore {
             prefix: options.prefix,
             operation_timeout: options.operation_timeout,
             target,
+            quota: None,
+            notices: Arc::new(board),
         })
+    }
+
+    /// Bounds what each scope may hold (see [`ScopeQuota`]): a reservation of a new key
+    /// that would take its scope over gets [`StoreError::QuotaExceeded`] (the layer
+    /// answers 429 with `Retry-After`), decided inside the reserve script, so atomically
+    /// across every replica, on a single server and on a cluster.
+    ///
+    /// **This changes the key layout** to the layout by scope (see
+    /// [Scope quotas](crate#scope-quotas)): a scope's records and its accounting share
+    /// one hash slot, so on a cluster one scope's load lands on one primary. Records
+    /// written without a quota are not seen with one, and the other way round: every
+    /// replica must have a quota, or none, and switching is like changing the key prefix
+    /// (a retry that spans the switch runs again).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency_core::ScopeQuota;
+    /// use idempotency_store_redis::RedisStore;
+    ///
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379")
+    ///     .await?
+    ///     .with_scope_quota(ScopeQuota::default().with_max_records(10_000));
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// The scope quota, if one is set.
+    pub fn scope_quota(&self) -> Option<&ScopeQuota> {
+        self.quota.as_ref()
     }
 
     /// The connection the store runs on, for your own commands beside it.
@@ -291,9 +419,26 @@ impl RedisStore {
         &self.prefix
     }
 
-    /// The Redis key of `id`'s record, e.g. to look at it with `redis-cli HGETALL`.
+    /// The Redis key of `id`'s record, e.g. to look at it with `redis-cli HGETALL`: in
+    /// the layout by scope when the store has a scope quota.
     pub fn record_key(&self, id: &RecordId) -> Vec<u8> {
-        self.prefix.record_key(&id.scope, &id.key)
+        match self.quota {
+            Some(_) => self.prefix.scoped_record_key(&id.scope, &id.key),
+            None => self.prefix.record_key(&id.scope, &id.key),
+        }
+    }
+
+    /// The keys `id`'s record runs its scripts on: the record's, and with a scope quota
+    /// its scope's two accounting keys (all three in one slot).
+    fn keys(&self, id: &RecordId) -> Vec<Vec<u8>> {
+        let record = self.record_key(id);
+        match self.quota {
+            Some(_) => {
+                let [expiries, bytes] = self.prefix.scope_accounting_keys(&id.scope);
+                vec![record, expiries, bytes]
+            }
+            None => vec![record],
+        }
     }
 
     /// The Lua script `operation` runs, exactly as the store sends it.
@@ -308,9 +453,9 @@ impl RedisStore {
         id: &RecordId,
         args: impl Fn(&mut Cmd),
     ) -> Result<Value, StoreError> {
-        let key = self.record_key(id);
+        let keys = self.keys(id);
         let connection = self.link.connection();
-        let running = connection.run(operation.script(), &key, args);
+        let running = connection.run(operation.script(), &keys, args);
         match tokio::time::timeout(self.operation_timeout, running).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(source)) => {
@@ -330,6 +475,33 @@ impl RedisStore {
                     timeout: self.operation_timeout,
                 }))
             }
+        }
+    }
+
+    /// How and where finalize, release and evict announce that `id`'s record settled, as
+    /// their scripts take it: `PUBLISH` and the store's channel on a single server,
+    /// `SPUBLISH` and the shard channel of the record's slot on a cluster (see [Waiting
+    /// duplicates](crate#waiting-duplicates)). For running the scripts raw, as the
+    /// benchmarks do.
+    pub fn announcement(&self, id: &RecordId) -> (&'static str, Vec<u8>) {
+        self.notices.announcement(&self.record_key(id))
+    }
+
+    /// The error for the reserve script's `{'over-quota', records, bytes, ms until the
+    /// scope's next expiry or -1}`.
+    fn over_quota(&self, parts: &[Value]) -> StoreError {
+        let number = |at: usize| match parts.get(at) {
+            Some(Value::Int(n)) => *n,
+            _ => 0,
+        };
+        let (records, bytes, wait) = (number(1), number(2), number(3));
+        let bound = self
+            .quota
+            .and_then(|quota| quota.refuses(records.max(0) as u64, bytes.max(0) as u64))
+            .unwrap_or_else(|| "its quota".to_owned());
+        StoreError::QuotaExceeded {
+            bound,
+            retry_after: (wait >= 0).then(|| Duration::from_millis(wait as u64)),
         }
     }
 
@@ -358,6 +530,7 @@ impl IdempotencyStore for RedisStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         let (lease, lifetime) = (millis(lease), millis(lifetime));
+        let bound = |max: Option<u64>| max.map_or_else(String::new, |max| max.to_string());
         for _ in 0..MAX_TOKEN_DRAWS {
             let token = new_token();
             let answer = self
@@ -368,6 +541,11 @@ impl IdempotencyStore for RedisStore {
                         .arg(&binding.method)
                         .arg(&binding.path)
                         .arg(&binding.body_sha256[..]);
+                    if let Some(quota) = &self.quota {
+                        cmd.arg(bound(quota.max_records))
+                            .arg(bound(quota.max_bytes))
+                            .arg(id.reserved_bytes(binding));
+                    }
                 })
                 .await?;
             let Value::Array(mut parts) = answer else {
@@ -390,6 +568,7 @@ impl IdempotencyStore for RedisStore {
                     return Ok(Reservation::Exists(record));
                 }
                 (Some(b"token-taken"), None) => continue,
+                (Some(b"over-quota"), _) => return Err(self.over_quota(&parts)),
                 _ => return Err(unexpected(Operation::Reserve, &Value::Array(parts))),
             }
         }
@@ -403,6 +582,42 @@ impl IdempotencyStore for RedisStore {
         match self.run(Operation::Load, id, |_| {}).await? {
             Value::Nil => Ok(None),
             record => decode_record(record).map(Some),
+        }
+    }
+
+    /// Waiters are woken by the notice finalize, release and evict publish, and look
+    /// again at least once a second (a lapsed lease is not announced); without a
+    /// subscription they poll (the trait's default).
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let key = self.record_key(id);
+        let Some(mut heard) = self.notices.listen_for(&key, self.operation_timeout).await else {
+            return wait_by_polling(self, id, timeout).await;
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let record = self.load(id).await?;
+            let now = tokio::time::Instant::now();
+            if is_settled(&record) || now >= deadline {
+                return Ok(record);
+            }
+            let look_again_at = deadline.min(now + notices::SAFETY_POLL);
+            loop {
+                match tokio::time::timeout_at(look_again_at, heard.recv()).await {
+                    Ok(Ok(notice)) if notice.is_empty() || *notice == *key => break,
+                    Ok(Ok(_)) => {}
+                    // Missed some: this record's may be among them.
+                    Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
+                    Ok(Err(broadcast::error::RecvError::Closed)) => {
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        return wait_by_polling(self, id, left).await;
+                    }
+                    Err(_time_to_look) => break,
+                }
+            }
         }
     }
 
@@ -426,19 +641,26 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<Ownership, StoreError> {
         let headers = response.encode_headers();
         let trailers = response.encode_trailers();
+        let (how, channel) = self.announcement(id);
         self.fenced(Operation::Finalize, id, |cmd| {
             cmd.arg(token.0)
                 .arg(response.status)
                 .arg(&headers[..])
                 .arg(&response.body[..])
-                .arg(&trailers[..]);
+                .arg(&trailers[..])
+                .arg(how)
+                .arg(&channel[..]);
+            if self.quota.is_some() {
+                cmd.arg(response.stored_bytes());
+            }
         })
         .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        let (how, channel) = self.announcement(id);
         self.fenced(Operation::Release, id, |cmd| {
-            cmd.arg(token.0);
+            cmd.arg(token.0).arg(how).arg(&channel[..]);
         })
         .await
     }
@@ -467,9 +689,12 @@ impl IdempotencyStore for RedisStore {
 
     async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
         let force = matches!(in_flight, EvictInFlight::Force);
+        let (how, channel) = self.announcement(id);
         let answer = self
             .run(Operation::Evict, id, |cmd| {
-                cmd.arg(if force { "force" } else { "refuse" });
+                cmd.arg(if force { "force" } else { "refuse" })
+                    .arg(how)
+                    .arg(&channel[..]);
             })
             .await?;
         let parts = match answer {

@@ -173,16 +173,19 @@ async fn under_load<T>(
     (kept, unavailable)
 }
 
-/// Kills the connections of every normal client of each server, ten times, 100 ms apart;
-/// returns how many connections it killed.
+/// Kills the connections of every client of each server, the ones that command and the
+/// ones subscribed to settled records alike, ten times, 100 ms apart; returns how many
+/// connections it killed.
 fn kill_clients(ports: Vec<u16>) -> JoinHandle<u64> {
     tokio::task::spawn_blocking(move || {
         let mut killed = 0;
         for _ in 0..10 {
             std::thread::sleep(Duration::from_millis(100));
             for port in &ports {
-                let answer = redis_cli(*port, &["CLIENT", "KILL", "TYPE", "normal"]);
-                killed += answer.trim().parse::<u64>().unwrap_or(0);
+                for kind in ["normal", "pubsub"] {
+                    let answer = redis_cli(*port, &["CLIENT", "KILL", "TYPE", kind]);
+                    killed += answer.trim().parse::<u64>().unwrap_or(0);
+                }
             }
         }
         killed

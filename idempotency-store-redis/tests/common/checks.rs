@@ -189,3 +189,118 @@ pub async fn sixty_four_racers_over_two_handles_run_once(a: RedisStore, b: Redis
     }
     assert_eq!(calls.0.load(Ordering::SeqCst), 1);
 }
+
+/// 50 duplicates wait on one replica while the owner, on another, takes 3 s: they are
+/// woken at once by the finalize's notice (without one they would look again only after
+/// a second), and cost about one load a second each (polling would cost five); a
+/// release wakes its waiters too. `scripts_run` counts the scripts the server(s) ran.
+pub async fn waiters_wake_at_once_and_load_about_once_a_second(
+    owner: RedisStore,
+    waiters_node: RedisStore,
+    scripts_run: impl Fn() -> u64,
+    kill_subscriptions: impl Fn() -> u64,
+) {
+    use idempotency_core::{Ownership, RecordState};
+    use tokio::time::Instant;
+
+    let id = id();
+    let token = reserve_new(&owner, &id, super::LONG, super::LONG).await;
+    // Subscribe (and load the scripts) first, so that the count below is the waiters'.
+    waiters_node.wait(&id, Duration::ZERO).await.unwrap();
+    let before = scripts_run();
+    let waiters: Vec<_> = (0..50)
+        .map(|_| {
+            let store = waiters_node.clone();
+            let id = id.clone();
+            tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let finalized_at = Instant::now();
+    assert_eq!(
+        owner
+            .finalize(&id, token, &response(b"done"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+    for waiter in waiters {
+        let record = waiter
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the finalized record");
+        assert_eq!(record.state, RecordState::Completed(response(b"done")));
+    }
+    let woken_after = finalized_at.elapsed();
+    let spent = scripts_run() - before;
+    assert!(
+        woken_after < Duration::from_millis(300),
+        "waiters woke {woken_after:?} after the finalize"
+    );
+    // Polling (5 ms doubling to 200 ms) would be about 17 loads per waiter in 3 s;
+    // listening is one at the start, one a second, one when woken.
+    assert!(
+        spent <= 50 * 6 + 1,
+        "50 waiters ran {spent} scripts in 3 s of waiting"
+    );
+
+    let released = super::id();
+    let token = reserve_new(&owner, &released, super::LONG, super::LONG).await;
+    let waiter = {
+        let store = waiters_node.clone();
+        let id = released.clone();
+        tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let released_at = Instant::now();
+    assert_eq!(
+        owner.release(&released, token).await.unwrap(),
+        Ownership::Held
+    );
+    assert!(
+        waiter.await.unwrap().unwrap().is_none(),
+        "a released record came back"
+    );
+    let woken_after = released_at.elapsed();
+    assert!(
+        woken_after < Duration::from_millis(300),
+        "a waiter woke {woken_after:?} after the release"
+    );
+
+    // The subscription is killed: a waiter meanwhile still finishes (it looks once a
+    // second), and the store subscribes again by itself, so waiters are woken at once
+    // again afterwards.
+    assert!(kill_subscriptions() > 0, "no subscribed connection to kill");
+    let one_waiter = |id: RecordId| {
+        let store = waiters_node.clone();
+        tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+    };
+    let during = super::id();
+    let token = reserve_new(&owner, &during, super::LONG, super::LONG).await;
+    let waiter = one_waiter(during.clone());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let finalized_at = Instant::now();
+    owner
+        .finalize(&during, token, &response(b"during"))
+        .await
+        .unwrap();
+    assert!(waiter.await.unwrap().unwrap().is_some());
+    assert!(finalized_at.elapsed() < Duration::from_millis(1_500));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let after = super::id();
+    let token = reserve_new(&owner, &after, super::LONG, super::LONG).await;
+    let waiter = one_waiter(after.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let finalized_at = Instant::now();
+    owner
+        .finalize(&after, token, &response(b"after"))
+        .await
+        .unwrap();
+    assert!(waiter.await.unwrap().unwrap().is_some());
+    let woken_after = finalized_at.elapsed();
+    assert!(
+        woken_after < Duration::from_millis(300),
+        "after its subscription was killed, a waiter woke {woken_after:?} after the finalize"
+    );
+}

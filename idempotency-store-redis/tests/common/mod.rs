@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod checks;
+pub mod quota;
 
 use idempotency_core::{Binding, Bytes, RecordId, StoredResponse};
 
@@ -334,4 +335,23 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
         body: Bytes::from_static(body),
         trailers: Vec::new(),
     }
+}
+
+/// How many `EVALSHA` calls the server on `port` has answered (every store operation is
+/// one).
+pub fn scripts_run(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Kills the subscribed (pub/sub) connections of the server; returns how many.
+pub fn kill_subscriptions(server: &RedisServer) -> u64 {
+    server
+        .cli(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .trim()
+        .parse()
+        .unwrap_or(0)
 }
