@@ -579,6 +579,8 @@ fn date() -> String {
 }
 
 fn main() {
+    // Only the Redis part sets the URL of the Redis it starts.
+    #[cfg_attr(not(feature = "redis"), allow(unused_mut))]
     let mut o = options();
     let mut rows = Vec::new();
     let mut tables = Vec::new();
