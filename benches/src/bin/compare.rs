@@ -603,6 +603,16 @@ impl GrpcSamples {
     }
 }
 
+/// One concurrency level of a gRPC summary row (medians over rounds).
+struct GrpcLevel {
+    rps: f64,
+    bare_rps: f64,
+    /// Calls/s against the neighbouring bare runs.
+    ratio: f64,
+    /// Server CPU per call against the neighbouring bare runs.
+    cpu_ratio: f64,
+}
+
 fn grpc_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     use benches::grpc::{self, KeyMode, LoadSettings};
     let seconds = o.seconds.unwrap_or(2);
@@ -798,42 +808,42 @@ fn grpc_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
         .join(" / ");
     let mut summary_row = |name: &str, i: usize, target: &str, ok: Option<&dyn Fn(f64) -> bool>| {
         let mode = scenarios[i].2;
-        let per_level: Vec<(f64, f64, f64, f64)> = o
+        let per_level: Vec<GrpcLevel> = o
             .connections
             .iter()
             .filter_map(|&c| {
                 let subject = results.get(&(i, c))?;
                 let bare = results.get(&(100 + mode_index(mode), c))?;
-                Some((
-                    subject.med(|r| r.load.rps),
-                    bare.med(|r| r.load.rps),
-                    median(&mut subject.vs_bare.clone()),
-                    median(&mut subject.cpu_vs_bare.clone()),
-                ))
+                Some(GrpcLevel {
+                    rps: subject.med(|r| r.load.rps),
+                    bare_rps: bare.med(|r| r.load.rps),
+                    ratio: median(&mut subject.vs_bare.clone()),
+                    cpu_ratio: median(&mut subject.cpu_vs_bare.clone()),
+                })
             })
             .collect();
         if per_level.is_empty() {
             return;
         }
-        let join = |f: &dyn Fn(&(f64, f64, f64, f64)) -> String| {
+        let join = |f: &dyn Fn(&GrpcLevel) -> String| {
             per_level.iter().map(f).collect::<Vec<_>>().join(" / ")
         };
         rows.push(Row {
             name: format!("{name} (calls in flight = {levels})"),
-            measured: format!("{} calls/s", join(&|l| format!("{:.0}", l.0))),
+            measured: format!("{} calls/s", join(&|l| format!("{:.0}", l.rps))),
             baseline: format!(
                 "{} calls/s (bare tonic, {})",
-                join(&|l| format!("{:.0}", l.1)),
+                join(&|l| format!("{:.0}", l.bare_rps)),
                 mode_name(mode)
             ),
             ratio: format!(
                 "{} (server CPU per call: {} bare's)",
-                join(&|l| format!("{:.3}×", l.2)),
-                join(&|l| format!("{:.2}×", l.3))
+                join(&|l| format!("{:.3}×", l.ratio)),
+                join(&|l| format!("{:.2}×", l.cpu_ratio))
             ),
             target: target.to_owned(),
             verdict: match ok {
-                Some(ok) => Verdict::from_bool(per_level.iter().all(|l| ok(l.2))),
+                Some(ok) => Verdict::from_bool(per_level.iter().all(|l| ok(l.ratio))),
                 None => Verdict::Info,
             },
         });
