@@ -29,9 +29,9 @@ connections=$(((conc + 15) / 16))
 load_args=(--addr "$addr" --mode "$load" --concurrency "$conc" --connections "$connections"
     --fixed-key k-callgrind)
 "$bin/grpc-load" "${load_args[@]}" --seconds 1 --nonce warm-$$ >/dev/null
-callgrind_control -z "$server" >/dev/null
+callgrind_control -z "$server" >/dev/null 2>&1
 result=$("$bin/grpc-load" "${load_args[@]}" --seconds "$secs" --nonce run-$$)
-callgrind_control -d "$server" >/dev/null
+callgrind_control -d "$server" >/dev/null 2>&1
 sleep 1
 # The calls of the window, and the one warm-up call grpc-load makes on each connection.
 calls=$(($(echo "$result" | grep -o 'requests=[0-9]*' | cut -d= -f2) + connections))
