@@ -4,13 +4,16 @@
 #   benches/run.sh --quick            # a few minutes on 2 cores
 #   benches/run.sh                    # the full run (about half an hour)
 #   benches/run.sh --quick --out /tmp/results.md --only http,sql,redis
+#   benches/run.sh --quick --only grpc   # bare tonic against the layer (gRPC profile)
 #
 # Every argument goes to the `compare` binary (see benches/src/bin/compare.rs). It needs:
 # wrk (Debian package, installed here if missing), PostgreSQL at
 # postgres://postgres@127.0.0.1:5432/test and MariaDB at mysql://root@127.0.0.1:3306/test
 # (override with BENCH_POSTGRES_URL / BENCH_MYSQL_URL); a database that does not answer is
-# reported as skipped. The Redis benchmarks start a redis-server of their own on a free
-# port (or use BENCH_REDIS_URL). Everything runs on 127.0.0.1 only.
+# reported as skipped. The gRPC part needs nothing installed: its server and its tonic
+# load generator (grpc-server, grpc-load) are built here. The Redis benchmarks start a
+# redis-server of their own on a free port (or use BENCH_REDIS_URL). Everything runs on
+# 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -104,6 +104,11 @@ impl Server {
             child,
         })
     }
+
+    /// The server process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Server {

@@ -1,12 +1,16 @@
-//! `compare [--quick] [--only inprocess,http,sql,redis,scale] [--out FILE] …`: runs every
+//! `compare [--quick] [--only inprocess,http,grpc,sql,redis,scale] [--out FILE] …`: runs every
 //! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
 //!
 //! Options:
 //! - `--quick`: short runs (a few minutes in all on 2 cores);
-//! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `sql`, `redis`, `scale`;
-//! - `--connections LIST`: HTTP concurrency levels (default `1,16,64`);
-//! - `--seconds N`, `--rounds N`: length of each `wrk` run and interleaved rounds;
-//! - `--server-threads N`: tokio worker threads of each HTTP server (default 1);
+//! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `grpc`, `sql`, `redis`,
+//!   `scale`;
+//! - `--connections LIST`: HTTP connections and gRPC calls in flight (default `1,16,64`);
+//! - `--grpc-connections N`: HTTP/2 connections the gRPC calls are spread over (default:
+//!   one per 16 calls in flight, rounded up);
+//! - `--seconds N`, `--rounds N`: length of each `wrk` (or `grpc-load`) run and
+//!   interleaved rounds;
+//! - `--server-threads N`: tokio worker threads of each HTTP or gRPC server (default 1);
 //! - `--peer PATH`: the `peer-idempotent` binary (default: its release build);
 //! - `--postgres-url`, `--mysql-url`: databases for the SQL benchmarks;
 //! - `--redis-url`: the Redis for the Redis benchmarks (default: a `redis-server` of the
@@ -28,6 +32,7 @@ struct Options {
     seconds: Option<u64>,
     rounds: Option<usize>,
     server_threads: usize,
+    grpc_connections: Option<usize>,
     peer: PathBuf,
     postgres_url: String,
     mysql_url: String,
@@ -38,13 +43,14 @@ struct Options {
 fn options() -> Options {
     let mut o = Options {
         quick: false,
-        sections: ["inprocess", "http", "sql", "redis", "scale"]
+        sections: ["inprocess", "http", "grpc", "sql", "redis", "scale"]
             .map(str::to_owned)
             .to_vec(),
         connections: vec![1, 16, 64],
         seconds: None,
         rounds: None,
         server_threads: 1,
+        grpc_connections: None,
         peer: PathBuf::from(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/peer-idempotent/target/release/peer-idempotent"
@@ -75,6 +81,9 @@ fn options() -> Options {
             "--rounds" => o.rounds = Some(value.parse().expect("--rounds takes a number")),
             "--server-threads" => {
                 o.server_threads = value.parse().expect("--server-threads takes a number")
+            }
+            "--grpc-connections" => {
+                o.grpc_connections = Some(value.parse().expect("--grpc-connections takes a number"))
             }
             "--peer" => o.peer = PathBuf::from(value),
             "--postgres-url" => o.postgres_url = value,
@@ -570,6 +579,301 @@ fn sql_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
     ));
 }
 
+/// One gRPC run: what the load generator measured, and the server's CPU time per call.
+#[derive(Clone, Copy)]
+struct GrpcRun {
+    load: LoadResult,
+    /// Server CPU time (all its threads) per completed call, in microseconds; NaN where
+    /// it cannot be read.
+    cpu_us: f64,
+}
+
+/// Results of one gRPC scenario at one concurrency level: its runs, and per run its
+/// throughput and CPU per call against the bare server's runs just before and after it.
+#[derive(Default)]
+struct GrpcSamples {
+    runs: Vec<GrpcRun>,
+    vs_bare: Vec<f64>,
+    cpu_vs_bare: Vec<f64>,
+}
+
+impl GrpcSamples {
+    fn med(&self, f: impl Fn(&GrpcRun) -> f64) -> f64 {
+        median(&mut self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+}
+
+/// One concurrency level of a gRPC summary row (medians over rounds).
+struct GrpcLevel {
+    rps: f64,
+    bare_rps: f64,
+    /// Calls/s against the neighbouring bare runs.
+    ratio: f64,
+    /// Server CPU per call against the neighbouring bare runs.
+    cpu_ratio: f64,
+}
+
+fn grpc_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
+    use benches::grpc::{self, KeyMode, LoadSettings};
+    let seconds = o.seconds.unwrap_or(2);
+    let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 5 });
+    let server_bin = sibling("grpc-server");
+    let load_bin = sibling("grpc-load");
+    let threads = o.server_threads.to_string();
+    let spawn = |name: &str, mode: &str| {
+        Server::spawn(
+            name,
+            &server_bin,
+            &["--threads", threads.as_str(), "--mode", mode],
+        )
+    };
+    // 0: bare tonic; 1: the same again (the noise floor); 2: the layer + memory store.
+    let servers = match (
+        spawn("bare tonic", "bare"),
+        spawn("bare tonic, second server", "bare"),
+        spawn("ours + memory", "memory"),
+    ) {
+        (Ok(a), Ok(b), Ok(c)) => [a, b, c],
+        (a, b, c) => {
+            for error in [a.err(), b.err(), c.err()].into_iter().flatten() {
+                rows.push(skipped("gRPC on loopback", error));
+            }
+            return;
+        }
+    };
+    let fixed_key = format!("k-fixed-{}", std::process::id());
+    for (i, server) in servers.iter().enumerate() {
+        if let Err(error) = grpc::check_replays(server.addr, &fixed_key, i == 2) {
+            rows.push(skipped(&format!("gRPC, {}", server.name), error));
+            return;
+        }
+    }
+    // Every subject is compared with the bare server driven by the same load: the same
+    // calls, the same metadata (bare tonic ignores `idempotency-key`), so that the ratio
+    // is the layer's cost alone.
+    let scenarios: [(&str, usize, KeyMode); 4] = [
+        ("bare tonic, second server, no key", 1, KeyMode::None),
+        ("ours + memory, no key", 2, KeyMode::None),
+        ("ours + memory, first execution", 2, KeyMode::Fresh),
+        ("ours + memory, replay", 2, KeyMode::Fixed),
+    ];
+    let modes = [KeyMode::None, KeyMode::Fresh, KeyMode::Fixed];
+    let mode_index = |mode: KeyMode| modes.iter().position(|m| *m == mode).expect("a mode");
+    let mode_name = |mode: KeyMode| match mode {
+        KeyMode::None => "no key",
+        KeyMode::Fresh => "fresh keys",
+        KeyMode::Fixed => "one key",
+    };
+
+    // Keys: (scenario, concurrency) for subjects; (100 + mode, concurrency) for bare.
+    let mut results: BTreeMap<(usize, usize), GrpcSamples> = BTreeMap::new();
+    let mut invocation = 0u64;
+    for &concurrency in &o.connections {
+        let connections = o
+            .grpc_connections
+            .unwrap_or(concurrency.div_ceil(16))
+            .clamp(1, concurrency.max(1));
+        let mut run = |server: &Server, mode: KeyMode| -> Option<GrpcRun> {
+            invocation += 1;
+            let settings = LoadSettings {
+                concurrency,
+                connections,
+                duration: std::time::Duration::from_secs(seconds),
+                mode,
+                nonce: format!("{}-{invocation}", std::process::id()),
+                fixed_key: fixed_key.clone(),
+            };
+            let cpu_before = grpc::cpu_ns(server.pid());
+            let load = grpc::run_load(&load_bin, server.addr, &settings)
+                .map_err(|error| eprintln!("gRPC, {}: {error}", server.name))
+                .ok()?;
+            let cpu_us = match (cpu_before, grpc::cpu_ns(server.pid())) {
+                (Some(a), Some(b)) => (b - a) as f64 / 1e3 / load.requests.max(1) as f64,
+                _ => f64::NAN,
+            };
+            Some(GrpcRun { load, cpu_us })
+        };
+        for round in 0..rounds {
+            eprintln!(
+                "grpc: {concurrency} calls in flight over {connections} connection(s), round {}/{rounds}",
+                round + 1
+            );
+            // bare, A, bare, B, …, the bare runs in the load of the subject next to them;
+            // every subject's ratio is against the mean of the bare runs just before and
+            // after it.
+            let mut order: Vec<usize> = (0..scenarios.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            let mut before: Option<(KeyMode, GrpcRun)> = None;
+            for i in order {
+                let (_, server, mode) = scenarios[i];
+                let b = match before {
+                    Some((m, run)) if m == mode => Some(run),
+                    _ => {
+                        let bare = run(&servers[0], mode);
+                        if let Some(bare) = bare {
+                            let key = (100 + mode_index(mode), concurrency);
+                            results.entry(key).or_default().runs.push(bare);
+                        }
+                        bare
+                    }
+                };
+                let subject = run(&servers[server], mode);
+                let after = run(&servers[0], mode);
+                if let Some(bare) = after {
+                    let key = (100 + mode_index(mode), concurrency);
+                    results.entry(key).or_default().runs.push(bare);
+                }
+                if let (Some(subject), Some(b), Some(a)) = (subject, b, after) {
+                    let samples = results.entry((i, concurrency)).or_default();
+                    samples
+                        .vs_bare
+                        .push(subject.load.rps / ((b.load.rps + a.load.rps) / 2.0));
+                    samples
+                        .cpu_vs_bare
+                        .push(subject.cpu_us / ((b.cpu_us + a.cpu_us) / 2.0));
+                    samples.runs.push(subject);
+                }
+                before = after.map(|bare| (mode, bare));
+            }
+        }
+    }
+    drop(servers);
+
+    let mut detail = Table::new(
+        format!(
+            "gRPC on loopback (tonic; grpc-load, 1 thread; servers: {} tokio worker thread(s); {seconds} s per run, median of {rounds} round(s); each run's ratios are against the mean of the bare runs, same load, just before and after it)",
+            o.server_threads
+        ),
+        &[
+            "server, load",
+            "calls in flight (connections)",
+            "calls/s",
+            "× bare calls/s",
+            "server CPU/call",
+            "× bare CPU/call",
+            "p50",
+            "p99",
+            "errors",
+        ],
+    );
+    let connections_of = |c: usize| {
+        o.grpc_connections
+            .unwrap_or(c.div_ceil(16))
+            .clamp(1, c.max(1))
+    };
+    let mut push = |label: String, c: usize, samples: &GrpcSamples| {
+        let errors: u64 = samples.runs.iter().map(|r| r.load.non_2xx).sum();
+        let ratio = |v: &[f64]| {
+            if v.is_empty() {
+                "1 (baseline)".to_owned()
+            } else {
+                format!("{:.3}", median(&mut v.to_vec()))
+            }
+        };
+        detail.push(vec![
+            label,
+            format!("{c} ({})", connections_of(c)),
+            format!("{:.0}", samples.med(|r| r.load.rps)),
+            ratio(&samples.vs_bare),
+            micros(samples.med(|r| r.cpu_us)),
+            ratio(&samples.cpu_vs_bare),
+            micros(samples.med(|r| r.load.p50_us)),
+            micros(samples.med(|r| r.load.p99_us)),
+            errors.to_string(),
+        ]);
+    };
+    for (m, mode) in modes.iter().enumerate() {
+        for &c in &o.connections {
+            if let Some(samples) = results.get(&(100 + m, c)) {
+                push(format!("bare tonic, {}", mode_name(*mode)), c, samples);
+            }
+        }
+    }
+    for (i, (label, _, _)) in scenarios.iter().enumerate() {
+        for &c in &o.connections {
+            if let Some(samples) = results.get(&(i, c)) {
+                push((*label).to_owned(), c, samples);
+            }
+        }
+    }
+    tables.push(detail);
+
+    let levels = o
+        .connections
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" / ");
+    let mut summary_row = |name: &str, i: usize, target: &str, ok: Option<&dyn Fn(f64) -> bool>| {
+        let mode = scenarios[i].2;
+        let per_level: Vec<GrpcLevel> = o
+            .connections
+            .iter()
+            .filter_map(|&c| {
+                let subject = results.get(&(i, c))?;
+                let bare = results.get(&(100 + mode_index(mode), c))?;
+                Some(GrpcLevel {
+                    rps: subject.med(|r| r.load.rps),
+                    bare_rps: bare.med(|r| r.load.rps),
+                    ratio: median(&mut subject.vs_bare.clone()),
+                    cpu_ratio: median(&mut subject.cpu_vs_bare.clone()),
+                })
+            })
+            .collect();
+        if per_level.is_empty() {
+            return;
+        }
+        let join = |f: &dyn Fn(&GrpcLevel) -> String| {
+            per_level.iter().map(f).collect::<Vec<_>>().join(" / ")
+        };
+        rows.push(Row {
+            name: format!("{name} (calls in flight = {levels})"),
+            measured: format!("{} calls/s", join(&|l| format!("{:.0}", l.rps))),
+            baseline: format!(
+                "{} calls/s (bare tonic, {})",
+                join(&|l| format!("{:.0}", l.bare_rps)),
+                mode_name(mode)
+            ),
+            ratio: format!(
+                "{} (server CPU per call: {} bare's)",
+                join(&|l| format!("{:.3}×", l.ratio)),
+                join(&|l| format!("{:.2}×", l.cpu_ratio))
+            ),
+            target: target.to_owned(),
+            verdict: match ok {
+                Some(ok) => Verdict::from_bool(per_level.iter().all(|l| ok(l.ratio))),
+                None => Verdict::Info,
+            },
+        });
+    };
+    summary_row(
+        "gRPC noise floor: the same bare tonic server in a second process",
+        0,
+        "",
+        None,
+    );
+    summary_row(
+        "gRPC, no key (ours + memory)",
+        1,
+        "costs < 1% (≥ 0.99×)",
+        Some(&|r| r >= 0.99),
+    );
+    summary_row(
+        "gRPC, keyed unary call, first execution (ours + memory)",
+        2,
+        "≥ 0.90×",
+        Some(&|r| r >= 0.90),
+    );
+    summary_row(
+        "gRPC, keyed unary call, replay (ours + memory)",
+        3,
+        "≥ 0.90×",
+        Some(&|r| r >= 0.90),
+    );
+}
+
 fn date() -> String {
     std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
@@ -615,6 +919,10 @@ fn main() {
     if wants("http") {
         eprintln!("HTTP on loopback…");
         http_section(&o, &mut rows, &mut tables);
+    }
+    if wants("grpc") {
+        eprintln!("gRPC on loopback…");
+        grpc_section(&o, &mut rows, &mut tables);
     }
     if wants("sql") {
         eprintln!("SQL stores…");

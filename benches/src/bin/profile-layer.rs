@@ -10,6 +10,13 @@
 //! `identity` (a no-op layer with `Router::layer`, no key), `per-route` (our layer with
 //! `Router::layer`, no key). Compare two modes' totals, divided by the request count.
 //!
+//! gRPC modes, on the tonic service of the gRPC benchmark (`benches/proto/bench.proto`,
+//! `IdempotencyLayer::grpc` over a memory store, as `grpc-server --mode memory`):
+//! `grpc-bare` (tonic's generated server alone), `grpc-none`, `grpc-fresh`, `grpc-replay`
+//! (the layer around it: no key, a new key per call, one key). Each call is a complete
+//! gRPC request (framed message, `content-type: application/grpc`); the answer is read to
+//! its trailers. No HTTP/2: this counts the layer against the generated service only.
+//!
 //! A third argument `metrics-off` builds the layer `with_metrics(false)`: the same
 //! requests without a single metrics call, to count what recording metrics costs when
 //! no recorder is installed (none ever is here).
@@ -17,7 +24,10 @@
 use std::convert::Infallible;
 
 use axum::body::Body;
+use benches::grpc::{BenchOrders, OrdersServer};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use http::{HeaderValue, Request, Response, header};
+use http_body_util::{BodyExt as _, Full};
 use idempotency_core::{IDEMPOTENCY_KEY, IdempotencyLayer};
 use idempotency_store_memory::MemoryStore;
 use tower::{Layer, Service, ServiceExt};
@@ -40,6 +50,14 @@ fn main() {
         ),
         "per-route" => drive(benches::app::layered(layer), &mode, requests),
         "none" | "fresh" | "replay" => drive(layer.layer(benches::app::bare()), &mode, requests),
+        "grpc-bare" => drive_grpc(OrdersServer::new(BenchOrders), &mode, requests),
+        "grpc-none" | "grpc-fresh" | "grpc-replay" => drive_grpc(
+            benches::grpc::memory_layer(100_000_000)
+                .with_metrics(metrics)
+                .layer(OrdersServer::new(BenchOrders)),
+            &mode,
+            requests,
+        ),
         other => panic!("unknown mode {other}"),
     }
 }
@@ -72,6 +90,51 @@ where
                 .await
                 .expect("the body");
             std::hint::black_box(body);
+        }
+    });
+}
+
+fn drive_grpc<S, B>(service: S, mode: &str, requests: u64)
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible> + Clone,
+    B: axum::body::HttpBody<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    let message = prost::Message::encode_to_vec(&benches::grpc::request_message());
+    let mut framed = BytesMut::with_capacity(5 + message.len());
+    framed.put_u8(0);
+    framed.put_u32(u32::try_from(message.len()).expect("a small message"));
+    framed.put_slice(&message);
+    let framed = framed.freeze();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(async {
+        for n in 0..requests {
+            let mut builder = Request::post(benches::grpc::METHOD)
+                .header(header::CONTENT_TYPE, "application/grpc")
+                .header(header::TE, "trailers");
+            match mode {
+                "grpc-fresh" => {
+                    let key = HeaderValue::try_from(format!("profile-{n}")).expect("a key");
+                    builder = builder.header(IDEMPOTENCY_KEY, key);
+                }
+                "grpc-replay" => builder = builder.header(IDEMPOTENCY_KEY, "profile-fixed"),
+                _ => {}
+            }
+            let request = builder
+                .body(Full::new(framed.clone()))
+                .expect("a valid request");
+            let response = service.clone().oneshot(request).await.expect("infallible");
+            let body = response.into_body().collect().await.expect("the body");
+            assert!(
+                body.trailers()
+                    .and_then(|t| t.get("grpc-status"))
+                    .is_some_and(|s| s == "0"),
+                "the call did not succeed"
+            );
+            std::hint::black_box(body.to_bytes());
         }
     });
 }
