@@ -134,6 +134,10 @@
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The docs point store authors at the `conformance` suite, which only exists with its
+// feature; a build of the docs without it (`cargo doc`) leaves those links unresolved.
+// The build with all features (docs.rs, `.ci/run`) checks every link.
+#![cfg_attr(not(feature = "conformance"), allow(rustdoc::broken_intra_doc_links))]
 
 mod advertise;
 mod binding;
