@@ -833,11 +833,14 @@ pub fn purge_scale(postgres_url: &str, settings: Settings) -> Vec<Row> {
 /// `INSERT` and finalize `UPDATE` (`SqliteStore::sql`, same parameters in the same order)
 /// on a file, table and pragmas set up by `SqliteStore::connect` exactly as for
 /// `--mode sqlite` (WAL, sqlx's default `synchronous = FULL`: a committed finalize
-/// survives a crash), but through ONE writer connection that every request shares (a
-/// pool of at most one connection, which hands it on in the order requests asked). No
-/// fencing, leases, binding checks or replays: the cost of the two statements alone.
+/// survives a crash), but through ONE writer connection that every request shares,
+/// behind a fair (first come, first served) async mutex. No fencing, leases, binding
+/// checks or replays: the cost of the two statements alone.
+/// (A pool of at most one connection, tried first, measured no faster: in one quick run
+/// each at 16 connections the store did 2.9× the pool's throughput and 4.6× the
+/// mutex's, both within that loaded machine's noise of each other.)
 struct RawSqlite {
-    pool: sqlx::SqlitePool,
+    connection: tokio::sync::Mutex<sqlx::SqliteConnection>,
     reserve: String,
     finalize: String,
     tokens: std::sync::atomic::AtomicI64,
@@ -858,8 +861,7 @@ pub async fn sqlite_raw_app(url: Option<&str>) -> Result<SqliteRawApp, String> {
             ))
             .display()
     );
-    let one_writer = PoolSettings::default().max_connections(1);
-    let store = SqliteStore::connect(url.unwrap_or(&default), &one_writer)
+    let store = SqliteStore::connect(url.unwrap_or(&default), &PoolSettings::default())
         .await
         .map_err(|e| e.to_string())?
         .with_table_name(HTTP_TABLE)
@@ -870,8 +872,15 @@ pub async fn sqlite_raw_app(url: Option<&str>) -> Result<SqliteRawApp, String> {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| i64::try_from(d.as_nanos() >> 8).unwrap_or(1));
+    // One connection opened by the store's pool (so with its pragmas), taken out of it.
+    let connection = store
+        .pool()
+        .acquire()
+        .await
+        .map_err(|e| e.to_string())?
+        .detach();
     Ok(SqliteRawApp(Arc::new(RawSqlite {
-        pool: store.pool().clone(),
+        connection: tokio::sync::Mutex::new(connection),
         reserve: store.sql(Operation::Reserve).to_owned(),
         finalize: store.sql(Operation::Finalize).to_owned(),
         tokens: std::sync::atomic::AtomicI64::new(seed),
@@ -930,7 +939,7 @@ async fn raw_keyed(
         .bind(token)
         .bind(millis(LEASE))
         .bind(millis(LIFETIME))
-        .fetch_one(&raw.pool)
+        .fetch_one(&mut *raw.connection.lock().await)
         .await
         .and_then(|row| row.try_get::<i64, _>("fencing_token"));
     match reserved {
@@ -968,7 +977,7 @@ async fn raw_keyed(
         .bind(stored.encode_headers())
         .bind(&stored.body[..])
         .bind(None::<Vec<u8>>)
-        .execute(&raw.pool)
+        .execute(&mut *raw.connection.lock().await)
         .await;
     match finalized {
         Ok(done) if done.rows_affected() == 1 => {}
