@@ -1,5 +1,10 @@
-//! The benchmark app over HTTP: `bench-server --mode bare|memory|sqlite|postgres|mysql|redis
-//! --listen 127.0.0.1:0 [--threads 1] [--database-url URL]`.
+//! The benchmark app over HTTP: `bench-server --mode
+//! bare|memory|sqlite|sqlite-raw|postgres|mysql|redis --listen 127.0.0.1:0 [--threads 1]
+//! [--database-url URL]`.
+//!
+//! `sqlite-raw` is the baseline of the SQLite store: the store's reserve and finalize
+//! statements issued by hand around the handler through one writer connection
+//! (`benches::sql::sqlite_raw_app`).
 //!
 //! Prints `listening on ADDR` once it accepts connections, then serves until killed.
 
@@ -44,7 +49,7 @@ fn parse_args() -> Args {
 
 async fn layer(args: &Args) -> Option<IdempotencyLayer> {
     match args.mode.as_str() {
-        "bare" => None,
+        "bare" | "sqlite-raw" => None,
         // The default bound (10,000) would fill up under a fresh-key load and answer 503.
         "memory" => Some(IdempotencyLayer::new(
             MemoryStore::new()
@@ -66,7 +71,7 @@ async fn layer(args: &Args) -> Option<IdempotencyLayer> {
         other => panic!(
             "unknown --mode {other} (bare, memory{}{})",
             if cfg!(feature = "sql") {
-                ", sqlite, postgres, mysql"
+                ", sqlite, sqlite-raw, postgres, mysql"
             } else {
                 "; the SQL modes need --features sql"
             },
@@ -88,6 +93,19 @@ fn main() {
         .build()
         .expect("tokio runtime");
     runtime.block_on(async move {
+        #[cfg(feature = "sql")]
+        let raw = match args.mode.as_str() {
+            "sqlite-raw" => Some(
+                benches::sql::sqlite_raw_app(args.database_url.as_deref())
+                    .await
+                    .unwrap_or_else(|error| panic!("cannot set up sqlite-raw: {error}")),
+            ),
+            _ => None,
+        };
+        #[cfg(not(feature = "sql"))]
+        if args.mode == "sqlite-raw" {
+            panic!("--mode sqlite-raw needs --features sql");
+        }
         let layer = layer(&args).await;
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
@@ -100,6 +118,11 @@ fn main() {
         )
         .and_then(|()| stdout.flush())
         .expect("stdout");
+        #[cfg(feature = "sql")]
+        if let Some(raw) = raw {
+            raw.serve(listener).await.expect("serve");
+            return;
+        }
         // The layer wraps the whole app, as the README recommends (and as the Iceberg
         // profile needs, to reload credentials through the router).
         match layer {

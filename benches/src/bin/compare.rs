@@ -484,7 +484,161 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
             );
         }
     }
+    sqlite_concurrency(
+        o,
+        &results,
+        find("ours + SQLite, first execution"),
+        find(&format!("{SQLITE_RAW}, first execution")),
+        rows,
+        tables,
+    );
     drop(servers);
+}
+
+/// Target 1 of issue 15: the SQLite store's first executions under concurrency, their
+/// p99 against their p50, and their throughput against the same two statements issued raw
+/// through one writer connection (`bench-server --mode sqlite-raw`) in the same run.
+fn sqlite_concurrency(
+    o: &Options,
+    results: &BTreeMap<(usize, usize), Samples>,
+    store: Option<usize>,
+    raw: Option<usize>,
+    rows: &mut Vec<Row>,
+    tables: &mut Vec<Table>,
+) {
+    let Some(store) = store else {
+        return;
+    };
+    // The median over rounds of each run's own p99 / p50.
+    let tail = |samples: &Samples| {
+        median(
+            &mut samples
+                .runs
+                .iter()
+                .map(|r| r.p99_us / r.p50_us)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut table = Table::new(
+        "SQLite, first execution under concurrency: the store against its two statements raw through one writer connection (`sqlite-raw`), same run (medians over rounds; p99/p50 is the median of each run's own ratio; store / raw is the median of the per-round ratios, each side against its neighbouring bare runs)",
+        &[
+            "connections",
+            "store req/s",
+            "store p50",
+            "store p99",
+            "store p99/p50",
+            "raw req/s",
+            "raw p50",
+            "raw p99",
+            "raw p99/p50",
+            "store / raw req/s",
+        ],
+    );
+    let mut tails = Vec::new();
+    let mut versus = Vec::new();
+    for &c in &o.connections {
+        let Some(s) = results.get(&(store, c)) else {
+            continue;
+        };
+        let r = raw.and_then(|raw| results.get(&(raw, c)));
+        let ratio = r.map(|r| {
+            median(
+                &mut s
+                    .vs_bare
+                    .iter()
+                    .zip(&r.vs_bare)
+                    .map(|(a, b)| a / b)
+                    .collect::<Vec<_>>(),
+            )
+        });
+        tails.push((c, tail(s), s.med(|x| x.p50_us), s.med(|x| x.p99_us)));
+        if let (Some(ratio), Some(r)) = (ratio, r) {
+            versus.push((c, ratio, s.med(|x| x.rps), r.med(|x| x.rps)));
+        }
+        let na = || "–".to_owned();
+        table.push(vec![
+            c.to_string(),
+            format!("{:.0}", s.med(|x| x.rps)),
+            micros(s.med(|x| x.p50_us)),
+            micros(s.med(|x| x.p99_us)),
+            format!("{:.1}×", tail(s)),
+            r.map_or_else(na, |r| format!("{:.0}", r.med(|x| x.rps))),
+            r.map_or_else(na, |r| micros(r.med(|x| x.p50_us))),
+            r.map_or_else(na, |r| micros(r.med(|x| x.p99_us))),
+            r.map_or_else(na, |r| format!("{:.1}×", tail(r))),
+            ratio.map_or_else(na, |x| format!("{x:.3}×")),
+        ]);
+    }
+    tables.push(table);
+    let levels = |v: &[usize]| {
+        v.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    let judged: Vec<_> = tails.iter().filter(|t| t.0 >= 16).collect();
+    if !judged.is_empty() {
+        rows.push(Row {
+            name: format!(
+                "HTTP, first execution (ours + SQLite): p99 within 5× its p50 (c = {})",
+                levels(&judged.iter().map(|t| t.0).collect::<Vec<_>>())
+            ),
+            measured: judged
+                .iter()
+                .map(|t| format!("p99 {}", micros(t.3)))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            baseline: judged
+                .iter()
+                .map(|t| format!("p50 {}", micros(t.2)))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            ratio: judged
+                .iter()
+                .map(|t| format!("{:.1}×", t.1))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            target: "≤ 5× p50".to_owned(),
+            verdict: Verdict::from_bool(judged.iter().all(|t| t.1 <= 5.0)),
+        });
+    }
+    if versus.is_empty() {
+        rows.push(skipped(
+            "HTTP, first execution (ours + SQLite) vs its statements raw through one writer",
+            "sqlite-raw did not run",
+        ));
+        return;
+    }
+    let at16 = versus.iter().find(|v| v.0 == 16);
+    rows.push(Row {
+        name: format!(
+            "HTTP, first execution (ours + SQLite) vs the same 2 statements raw through one writer connection (c = {})",
+            levels(&versus.iter().map(|v| v.0).collect::<Vec<_>>())
+        ),
+        measured: format!(
+            "{} req/s",
+            versus
+                .iter()
+                .map(|v| format!("{:.0}", v.2))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        ),
+        baseline: format!(
+            "{} req/s (sqlite-raw)",
+            versus
+                .iter()
+                .map(|v| format!("{:.0}", v.3))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        ),
+        ratio: versus
+            .iter()
+            .map(|v| format!("{:.3}×", v.1))
+            .collect::<Vec<_>>()
+            .join(" / "),
+        target: "≥ 1× at 16 connections".to_owned(),
+        verdict: at16.map_or(Verdict::Info, |v| Verdict::from_bool(v.1 >= 1.0)),
+    });
 }
 
 #[cfg(feature = "sql")]
@@ -500,6 +654,19 @@ fn sql_servers(o: &Options, server_bin: &PathBuf, base: &[&str], start: &mut Sta
         &[base, &["--mode", "sqlite", "--database-url", &sqlite_url]].concat(),
         &["fresh", "fixed"],
     );
+    // The SQLite store's baseline: its two statements raw through one writer connection,
+    // on a file of its own with the same pragmas.
+    let raw_path = std::env::temp_dir().join(format!(
+        "idempotency-bench-http-raw-{}.sqlite",
+        std::process::id()
+    ));
+    let raw_url = format!("sqlite://{}?mode=rwc", raw_path.display());
+    start(
+        SQLITE_RAW,
+        server_bin,
+        &[base, &["--mode", "sqlite-raw", "--database-url", &raw_url]].concat(),
+        &["fresh"],
+    );
     start(
         "ours + PostgreSQL",
         server_bin,
@@ -511,6 +678,9 @@ fn sql_servers(o: &Options, server_bin: &PathBuf, base: &[&str], start: &mut Sta
         &["fresh", "fixed"],
     );
 }
+
+/// The name of the `sqlite-raw` server in the HTTP tables.
+const SQLITE_RAW: &str = "SQLite raw, one writer connection";
 
 #[cfg(not(feature = "sql"))]
 fn sql_servers(_: &Options, _: &PathBuf, _: &[&str], _: &mut StartServer<'_>) {}
