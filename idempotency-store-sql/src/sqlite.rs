@@ -246,6 +246,10 @@ impl SqliteStore {
     ) -> Result<Self, StoreError> {
         let pool = settings
             .pool_options()
+            // A connection to a file cannot drop the way a socket can; the check before
+            // each acquire would be one more round trip to the connection's thread,
+            // taken while this store's writers queue behind the one holding the lock.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(backend)?;
