@@ -253,22 +253,8 @@ pub fn run_load(
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .ok_or_else(|| {
-            format!(
-                "grpc-load printed no result: {stdout} {}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        })?;
-    let field = |name: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN)
-    };
+    let result = crate::http_load::ResultLine::of("grpc-load", &output)?;
+    let field = |name: &str| result.field(name);
     Ok(LoadResult {
         requests: field("requests") as u64,
         rps: field("rps"),

@@ -232,22 +232,8 @@ pub fn run_wrk(
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run wrk (apt-get install -y wrk): {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .ok_or_else(|| {
-            format!(
-                "wrk printed no result: {stdout} {}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-        })?;
-    let field = |name: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN)
-    };
+    let result = ResultLine::of("wrk", &output)?;
+    let field = |name: &str| result.field(name);
     let requests = field("requests");
     let seconds = field("duration_us") / 1e6;
     Ok(LoadResult {
@@ -258,4 +244,34 @@ pub fn run_wrk(
         non_2xx: field("non2xx") as u64,
         socket_errors: field("socket_errors") as u64,
     })
+}
+
+/// The `RESULT name=value …` line a load generator prints last (`wrk` through its Lua
+/// script, `grpc-load`).
+pub struct ResultLine(String);
+
+impl ResultLine {
+    /// Finds the line in what `tool` printed, or says what it printed instead.
+    pub fn of(tool: &str, output: &std::process::Output) -> Result<Self, String> {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .map(|line| Self(line.to_owned()))
+            .ok_or_else(|| {
+                format!(
+                    "{tool} printed no result: {stdout} {}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+            })
+    }
+
+    /// The value of `name=…`, or NaN when it is missing or not a number.
+    pub fn field(&self, name: &str) -> f64 {
+        self.0
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
 }
