@@ -91,27 +91,29 @@ pub async fn server_layer(mode: &str, url: Option<&str>) -> Result<IdempotencyLa
                 .await
                 .map_err(|e| e.to_string())?,
         ),
-        "sqlite" => {
-            let default = format!(
-                "sqlite:{}",
-                std::env::temp_dir()
-                    .join(format!("idempotency-bench-{}.sqlite", std::process::id()))
-                    .display()
-            );
-            Arc::new(
-                SqliteStore::connect(url.unwrap_or(&default), &settings)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .with_table_name(HTTP_TABLE)
-                    .map_err(|e| e.to_string())?
-                    .migrate()
-                    .await
-                    .map_err(|e| e.to_string())?,
-            )
-        }
+        "sqlite" => Arc::new(http_sqlite_store(url, "idempotency-bench").await?),
         other => return Err(format!("unknown SQL mode {other}")),
     };
     Ok(IdempotencyLayer::from_shared_store(store))
+}
+
+/// The SQLite store of the HTTP benchmarks, at `url` or in a file `<name>-<pid>.sqlite` of
+/// the temporary directory, with its table migrated.
+async fn http_sqlite_store(url: Option<&str>, name: &str) -> Result<SqliteStore, String> {
+    let default = format!(
+        "sqlite:{}",
+        std::env::temp_dir()
+            .join(format!("{name}-{}.sqlite", std::process::id()))
+            .display()
+    );
+    SqliteStore::connect(url.unwrap_or(&default), &PoolSettings::default())
+        .await
+        .map_err(|e| e.to_string())?
+        .with_table_name(HTTP_TABLE)
+        .map_err(|e| e.to_string())?
+        .migrate()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The binding every benchmark record carries.
@@ -852,23 +854,7 @@ pub struct SqliteRawApp(Arc<RawSqlite>);
 /// Sets up the app of `bench-server --mode sqlite-raw`: the file, table and pragmas as
 /// `--mode sqlite` has them, and one writer connection.
 pub async fn sqlite_raw_app(url: Option<&str>) -> Result<SqliteRawApp, String> {
-    let default = format!(
-        "sqlite:{}",
-        std::env::temp_dir()
-            .join(format!(
-                "idempotency-bench-raw-{}.sqlite",
-                std::process::id()
-            ))
-            .display()
-    );
-    let store = SqliteStore::connect(url.unwrap_or(&default), &PoolSettings::default())
-        .await
-        .map_err(|e| e.to_string())?
-        .with_table_name(HTTP_TABLE)
-        .map_err(|e| e.to_string())?
-        .migrate()
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = http_sqlite_store(url, "idempotency-bench-raw").await?;
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| i64::try_from(d.as_nanos() >> 8).unwrap_or(1));

@@ -77,14 +77,21 @@ impl KeyPrefix {
     /// `<prefix>{<scope length>:<scope>}`: the start of every key of `scope` in the
     /// layout by scope (a store with a [`ScopeQuota`](idempotency_core::ScopeQuota)).
     fn scope_tag(&self, scope: &str) -> Vec<u8> {
+        let mut out = self.open_tag(scope, 16);
+        out.push(b'}');
+        out
+    }
+
+    /// `<prefix>{<scope length>:<scope>`, the start both layouts share, with room for
+    /// `more` bytes after it.
+    fn open_tag(&self, scope: &str, more: usize) -> Vec<u8> {
         let length = scope.len().to_string();
-        let mut out = Vec::with_capacity(self.0.len() + length.len() + scope.len() + 16);
+        let mut out = Vec::with_capacity(self.0.len() + length.len() + scope.len() + 2 + more);
         out.extend_from_slice(self.0.as_bytes());
         out.push(b'{');
         out.extend_from_slice(length.as_bytes());
         out.push(b':');
         out.extend_from_slice(scope.as_bytes());
-        out.push(b'}');
         out
     }
 
@@ -116,13 +123,7 @@ impl KeyPrefix {
 
     /// The Redis key of the record of (`scope`, `key`).
     pub fn record_key(&self, scope: &str, key: &str) -> Vec<u8> {
-        let length = scope.len().to_string();
-        let mut out = Vec::with_capacity(self.0.len() + length.len() + scope.len() + key.len() + 4);
-        out.extend_from_slice(self.0.as_bytes());
-        out.push(b'{');
-        out.extend_from_slice(length.as_bytes());
-        out.push(b':');
-        out.extend_from_slice(scope.as_bytes());
+        let mut out = self.open_tag(scope, key.len() + 2);
         out.push(b':');
         out.extend_from_slice(key.as_bytes());
         out.push(b'}');
