@@ -275,19 +275,10 @@ pub(crate) fn slot_of(key: &[u8]) -> u16 {
     crc16(hashed) % 16384
 }
 
+/// CRC16 as Redis Cluster computes slots with it (XMODEM), from the `crc16` crate the
+/// `redis` crate hashes its cluster keys with.
 fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
+    crc16::State::<crc16::XMODEM>::calculate(bytes)
 }
 
 /// For each slot, the smallest number whose decimal digits hash to it.
