@@ -12,17 +12,18 @@ use idempotency_core::{
     InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
     StoreError, StoredResponse, async_trait,
 };
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool};
-use sqlx::{FromRow, Row};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
-    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
-    trailers_column,
+    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, backend, evict_verdict,
+    new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
+
+mod writer;
+
+use writer::{EncodedAnswer, Write, Writer, Written, owned_query};
 
 /// "Now" by the database clock, in epoch milliseconds. `julianday('now')` has millisecond
 /// resolution and is the same for every use within one statement; `ROUND` removes the
@@ -33,7 +34,16 @@ const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS
 /// An [`IdempotencyStore`] in a SQLite database file (SQLite 3.35 or later): the
 /// embedded default, with no server to run. Several processes may share the file on one
 /// host; replicas on several hosts need PostgreSQL or MySQL. Cheap to clone: clones
-/// share the pool.
+/// share the pool and the writer.
+///
+/// SQLite lets one connection write at a time, and every commit waits for the disk. A
+/// write that finds none of this store's writes running runs at once, as its own
+/// statement; writes that find one running queue, and the store's writer task commits
+/// all that wait in one transaction, answering each after that commit (group commit: one
+/// flush for the group, so throughput grows with concurrency instead of staying at one
+/// flush per write). A reserve reads first: a live record (a replay, a duplicate) is
+/// answered by a `SELECT`, without waiting for the write lock. Durability is SQLite's
+/// default, `synchronous = FULL`: no caller hears of a write before it is on disk.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,9 +61,8 @@ pub struct SqliteStore {
     table: TableName,
     sql: Arc<Statements>,
     quota: Option<ScopeQuota>,
-    /// The turn to write, shared by clones: one writing statement (or transaction) of
-    /// this store at a time, in the order they asked.
-    writes: Arc<Semaphore>,
+    /// The task that runs this store's writes, shared by clones (see [`writer`]).
+    writer: Arc<Writer>,
 }
 
 #[derive(Debug)]
@@ -206,11 +215,11 @@ impl SqliteStore {
     pub fn new(pool: SqlitePool) -> Self {
         let table = TableName::default();
         Self {
-            pool,
             sql: Arc::new(Statements::new(&table)),
             table,
             quota: None,
-            writes: Arc::new(Semaphore::new(1)),
+            writer: Arc::new(Writer::new(pool.clone())),
+            pool,
         }
     }
 
@@ -342,101 +351,14 @@ impl SqliteStore {
         Ok(self)
     }
 
-    /// Reserves on one connection (a write transaction's, when a quota is checked).
-    async fn reserve_on(
-        &self,
-        connection: &mut SqliteConnection,
-        id: &RecordId,
-        binding: &Binding,
-        lease: Duration,
-        lifetime: Duration,
-    ) -> Result<Reservation, StoreError> {
-        // The upsert returns the row as it stands after it ran: ours if it inserted
-        // (tokens are 64 random bits, so a live row holding the very token we just drew
-        // is a 1-in-2^64 chance), else the existing row, untouched. A live one is the
-        // answer; an expired one is replaced by a second, conditional statement, unless
-        // another request replaced (or purge removed) it first, and then we look again.
-        for _ in 0..MAX_ATTEMPTS {
-            let token = new_token();
-            let bind = |sql| {
-                sqlx::query(sql)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lease))
-                    // In flight under a live lease, a record never expires.
-                    .bind(millis(lifetime.max(lease)))
-            };
-            let row = bind(&self.sql.reserve)
-                .fetch_one(&mut *connection)
-                .await
-                .map_err(backend)?;
-            let raw = RawRecord::from_row(&row).map_err(backend)?;
-            if raw.fencing_token == token.0 {
-                return Ok(Reservation::Reserved(token));
-            }
-            let expires_at_ms: i64 = row.try_get("expires_at_ms").map_err(backend)?;
-            if expires_at_ms > raw.now_ms {
-                return Ok(Reservation::Exists(raw.into_record()?));
-            }
-            let replaced = bind(&self.sql.replace_expired)
-                .execute(&mut *connection)
-                .await
-                .map_err(backend)?;
-            if replaced.rows_affected() == 1 {
-                return Ok(Reservation::Reserved(token));
-            }
-        }
-        Err(too_many_races("reserve"))
+    /// Runs a write on this store's writer, answering once it is committed.
+    async fn write(&self, write: Write) -> Result<Written, StoreError> {
+        self.writer.write(&self.sql, write).await
     }
 
-    /// Waits for this store's turn to write.
-    ///
-    /// SQLite lets one writer into a database at a time. Left to itself, every
-    /// connection that finds the write lock taken sleeps in SQLite's busy handler and
-    /// tries again, with sleeps that grow: under a few concurrent writers some requests
-    /// wait hundreds of milliseconds while the lock is free. Queueing this store's writers
-    /// here instead hands the lock on at once, in order. (Writers in other processes on
-    /// the same file still meet the busy handler.)
-    async fn turn_to_write(&self) -> SemaphorePermit<'_> {
-        self.writes
-            .acquire()
-            .await
-            .expect("the write gate is never closed")
-    }
-
-    /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
-    async fn fenced(&self, query: SqliteQuery<'_>) -> Result<Ownership, StoreError> {
-        let _turn = self.turn_to_write().await;
-        let done = query.execute(&self.pool).await.map_err(backend)?;
-        Ok(ownership(done.rows_affected()))
-    }
-
-    /// A statement whose first three parameters are the record id and the token.
-    fn owned_query<'q>(
-        &self,
-        sql: &'q str,
-        id: &'q RecordId,
-        token: FencingToken,
-    ) -> SqliteQuery<'q> {
-        sqlx::query(sql).bind(&id.scope).bind(&id.key).bind(token.0)
-    }
-
-    /// The fenced finalize, with its parameters.
-    fn finalize_query<'q>(
-        &'q self,
-        id: &'q RecordId,
-        token: FencingToken,
-        response: &'q StoredResponse,
-    ) -> SqliteQuery<'q> {
-        self.owned_query(&self.sql.finalize, id, token)
-            .bind(i32::from(response.status))
-            .bind(response.encode_headers())
-            .bind(&response.body[..])
-            .bind(trailers_column(response))
+    /// Runs a fenced write: the token held the record iff it changed one row.
+    async fn fenced(&self, write: Write) -> Result<Ownership, StoreError> {
+        Ok(ownership(self.write(write).await?.rows()))
     }
 
     /// Finalizes the request's reservation **inside your transaction**, with the answer
@@ -515,8 +437,13 @@ impl SqliteStore {
         let stored = prepared
             .stored()
             .expect("prepare() passes on only answers with something to store");
-        let done = self
-            .finalize_query(reservation.id(), reservation.token(), stored)
+        let answer = EncodedAnswer::new(stored);
+        let done = answer
+            .bind(owned_query(
+                &self.sql.finalize,
+                reservation.id(),
+                reservation.token(),
+            ))
             .execute(transaction)
             .await
             .map_err(FinalizeError::Database)?;
@@ -533,41 +460,20 @@ impl IdempotencyStore for SqliteStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        let _turn = self.turn_to_write().await;
-        let Some(quota) = self.quota else {
-            let mut connection = self.pool.acquire().await.map_err(backend)?;
-            return self
-                .reserve_on(&mut connection, id, binding, lease, lifetime)
-                .await;
-        };
-        // One write transaction reads the scope's usage and claims its room: SQLite lets
-        // one writer in at a time, so nothing changes the scope in between. A replay is
-        // never refused.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(backend)?;
-        let usage = sqlx::query(&self.sql.scope_usage)
-            .bind(&id.scope)
-            .bind(&id.key)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let usage = ScopeUsage {
-            key_live: usage.try_get("key_live").map_err(backend)?,
-            records: usage.try_get("records").map_err(backend)?,
-            bytes: usage.try_get("bytes").map_err(backend)?,
-            next_expiry_in_ms: usage.try_get("next_expiry_in_ms").map_err(backend)?,
-        };
-        if let Some(refusal) = usage.refusal(&quota) {
-            return Err(refusal);
+        // A live record answers a replay or a duplicate as the reserve would, and reading
+        // it needs no turn at the write lock: replays run side by side on the pool's
+        // connections. A new key costs one SELECT more, next to its commit's flush.
+        if let Some(record) = self.load(id).await? {
+            return Ok(Reservation::Exists(record));
         }
-        let reservation = self
-            .reserve_on(&mut tx, id, binding, lease, lifetime)
-            .await?;
-        tx.commit().await.map_err(backend)?;
-        Ok(reservation)
+        let reserve = Write::Reserve {
+            id: id.clone(),
+            binding: binding.clone(),
+            lease,
+            lifetime,
+            quota: self.quota,
+        };
+        Ok(self.write(reserve).await?.reservation())
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -586,10 +492,11 @@ impl IdempotencyStore for SqliteStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        self.fenced(
-            self.owned_query(&self.sql.renew, id, token)
-                .bind(millis(lease)),
-        )
+        self.fenced(Write::Renew {
+            id: id.clone(),
+            token,
+            lease,
+        })
         .await
     }
 
@@ -599,12 +506,20 @@ impl IdempotencyStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        self.fenced(self.finalize_query(id, token, response)).await
+        self.fenced(Write::Finalize {
+            id: id.clone(),
+            token,
+            answer: EncodedAnswer::new(response),
+        })
+        .await
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
-        self.fenced(self.owned_query(&self.sql.release, id, token))
-            .await
+        self.fenced(Write::Release {
+            id: id.clone(),
+            token,
+        })
+        .await
     }
 
     async fn take_over(
@@ -615,24 +530,20 @@ impl IdempotencyStore for SqliteStore {
     ) -> Result<Option<FencingToken>, StoreError> {
         let token = new_token_other_than(lapsed);
         let outcome = self
-            .fenced(
-                self.owned_query(&self.sql.take_over, id, lapsed)
-                    .bind(token.0)
-                    .bind(millis(lease)),
-            )
+            .fenced(Write::TakeOver {
+                id: id.clone(),
+                lapsed,
+                token,
+                lease,
+            })
             .await?;
         Ok((outcome == Ownership::Held).then_some(token))
     }
 
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let _turn = self.turn_to_write().await;
-        let done = sqlx::query(&self.sql.purge)
-            .bind(limit)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(Purged::Deleted(done.rows_affected()))
+        let deleted = self.write(Write::Purge { limit }).await?.rows();
+        Ok(Purged::Deleted(deleted))
     }
 
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
@@ -651,14 +562,12 @@ impl IdempotencyStore for SqliteStore {
                 Ok(inspected) => inspected,
                 Err(refused) => return Ok(refused),
             };
-            let _turn = self.turn_to_write().await;
-            let done = self
-                .owned_query(&self.sql.evict, id, FencingToken(raw.fencing_token))
-                .bind(raw.in_flight())
-                .execute(&self.pool)
-                .await
-                .map_err(backend)?;
-            if done.rows_affected() == 1 {
+            let evict = Write::Evict {
+                id: id.clone(),
+                token: FencingToken(raw.fencing_token),
+                in_flight: raw.in_flight(),
+            };
+            if self.fenced(evict).await? == Ownership::Held {
                 return Ok(Eviction::Evicted(inspected));
             }
         }

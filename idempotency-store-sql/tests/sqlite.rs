@@ -281,3 +281,51 @@ async fn enforces_a_scope_quota_across_two_pools() {
     }
     assert_eq!(won, 5);
 }
+
+/// The store commits the writes that wait together (group commit); each is answered only
+/// once it is committed, so another pool on the file sees it the moment its caller does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_are_answered_once_committed() {
+    use idempotency_core::{RecordState, Reservation};
+    let (_dir, path) = temp_db();
+    let store = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    let observer = node(&path, "records").await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let (store, observer) = (store.clone(), observer.clone());
+        tasks.spawn(async move {
+            let id = idempotency_core::RecordId::new("group", format!("k{i}"));
+            let Reservation::Reserved(token) = store
+                .reserve(&id, &common::binding(), common::LONG, common::LONG)
+                .await
+                .expect("reserve")
+            else {
+                panic!("a fresh key was not reserved");
+            };
+            let seen = observer.load(&id).await.expect("load").expect("committed");
+            assert!(matches!(seen.state, RecordState::InFlight { token: t, .. } if t == token));
+            let ownership = store
+                .finalize(&id, token, &common::response(b"done"))
+                .await
+                .expect("finalize");
+            assert_eq!(ownership, idempotency_core::Ownership::Held);
+            let seen = observer.load(&id).await.expect("load").expect("committed");
+            assert_eq!(
+                seen.state,
+                RecordState::Completed(common::response(b"done"))
+            );
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a writer task failed");
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM records")
+        .fetch_one(observer.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 64);
+}
