@@ -192,7 +192,7 @@ impl Writer {
         });
         answer.await.unwrap_or_else(|_| {
             Err(StoreError::backend(
-                "the SQLite store's writer task stopped before answering (its runtime is shutting down)",
+                "the SQLite store's writer stopped before answering: its runtime is shutting down",
             ))
         })
     }
@@ -232,19 +232,30 @@ async fn run(pool: SqlitePool, turn: Arc<AsyncMutex<()>>, mut jobs: mpsc::Unboun
         // A reservation nobody waits for any more (the request was dropped) would only
         // hold its key until the lease lapsed. Every other write is made: an answer
         // worth storing is still worth storing.
-        batch.retain(|job| !(matches!(job.write, Write::Reserve { .. }) && job.reply.is_closed()));
+        batch.retain(|job| !(job.write.is_reserve() && job.reply.is_closed()));
         let results = match commit(&pool, &batch).await {
             Ok(results) => results,
-            Err(error) if batch.len() == 1 => vec![Err(error)],
-            // Whatever failed, one write's trouble must not fail the others: each runs
-            // again alone, and gets its own answer.
-            Err(_) => {
+            Err(Failed::Write(error)) if batch.len() == 1 => vec![Err(error)],
+            // One write's trouble must not fail the others: each runs again alone, and
+            // gets its own answer.
+            Err(Failed::Write(_)) => {
                 let mut results = Vec::with_capacity(batch.len());
                 for job in &batch {
-                    let result = commit(&pool, std::slice::from_ref(job)).await;
-                    results.push(result.and_then(|mut one| one.remove(0)));
+                    let alone = commit(&pool, std::slice::from_ref(job)).await;
+                    results.push(match alone {
+                        Ok(mut one) => one.remove(0),
+                        Err(Failed::Write(error)) => Err(error),
+                        Err(Failed::Start(error)) => Err(backend(error)),
+                    });
                 }
                 results
+            }
+            // No connection, or no write lock within the busy timeout: nothing ran, and
+            // trying each write alone would make the last one wait that long N times.
+            Err(Failed::Start(error)) => {
+                let error = Arc::new(error);
+                let shared = || Err(StoreError::backend(SharedError(Arc::clone(&error))));
+                batch.iter().map(|_| shared()).collect()
             }
         };
         drop(turn);
@@ -254,42 +265,74 @@ async fn run(pool: SqlitePool, turn: Arc<AsyncMutex<()>>, mut jobs: mpsc::Unboun
     }
 }
 
+/// Why a batch committed nothing.
+enum Failed {
+    /// It could not start: no connection, or no write lock.
+    Start(sqlx::Error),
+    /// A write, or the commit, failed; the transaction was rolled back.
+    Write(StoreError),
+}
+
+/// One driver error, the answer of every write of a batch that could not start.
+#[derive(Debug)]
+struct SharedError(Arc<sqlx::Error>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// Runs `batch` and commits it: in one `BEGIN IMMEDIATE` transaction, or a lone write as
 /// its own statement. `Err` when nothing of it was committed; otherwise each write's own
 /// answer, where a quota's refusal is an answer.
 async fn commit(
     pool: &SqlitePool,
     batch: &[Job],
-) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
+) -> Result<Vec<Result<Written, StoreError>>, Failed> {
     let needs_transaction = match batch {
         [] => return Ok(Vec::new()),
         [one] => one.write.needs_transaction(),
         _ => true,
     };
-    let mut connection = pool.acquire().await.map_err(backend)?;
+    let mut connection = pool.acquire().await.map_err(Failed::Start)?;
     if !needs_transaction {
-        return Ok(vec![
-            batch[0].write.run(&batch[0].sql, &mut connection).await,
-        ]);
+        let one = &batch[0];
+        return match one.write.run(&one.sql, &mut connection).await {
+            Err(error @ StoreError::Backend(_)) => Err(Failed::Write(error)),
+            answer => Ok(vec![answer]),
+        };
     }
     let mut transaction = connection
         .begin_with("BEGIN IMMEDIATE")
         .await
-        .map_err(backend)?;
+        .map_err(Failed::Start)?;
     let mut results = Vec::with_capacity(batch.len());
     for job in batch {
         match job.write.run(&job.sql, &mut transaction).await {
             Err(error @ StoreError::QuotaExceeded { .. }) => results.push(Err(error)),
             // Dropping the transaction rolls it back.
-            Err(error) => return Err(error),
+            Err(error) => return Err(Failed::Write(error)),
             Ok(written) => results.push(Ok(written)),
         }
     }
-    transaction.commit().await.map_err(backend)?;
+    transaction
+        .commit()
+        .await
+        .map_err(|error| Failed::Write(backend(error)))?;
     Ok(results)
 }
-
 impl Write {
+    fn is_reserve(&self) -> bool {
+        matches!(self, Write::Reserve { .. })
+    }
+
     /// A quota is read and claimed in one transaction.
     fn needs_transaction(&self) -> bool {
         matches!(self, Write::Reserve { quota: Some(_), .. })
