@@ -329,3 +329,65 @@ async fn concurrent_writes_are_answered_once_committed() {
         .unwrap();
     assert_eq!(rows, 64);
 }
+
+/// A write that fails inside a group commit fails alone: the others of its batch are run
+/// again without it and committed. A second connection holds the write lock while the
+/// writes queue, so that they do form one batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_that_fails_in_a_batch_fails_alone() {
+    use idempotency_core::{Reservation, StoreError};
+    let (_dir, path) = temp_db();
+    let store = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    let other = node(&path, "records").await;
+    sqlx::query(
+        "CREATE TRIGGER poison BEFORE INSERT ON records WHEN NEW.idempotency_key = 'poison'
+         BEGIN SELECT RAISE(ABORT, 'this key is poisoned'); END",
+    )
+    .execute(other.pool())
+    .await
+    .unwrap();
+    let mut blocker = other.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    // The first write takes the turn and waits for the lock; every later one queues,
+    // the poisoned one last.
+    for i in 0..32 {
+        let store = store.clone();
+        let key = if i == 31 {
+            "poison".to_owned()
+        } else {
+            format!("k{i}")
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        tasks.spawn(async move {
+            let id = idempotency_core::RecordId::new("batch", key.clone());
+            let reserved = store
+                .reserve(&id, &common::binding(), common::LONG, common::LONG)
+                .await;
+            (key, reserved)
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query("SELECT 1")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    blocker.commit().await.unwrap();
+    while let Some(done) = tasks.join_next().await {
+        match done.expect("task") {
+            (key, Err(StoreError::Backend(error))) if key == "poison" => {
+                assert!(error.to_string().contains("poisoned"), "{error}");
+            }
+            (key, Ok(Reservation::Reserved(_))) if key != "poison" => {}
+            (key, other) => panic!("{key}: {other:?}"),
+        }
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM records")
+        .fetch_one(other.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 31);
+}
