@@ -278,7 +278,10 @@
 //! `expires_at_ms` on every replay, and SQLite rewrites an index entry whenever its
 //! column is assigned, even to the same value: a page written and synced per replay, 8–10×
 //! slower in the benchmark); if another request replaced it first, the reserve starts
-//! over.
+//! over. Before the upsert, a SQLite reserve reads the key (`load`'s `SELECT`): a live
+//! record is the answer at once, without SQLite's one write lock, so replays and
+//! duplicates never queue behind writes; only a key without a live record goes on to the
+//! upsert.
 //!
 //! **Finalize**, **renew**, **release** and **take over** are each one conditional
 //! statement that matches only the row the token owns, still in flight and not expired;
@@ -306,13 +309,16 @@
 //!
 //! The store never holds a transaction open while the handler runs; every operation is
 //! autocommit, except `finalize_in`, which is one statement in the handler's own
-//! transaction.
+//! transaction, and SQLite's writes under concurrency: a write that finds another of the
+//! store's writes running queues, and the store's writer task commits every queued write
+//! in one `BEGIN IMMEDIATE … COMMIT` (group commit: one disk flush for all of them; each
+//! caller is answered after that commit).
 //!
 //! | operation | PostgreSQL | MySQL / MariaDB | SQLite (no network) |
 //! | --- | --- | --- | --- |
-//! | reserve, key free | 1 | 1 | 1 |
-//! | reserve, key expired but not purged | 2 | 1 | 2 |
-//! | reserve, key live (replay, in flight, conflict) | 1 | MariaDB 1; MySQL 8: 2 (upsert, then select) | 1 |
+//! | reserve, key free | 1 | 1 | 2 (select, upsert) |
+//! | reserve, key expired but not purged | 2 | 1 | 3 |
+//! | reserve, key live (replay, in flight, conflict) | 1 | MariaDB 1; MySQL 8: 2 (upsert, then select) | 1 (select) |
 //! | load / one poll of `wait` | 1 | 1 | 1 |
 //! | finalize, renew, release, take over | 1 | 1 | 1 |
 //! | purge, per batch | 1 | 1 | 1 |
