@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes};
+use futures_util::FutureExt as _;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use crate::binding;
-use crate::body::{Buffered, buffer};
+use crate::body::{Buffered, Joined, buffer};
 use crate::budget::Held;
 use crate::layer::Settings;
 use crate::metrics::{self, StoreCall};
@@ -126,14 +126,21 @@ where
 
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
-        let reservation = metrics::store_call(
-            &settings,
-            StoreCall::Reserve,
-            settings
-                .store
-                .reserve(&id, &binding, settings.lease(), settings.kept_for()),
-        )
-        .await;
+        let (lease, lifetime) = (settings.lease(), settings.kept_for());
+        let at_once = metrics::store_call_now(&settings, StoreCall::Reserve, || {
+            settings.store.reserve_now(&id, &binding, lease, lifetime)
+        });
+        let reservation = match at_once {
+            Some(answer) => answer,
+            None => {
+                metrics::store_call(
+                    &settings,
+                    StoreCall::Reserve,
+                    settings.store.reserve(&id, &binding, lease, lifetime),
+                )
+                .await
+            }
+        };
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
@@ -253,13 +260,22 @@ where
     }
     let deadline = Instant::now() + settings.request_body_timeout;
     let mut body = std::pin::pin!(body);
-    let mut bytes = BytesMut::with_capacity(upfront);
+    let mut bytes = Joined::default();
     loop {
-        let frame = match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
-            Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
-            Ok(None) => return Ok(bytes.freeze()),
-            Ok(Some(Err(error))) => return Err(Rejection::unreadable_body(&error.into())),
-            Ok(Some(Ok(frame))) => frame,
+        // A frame that is already there is taken without arming a timer; only a body
+        // that makes us wait is raced against the deadline.
+        let frame = if let Some(frame) = body.as_mut().frame().now_or_never() {
+            frame
+        } else {
+            match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
+                Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
+                Ok(frame) => frame,
+            }
+        };
+        let frame = match frame {
+            None => return Ok(bytes.freeze()),
+            Some(Err(error)) => return Err(Rejection::unreadable_body(&error.into())),
+            Some(Ok(frame)) => frame,
         };
         let Ok(mut data) = frame.into_data() else {
             continue; // trailers of a request body are not part of the binding
@@ -271,12 +287,9 @@ where
         if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
             return Err(Rejection::over_budget(settings));
         }
-        while data.has_remaining() {
-            let chunk = data.chunk();
-            bytes.extend_from_slice(chunk);
-            let read = chunk.len();
-            data.advance(read);
-        }
+        // A frame of `Bytes` (what hyper and axum send) is taken without a copy.
+        let data = data.copy_to_bytes(data.remaining());
+        bytes.push(data);
     }
 }
 

@@ -568,9 +568,11 @@ fn find<'a>(shard: &'a mut Shard, hash: u64, id: &RecordId) -> Option<&'a mut Re
         .map(|slot| &mut *slot.record)
 }
 
-#[async_trait]
-impl IdempotencyStore for MemoryStore {
-    async fn reserve(
+/// The operations the layer calls on every keyed request, done under a shard's lock
+/// without awaiting anything: the trait's `async` methods and its `*_now` twins (which
+/// spare the layer a boxed future per call) both run them.
+impl MemoryStore {
+    fn reserve_record(
         &self,
         id: &RecordId,
         binding: &Binding,
@@ -637,6 +639,59 @@ impl IdempotencyStore for MemoryStore {
             Some(NoRoom::Full(bound)) => StoreError::Full { bound, retry_after },
             None => unreachable!("a reservation that found no room says why"),
         })
+    }
+
+    fn finalize_record(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard_of(id);
+        match find(&mut shard, hash, id) {
+            Some(record) if record.owned_by(token, now) => {
+                let added = response.stored_bytes();
+                record.state = State::Completed(response.clone());
+                record.bytes += added;
+                record.wake_waiters();
+                self.grow(&id.scope, added);
+                Ok(Ownership::Held)
+            }
+            _ => Ok(Ownership::Lost),
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        self.reserve_record(id, binding, lease, lifetime)
+    }
+
+    fn reserve_now(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(self.reserve_record(id, binding, lease, lifetime))
+    }
+
+    fn finalize_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<Ownership, StoreError>> {
+        Some(self.finalize_record(id, token, response))
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -712,19 +767,7 @@ impl IdempotencyStore for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let now = Instant::now();
-        let (hash, mut shard) = self.shard_of(id);
-        match find(&mut shard, hash, id) {
-            Some(record) if record.owned_by(token, now) => {
-                let added = response.stored_bytes();
-                record.state = State::Completed(response.clone());
-                record.bytes += added;
-                record.wake_waiters();
-                self.grow(&id.scope, added);
-                Ok(Ownership::Held)
-            }
-            _ => Ok(Ownership::Lost),
-        }
+        self.finalize_record(id, token, response)
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
