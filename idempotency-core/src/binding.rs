@@ -143,7 +143,13 @@ mod tests {
 
     #[test]
     fn paths_already_normal_are_kept_as_they_are() {
-        for path in ["/", "/orders", "/v1/namespaces/db/tables", "/a.b/~c_d-e", "/é/ü"] {
+        for path in [
+            "/",
+            "/orders",
+            "/v1/namespaces/db/tables",
+            "/a.b/~c_d-e",
+            "/é/ü",
+        ] {
             assert!(is_normal(path), "{path}");
             assert_eq!(normalized_path(path), path);
         }

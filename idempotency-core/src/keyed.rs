@@ -156,7 +156,9 @@ where
                 .await;
             }
             Ok(Reservation::Exists(record)) => record,
-            Err(error) => return store_failed::<S, B>(settings, inner, request, &id, &error).await,
+            Err(error) => {
+                return Box::pin(store_failed::<S, B>(settings, inner, request, &id, &error)).await;
+            }
         };
         if record.binding != binding {
             tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
@@ -179,7 +181,10 @@ where
                     // Released or expired while we waited: reserve again.
                     Ok(None) => continue,
                     Err(error) => {
-                        return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                        return Box::pin(store_failed::<S, B>(
+                            settings, inner, request, &id, &error,
+                        ))
+                        .await;
                     }
                 }
             }
@@ -217,7 +222,8 @@ where
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
                 Err(error) => {
-                    return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                    return Box::pin(store_failed::<S, B>(settings, inner, request, &id, &error))
+                        .await;
                 }
             },
             RecordState::InFlight { .. } => break,
@@ -294,6 +300,8 @@ where
 }
 
 /// The store failed before anything ran: fail closed, or run unprotected if configured.
+/// Its callers box its future (it may call the inner service): a rare path, which should
+/// not make every keyed request's future larger.
 async fn store_failed<S, B>(
     settings: Arc<Settings>,
     mut inner: S,
@@ -343,7 +351,7 @@ where
 /// headers and extensions (so with the retry's own authorization).
 async fn replay<S, B>(
     settings: &Settings,
-    mut inner: S,
+    inner: S,
     retry: &Request<Bytes>,
     stored: StoredResponse,
 ) -> Response<B::Answer>
@@ -351,29 +359,44 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
+    // The refresh calls the inner service: its future is boxed, so that the keyed
+    // future of every other request (most replays refresh nothing) does not carry room
+    // for it.
     let refreshed = match settings.profile.refresh(retry, &stored) {
-        Some(mut refresh) => {
-            owner::ask_for_identity(refresh.headers_mut());
-            match inner.call(refresh.map(B::request)).await {
-                Ok(answer) if answer.status().is_success() => {
-                    let (mut parts, body) = answer.into_parts();
-                    match buffer(body, settings.max_response_body).await {
-                        // Asked for identity; decoded if the service compressed anyway.
-                        Buffered::Whole(bytes, _) => {
-                            crate::encoding::decode(&mut parts.headers, &bytes, settings.max_response_body)
-                                .inspect_err(|unreadable| tracing::warn!(outcome = "replayed", "idempotency: the load that refreshes a replay could not be read because {}", unreadable.why))
-                                .ok()
-                                .map(|plain| Response::from_parts(parts, plain))
-                        }
-                        _ => None,
-                    }
+        Some(refresh) => Box::pin(refresh_for_replay::<S, B>(settings, inner, refresh)).await,
+        None => None,
+    };
+    replay_response::<B>(settings.profile.replay(stored, refreshed))
+}
+
+/// The inner service's answer to the profile's refresh request, read whole; `None` if it
+/// failed, was not a 2xx or could not be read.
+async fn refresh_for_replay<S, B>(
+    settings: &Settings,
+    mut inner: S,
+    mut refresh: Request<Bytes>,
+) -> Option<Response<Bytes>>
+where
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
+{
+    owner::ask_for_identity(refresh.headers_mut());
+    match inner.call(refresh.map(B::request)).await {
+        Ok(answer) if answer.status().is_success() => {
+            let (mut parts, body) = answer.into_parts();
+            match buffer(body, settings.max_response_body).await {
+                // Asked for identity; decoded if the service compressed anyway.
+                Buffered::Whole(bytes, _) => {
+                    crate::encoding::decode(&mut parts.headers, &bytes, settings.max_response_body)
+                        .inspect_err(|unreadable| tracing::warn!(outcome = "replayed", "idempotency: the load that refreshes a replay could not be read because {}", unreadable.why))
+                        .ok()
+                        .map(|plain| Response::from_parts(parts, plain))
                 }
                 _ => None,
             }
         }
-        None => None,
-    };
-    replay_response::<B>(settings.profile.replay(stored, refreshed))
+        _ => None,
+    }
 }
 
 /// A stored answer as a response: same status, same stored headers, same body, same

@@ -28,7 +28,11 @@ use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 /// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
 /// (and records its answer) even when the caller drops the response future: the rest of
 /// the work then moves to a task of its own.
-pub(crate) async fn run<S, B>(
+///
+/// Not an `async fn`: the reservation is made here, at once, and only the owner's work
+/// is kept (boxed, in [`FinishOnDrop`]), not a second copy of the request inside the
+/// caller's future.
+pub(crate) fn run<S, B>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<Bytes>,
@@ -36,27 +40,7 @@ pub(crate) async fn run<S, B>(
     token: FencingToken,
     outcome: Outcome,
     held: Held,
-) -> Answer<B, S::Error>
-where
-    S: Inner<B::Request, B::Inner>,
-    B: Bodies,
-{
-    let tracker = settings.in_flight.clone();
-    // The request's bytes (and then its answer's) stay taken from the budget while it
-    // runs, even after its caller went away.
-    let work = own::<S, B>(settings, inner, request, id, token, outcome, held);
-    FinishOnDrop::new(&tracker, work).await
-}
-
-async fn own<S, B>(
-    settings: Arc<Settings>,
-    inner: S,
-    request: Request<Bytes>,
-    id: RecordId,
-    token: FencingToken,
-    outcome: Outcome,
-    mut held: Held,
-) -> Answer<B, S::Error>
+) -> FinishOnDrop<Answer<B, S::Error>>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
@@ -65,7 +49,27 @@ where
     // `to_store`) and the record's id: the owner reads both from it rather than keeping
     // copies.
     let reservation = ReservationHandle::new(settings.clone(), request, id, token);
-    let id = reservation.id();
+    let tracker = settings.in_flight.clone();
+    // The request's bytes (and then its answer's) stay taken from the budget while it
+    // runs, even after its caller went away.
+    FinishOnDrop::new(
+        &tracker,
+        own::<S, B>(settings, inner, reservation, outcome, held),
+    )
+}
+
+async fn own<S, B>(
+    settings: Arc<Settings>,
+    inner: S,
+    reservation: ReservationHandle,
+    outcome: Outcome,
+    mut held: Held,
+) -> Answer<B, S::Error>
+where
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
+{
+    let (id, token) = (reservation.id(), reservation.token());
     let executed = execute::<S, B>(&settings, inner, &reservation, &mut held).await;
     let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
@@ -115,21 +119,24 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    let mut request = Request::clone(reservation.request()).map(B::request);
-    prepare_for_inner(settings, request.headers_mut());
-    request.extensions_mut().insert(reservation.clone());
-    let max_body = settings.max_response_body;
-    let budget = settings.memory.clone();
-    let run = async move {
-        let (parts, body) = inner.call(request).await?.into_parts();
-        Ok((parts, read_answer(body, max_body, &budget, held).await))
-    };
-    hold_lease(
-        settings,
-        reservation.clone(),
-        AssertUnwindSafe(run).catch_unwind(),
-    )
-    .await
+    // Built and pinned in place, and the request made inside it: the work is kept once in
+    // this future, not moved into another one (a copy of every byte of it) or kept
+    // beside a request that was already handed to the inner service.
+    let work = std::pin::pin!(
+        AssertUnwindSafe(async move {
+            let mut request = Request::clone(reservation.request()).map(B::request);
+            prepare_for_inner(settings, request.headers_mut());
+            request.extensions_mut().insert(reservation.clone());
+            let (parts, body) = inner.call(request).await?.into_parts();
+            let budget = &settings.memory;
+            Ok((
+                parts,
+                read_answer(body, settings.max_response_body, budget, held).await,
+            ))
+        })
+        .catch_unwind()
+    );
+    hold_lease(settings, reservation.clone(), work).await
 }
 
 /// What happens to an answer.
@@ -381,9 +388,8 @@ async fn finalize_rejection(
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
     reservation: ReservationHandle,
-    work: F,
+    mut work: std::pin::Pin<&mut F>,
 ) -> F::Output {
-    let mut work = std::pin::pin!(work);
     let first_poll = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     if let Poll::Ready(output) = first_poll {
         return output;
