@@ -45,16 +45,22 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    // The reservation handed to the inner service keeps the request (for the profile's
-    // `to_store`) and the record's id: the owner reads both from it rather than keeping
-    // copies.
-    let reservation = ReservationHandle::new(settings.clone(), request, id, token);
+    // The reservation handed to the inner service keeps the request for the profile's
+    // `to_store` if it reads it (then the inner service gets a copy; otherwise the
+    // request itself), and the record's id: the owner reads both from it rather than
+    // keeping copies.
+    let (kept, request) = if settings.profile.to_store_reads_request() {
+        (Some(request), None)
+    } else {
+        (None, Some(request))
+    };
+    let reservation = ReservationHandle::new(settings.clone(), kept, id, token);
     let tracker = settings.in_flight.clone();
     // The request's bytes (and then its answer's) stay taken from the budget while it
     // runs, even after its caller went away.
     FinishOnDrop::new(
         &tracker,
-        own::<S, B>(settings, inner, reservation, outcome, held),
+        own::<S, B>(settings, inner, reservation, request, outcome, held),
     )
 }
 
@@ -62,6 +68,7 @@ async fn own<S, B>(
     settings: Arc<Settings>,
     inner: S,
     reservation: ReservationHandle,
+    request: Option<Request<Bytes>>,
     outcome: Outcome,
     mut held: Held,
 ) -> Answer<B, S::Error>
@@ -70,7 +77,7 @@ where
     B: Bodies,
 {
     let (id, token) = (reservation.id(), reservation.token());
-    let executed = execute::<S, B>(&settings, inner, &reservation, &mut held).await;
+    let executed = execute::<S, B>(&settings, inner, &reservation, request, &mut held).await;
     let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
@@ -113,6 +120,7 @@ async fn execute<S, B>(
     settings: &Arc<Settings>,
     mut inner: S,
     reservation: &ReservationHandle,
+    request: Option<Request<Bytes>>,
     held: &mut Held,
 ) -> Result<Result<(response::Parts, Answered<B::Inner>), S::Error>, Panic>
 where
@@ -124,7 +132,12 @@ where
     // beside a request that was already handed to the inner service.
     let work = std::pin::pin!(
         AssertUnwindSafe(async move {
-            let mut request = Request::clone(reservation.request()).map(B::request);
+            let request = match (request, reservation.request()) {
+                (Some(request), _) => request,
+                (None, Some(kept)) => Request::clone(kept),
+                (None, None) => unreachable!("the request is either kept or handed over"),
+            };
+            let mut request = request.map(B::request);
             prepare_for_inner(settings, request.headers_mut());
             request.extensions_mut().insert(reservation.clone());
             let (parts, body) = inner.call(request).await?.into_parts();
@@ -190,7 +203,7 @@ pub(crate) fn classify<I>(
 #[allow(clippy::too_many_arguments)]
 async fn settle<B: Bodies>(
     settings: &Settings,
-    request: &Request<Bytes>,
+    request: Option<&Request<Bytes>>,
     id: &RecordId,
     token: FencingToken,
     verdict: Verdict,
@@ -229,7 +242,8 @@ async fn settle<B: Bodies>(
     };
     let outcome = match verdict {
         Verdict::Store => {
-            let stored = settings.profile.to_store(
+            let stored = to_store(
+                settings,
                 request,
                 stored_response(settings, &parts, &body, trailers.as_ref()),
             );
@@ -325,6 +339,23 @@ fn is_encoded(headers: &HeaderMap) -> bool {
                 .trim_ascii()
                 .eq_ignore_ascii_case(b"identity")
         })
+}
+
+/// What the profile keeps of an answer, given the keyed request if it was kept for it
+/// (and an empty one otherwise, as [`Profile::to_store_reads_request`] says).
+///
+/// [`Profile::to_store_reads_request`]: crate::Profile::to_store_reads_request
+pub(crate) fn to_store(
+    settings: &Settings,
+    request: Option<&Request<Bytes>>,
+    answer: StoredResponse,
+) -> StoredResponse {
+    match request {
+        Some(request) => settings.profile.to_store(request, answer),
+        None => settings
+            .profile
+            .to_store(&Request::new(Bytes::new()), answer),
+    }
 }
 
 /// The answer as the generic rules keep it: status, the replayed headers, the body, and
