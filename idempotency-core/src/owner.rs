@@ -3,6 +3,7 @@
 //! in the one place that writes the outcome to the store, and answer the caller.
 
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -291,17 +292,20 @@ async fn settle<B: Bodies>(
         // body type built from bytes alone, the rest read too, while the budget allows.
         Some(rest) => match B::continued(body, rest) {
             Ok(streamed) => streamed,
-            Err((read, rest)) => match read_rest(read, rest, &settings.memory, held).await {
-                Ok(Some((bytes, trailers))) => B::made(bytes, trailers),
-                Ok(None) | Err(_) => {
-                    tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
-                    let mut response =
-                        Rejection::response_too_large_to_hold(status).into_response::<B>(settings);
-                    metrics::outcome(settings, outcome);
-                    response.extensions_mut().insert(outcome);
-                    return response;
+            // Boxed for the same reason as `finalize_rejection`: a rare path.
+            Err((read, rest)) => {
+                match Box::pin(read_rest(read, rest, &settings.memory, held)).await {
+                    Ok(Some((bytes, trailers))) => B::made(bytes, trailers),
+                    Ok(None) | Err(_) => {
+                        tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
+                        let mut response = Rejection::response_too_large_to_hold(status)
+                            .into_response::<B>(settings);
+                        metrics::outcome(settings, outcome);
+                        response.extensions_mut().insert(outcome);
+                        return response;
+                    }
                 }
-            },
+            }
         },
     };
     let mut response = Response::from_parts(parts, answer);
@@ -393,20 +397,25 @@ fn kept_headers(
 }
 
 /// Stores a rendered rejection as the key's answer, for every retry to get.
-async fn finalize_rejection(
-    settings: &Settings,
-    id: &RecordId,
+///
+/// Boxed: answers that are not stored are rare, and the owner's future (boxed and moved
+/// on every first execution) should not carry room for this one.
+fn finalize_rejection<'a>(
+    settings: &'a Settings,
+    id: &'a RecordId,
     token: FencingToken,
     rejection: Rejection,
-) {
-    let rendered = settings.render(&rejection);
-    let stored = StoredResponse {
-        status: rendered.status().as_u16(),
-        headers: kept_headers(rendered.headers(), |_| true),
-        body: rendered.into_body(),
-        trailers: Vec::new(),
-    };
-    finalize(settings, id, token, &stored).await;
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        let rendered = settings.render(&rejection);
+        let stored = StoredResponse {
+            status: rendered.status().as_u16(),
+            headers: kept_headers(rendered.headers(), |_| true),
+            body: rendered.into_body(),
+            trailers: Vec::new(),
+        };
+        finalize(settings, id, token, &stored).await;
+    })
 }
 
 /// Drives `work` while its lease is renewed every third of the lease's length.
@@ -419,7 +428,7 @@ async fn finalize_rejection(
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
     reservation: ReservationHandle,
-    mut work: std::pin::Pin<&mut F>,
+    mut work: Pin<&mut F>,
 ) -> F::Output {
     let first_poll = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     if let Poll::Ready(output) = first_poll {
