@@ -78,9 +78,19 @@ where
 pub(crate) struct Joined {
     first: Bytes,
     more: Option<BytesMut>,
+    /// The length the body declared, if any: the buffer is sized for it at once.
+    expected: usize,
 }
 
 impl Joined {
+    /// Bytes to come from a body that declared `expected` bytes.
+    pub(crate) fn expecting(expected: usize) -> Self {
+        Self {
+            expected,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.more.as_ref().map_or(self.first.len(), BytesMut::len)
     }
@@ -93,7 +103,8 @@ impl Joined {
             Some(more) => more.extend_from_slice(&data),
             None if self.first.is_empty() => self.first = data,
             None => {
-                let mut more = BytesMut::with_capacity(self.first.len() + data.len());
+                let mut more =
+                    BytesMut::with_capacity(self.expected.max(self.first.len() + data.len()));
                 more.extend_from_slice(&self.first);
                 more.extend_from_slice(&data);
                 self.more = Some(more);
@@ -338,6 +349,27 @@ mod tests {
         );
         assert_eq!(body.size_hint().exact(), None);
         assert_eq!(body.size_hint().lower(), 3);
+    }
+
+    #[test]
+    fn frames_are_joined_and_a_single_frame_is_kept_as_it_came() {
+        let frame = Bytes::from_static(b"abc");
+        let mut one = Joined::default();
+        one.push(Bytes::new());
+        one.push(frame.clone());
+        one.push(Bytes::new());
+        assert_eq!(one.len(), 3);
+        let kept = one.freeze();
+        assert_eq!(kept, "abc");
+        assert_eq!(kept.as_ptr(), frame.as_ptr(), "one frame is not copied");
+
+        let mut many = Joined::expecting(9);
+        for part in [&b"abc"[..], b"", b"de", b"fghi"] {
+            many.push(Bytes::copy_from_slice(part));
+        }
+        assert_eq!(many.len(), 9);
+        assert_eq!(many.freeze(), "abcdefghi");
+        assert_eq!(Joined::default().freeze(), "");
     }
 
     #[tokio::test]

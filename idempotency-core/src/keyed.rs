@@ -266,7 +266,7 @@ where
     }
     let deadline = Instant::now() + settings.request_body_timeout;
     let mut body = std::pin::pin!(body);
-    let mut bytes = Joined::default();
+    let mut bytes = Joined::expecting(upfront);
     loop {
         // A frame that is already there is taken without arming a timer; only a body
         // that makes us wait is raced against the deadline.
