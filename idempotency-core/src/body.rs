@@ -78,24 +78,20 @@ where
 pub(crate) struct Joined {
     first: Bytes,
     more: Option<BytesMut>,
-    /// The length the body declared, if any: the buffer is sized for it at once.
-    expected: usize,
 }
 
 impl Joined {
-    /// Bytes to come from a body that declared `expected` bytes.
-    pub(crate) fn expecting(expected: usize) -> Self {
-        Self {
-            expected,
-            ..Self::default()
-        }
-    }
-
     pub(crate) fn len(&self) -> usize {
         self.more.as_ref().map_or(self.first.len(), BytesMut::len)
     }
 
     pub(crate) fn push(&mut self, data: Bytes) {
+        self.push_expecting(data, 0);
+    }
+
+    /// [`push`](Self::push) for a body that declared `expected` bytes: if a buffer has
+    /// to be started, it is sized for them at once.
+    pub(crate) fn push_expecting(&mut self, data: Bytes, expected: usize) {
         if data.is_empty() {
             return;
         }
@@ -103,8 +99,7 @@ impl Joined {
             Some(more) => more.extend_from_slice(&data),
             None if self.first.is_empty() => self.first = data,
             None => {
-                let mut more =
-                    BytesMut::with_capacity(self.expected.max(self.first.len() + data.len()));
+                let mut more = BytesMut::with_capacity(expected.max(self.first.len() + data.len()));
                 more.extend_from_slice(&self.first);
                 more.extend_from_slice(&data);
                 self.more = Some(more);
@@ -363,9 +358,9 @@ mod tests {
         assert_eq!(kept, "abc");
         assert_eq!(kept.as_ptr(), frame.as_ptr(), "one frame is not copied");
 
-        let mut many = Joined::expecting(9);
+        let mut many = Joined::default();
         for part in [&b"abc"[..], b"", b"de", b"fghi"] {
-            many.push(Bytes::copy_from_slice(part));
+            many.push_expecting(Bytes::copy_from_slice(part), 9);
         }
         assert_eq!(many.len(), 9);
         assert_eq!(many.freeze(), "abcdefghi");

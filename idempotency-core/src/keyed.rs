@@ -266,7 +266,7 @@ where
     }
     let deadline = Instant::now() + settings.request_body_timeout;
     let mut body = std::pin::pin!(body);
-    let mut bytes = Joined::expecting(upfront);
+    let mut bytes = Joined::default();
     loop {
         // A frame that is already there is taken without arming a timer; only a body
         // that makes us wait is raced against the deadline.
@@ -293,9 +293,10 @@ where
         if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
             return Err(Rejection::over_budget(settings));
         }
-        // A frame of `Bytes` (what hyper and axum send) is taken without a copy.
+        // A frame of `Bytes` (what hyper and axum send) is taken without a copy. What
+        // is held from the budget is the declared length, if any, else what was read.
         let data = data.copy_to_bytes(data.remaining());
-        bytes.push(data);
+        bytes.push_expecting(data, held.bytes());
     }
 }
 
