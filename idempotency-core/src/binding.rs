@@ -48,6 +48,9 @@ pub(crate) fn bind(request: &Request<Bytes>) -> Binding {
 
 /// `path` in the normal form described in the [module docs](self).
 pub(crate) fn normalized_path(path: &str) -> String {
+    if is_normal(path) {
+        return path.to_owned();
+    }
     let mut out = String::with_capacity(path.len());
     for segment in path.split('/').filter(|segment| !segment.is_empty()) {
         out.push('/');
@@ -57,6 +60,17 @@ pub(crate) fn normalized_path(path: &str) -> String {
         out.push('/');
     }
     out
+}
+
+/// Whether `path` is already in the normal form, as most paths are: it starts with a
+/// slash, has no empty segment (no `//`, no trailing slash unless it is `/`) and no
+/// percent-escape. Such a path is its own normal form, and is copied as it is.
+fn is_normal(path: &str) -> bool {
+    let bytes = path.as_bytes();
+    bytes.first() == Some(&b'/')
+        && (bytes.len() == 1 || bytes.last() != Some(&b'/'))
+        && !bytes.contains(&b'%')
+        && !bytes.windows(2).any(|pair| pair == b"//")
 }
 
 fn push_normalized_segment(out: &mut String, segment: &str) {
@@ -125,6 +139,23 @@ mod tests {
         assert_eq!(normalized_path("/caf%C3%A9/é"), "/caf%C3%A9/é");
         assert_eq!(normalized_path("/100%"), "/100%");
         assert_eq!(normalized_path("/a%2"), "/a%2");
+    }
+
+    #[test]
+    fn paths_already_normal_are_kept_as_they_are() {
+        for path in [
+            "/",
+            "/orders",
+            "/v1/namespaces/db/tables",
+            "/a.b/~c_d-e",
+            "/é/ü",
+        ] {
+            assert!(is_normal(path), "{path}");
+            assert_eq!(normalized_path(path), path);
+        }
+        for path in ["", "orders", "//", "/a//b", "/a/", "/a%2fb", "*"] {
+            assert!(!is_normal(path), "{path}");
+        }
     }
 
     #[test]

@@ -47,7 +47,7 @@ where
     I::Error: Into<BoxError>,
 {
     let mut body = Box::pin(body);
-    let mut bytes = BytesMut::new();
+    let mut bytes = Joined::default();
     let mut trailers = None;
     loop {
         match body.frame().await {
@@ -56,7 +56,7 @@ where
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
                     let over = bytes.len() + data.len() > limit || !budget.grow(held, data.len());
-                    bytes.extend_from_slice(&data);
+                    bytes.push(data);
                     if over {
                         return Answered::Over(bytes.freeze(), body);
                     }
@@ -68,6 +68,47 @@ where
                 }
             },
         }
+    }
+}
+
+/// A body's data frames joined into one byte string. Most bodies the layer reads arrive
+/// as one frame: that frame is kept as it came, with neither a copy nor an allocation;
+/// only a second frame starts a buffer that the frames are copied into.
+#[derive(Default)]
+pub(crate) struct Joined {
+    first: Bytes,
+    more: Option<BytesMut>,
+}
+
+impl Joined {
+    pub(crate) fn len(&self) -> usize {
+        self.more.as_ref().map_or(self.first.len(), BytesMut::len)
+    }
+
+    pub(crate) fn push(&mut self, data: Bytes) {
+        self.push_expecting(data, 0);
+    }
+
+    /// [`push`](Self::push) for a body that declared `expected` bytes: if a buffer has
+    /// to be started, it is sized for them at once.
+    pub(crate) fn push_expecting(&mut self, data: Bytes, expected: usize) {
+        if data.is_empty() {
+            return;
+        }
+        match &mut self.more {
+            Some(more) => more.extend_from_slice(&data),
+            None if self.first.is_empty() => self.first = data,
+            None => {
+                let mut more = BytesMut::with_capacity(expected.max(self.first.len() + data.len()));
+                more.extend_from_slice(&self.first);
+                more.extend_from_slice(&data);
+                self.more = Some(more);
+            }
+        }
+    }
+
+    pub(crate) fn freeze(self) -> Bytes {
+        self.more.map_or(self.first, BytesMut::freeze)
     }
 }
 
@@ -303,6 +344,27 @@ mod tests {
         );
         assert_eq!(body.size_hint().exact(), None);
         assert_eq!(body.size_hint().lower(), 3);
+    }
+
+    #[test]
+    fn frames_are_joined_and_a_single_frame_is_kept_as_it_came() {
+        let frame = Bytes::from_static(b"abc");
+        let mut one = Joined::default();
+        one.push(Bytes::new());
+        one.push(frame.clone());
+        one.push(Bytes::new());
+        assert_eq!(one.len(), 3);
+        let kept = one.freeze();
+        assert_eq!(kept, "abc");
+        assert_eq!(kept.as_ptr(), frame.as_ptr(), "one frame is not copied");
+
+        let mut many = Joined::default();
+        for part in [&b"abc"[..], b"", b"de", b"fghi"] {
+            many.push_expecting(Bytes::copy_from_slice(part), 9);
+        }
+        assert_eq!(many.len(), 9);
+        assert_eq!(many.freeze(), "abcdefghi");
+        assert_eq!(Joined::default().freeze(), "");
     }
 
     #[tokio::test]

@@ -67,8 +67,10 @@ struct Reserved {
     id: RecordId,
     token: FencingToken,
     settings: Arc<Settings>,
-    /// The keyed request as the layer read it, for the profile's `to_store`.
-    request: Request<Bytes>,
+    /// The keyed request as the layer read it, for the profile's `to_store`; `None` when
+    /// the profile's `to_store` does not read it
+    /// ([`Profile::to_store_reads_request`](crate::Profile::to_store_reads_request)).
+    request: Option<Request<Bytes>>,
     /// Set once the handler finalized in its transaction (commit pending or done): the
     /// layer then stops renewing the lease, and a renewal that finds the record no
     /// longer in flight is no surprise.
@@ -78,7 +80,7 @@ struct Reserved {
 impl ReservationHandle {
     pub(crate) fn new(
         settings: Arc<Settings>,
-        request: Request<Bytes>,
+        request: Option<Request<Bytes>>,
         id: RecordId,
         token: FencingToken,
     ) -> Self {
@@ -103,9 +105,9 @@ impl ReservationHandle {
         self.reserved.token
     }
 
-    /// The keyed request as the layer read it.
-    pub(crate) fn request(&self) -> &Request<Bytes> {
-        &self.reserved.request
+    /// The keyed request as the layer read it, if the profile's `to_store` reads it.
+    pub(crate) fn request(&self) -> Option<&Request<Bytes>> {
+        self.reserved.request.as_ref()
     }
 
     /// Whether the handler finalized this reservation in its own transaction.
@@ -193,8 +195,9 @@ impl ReservationHandle {
         };
         let verdict = owner::classify(settings, &parts, &read);
         let stored = (verdict == Verdict::Store).then(|| {
-            settings.profile.to_store(
-                &self.reserved.request,
+            owner::to_store(
+                settings,
+                self.request(),
                 owner::stored_response(settings, &parts, &bytes, trailers.as_ref()),
             )
         });

@@ -68,8 +68,11 @@ impl KeyFormat for OpaqueKey {
                  send printable ASCII only, such as a UUID"
             )));
         }
-        // Printable ASCII is valid UTF-8.
-        Ok(String::from_utf8_lossy(value).into_owned())
+        // Printable ASCII is valid UTF-8, so this never fails; checking it again is
+        // cheaper than the lossy conversion, which inspects the bytes the same way.
+        std::str::from_utf8(value)
+            .map(str::to_owned)
+            .map_err(|_| KeyError::new("the Idempotency-Key header is not UTF-8".to_owned()))
     }
 }
 

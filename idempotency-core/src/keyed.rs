@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes};
+use futures_util::FutureExt as _;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
 use crate::binding;
-use crate::body::{Buffered, buffer};
+use crate::body::{Buffered, Joined, buffer};
 use crate::budget::Held;
 use crate::layer::Settings;
 use crate::metrics::{self, StoreCall};
@@ -126,14 +126,21 @@ where
 
     let wait_until = Instant::now() + settings.in_flight_wait;
     for _ in 0..MAX_ATTEMPTS {
-        let reservation = metrics::store_call(
-            &settings,
-            StoreCall::Reserve,
-            settings
-                .store
-                .reserve(&id, &binding, settings.lease(), settings.kept_for()),
-        )
-        .await;
+        let (lease, lifetime) = (settings.lease(), settings.kept_for());
+        let at_once = metrics::store_call_now(&settings, StoreCall::Reserve, || {
+            settings.store.reserve_now(&id, &binding, lease, lifetime)
+        });
+        let reservation = match at_once {
+            Some(answer) => answer,
+            None => {
+                metrics::store_call(
+                    &settings,
+                    StoreCall::Reserve,
+                    settings.store.reserve(&id, &binding, lease, lifetime),
+                )
+                .await
+            }
+        };
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");
@@ -149,7 +156,9 @@ where
                 .await;
             }
             Ok(Reservation::Exists(record)) => record,
-            Err(error) => return store_failed::<S, B>(settings, inner, request, &id, &error).await,
+            Err(error) => {
+                return Box::pin(store_failed::<S, B>(settings, inner, request, &id, &error)).await;
+            }
         };
         if record.binding != binding {
             tracing::info!(outcome = "key-reused", key = %settings.log_key(&id), "idempotency: key reused for another request");
@@ -172,7 +181,10 @@ where
                     // Released or expired while we waited: reserve again.
                     Ok(None) => continue,
                     Err(error) => {
-                        return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                        return Box::pin(store_failed::<S, B>(
+                            settings, inner, request, &id, &error,
+                        ))
+                        .await;
                     }
                 }
             }
@@ -210,7 +222,8 @@ where
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
                 Err(error) => {
-                    return store_failed::<S, B>(settings, inner, request, &id, &error).await;
+                    return Box::pin(store_failed::<S, B>(settings, inner, request, &id, &error))
+                        .await;
                 }
             },
             RecordState::InFlight { .. } => break,
@@ -253,13 +266,22 @@ where
     }
     let deadline = Instant::now() + settings.request_body_timeout;
     let mut body = std::pin::pin!(body);
-    let mut bytes = BytesMut::with_capacity(upfront);
+    let mut bytes = Joined::default();
     loop {
-        let frame = match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
-            Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
-            Ok(None) => return Ok(bytes.freeze()),
-            Ok(Some(Err(error))) => return Err(Rejection::unreadable_body(&error.into())),
-            Ok(Some(Ok(frame))) => frame,
+        // A frame that is already there is taken without arming a timer; only a body
+        // that makes us wait is raced against the deadline.
+        let frame = if let Some(frame) = body.as_mut().frame().now_or_never() {
+            frame
+        } else {
+            match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
+                Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
+                Ok(frame) => frame,
+            }
+        };
+        let frame = match frame {
+            None => return Ok(bytes.freeze()),
+            Some(Err(error)) => return Err(Rejection::unreadable_body(&error.into())),
+            Some(Ok(frame)) => frame,
         };
         let Ok(mut data) = frame.into_data() else {
             continue; // trailers of a request body are not part of the binding
@@ -271,16 +293,16 @@ where
         if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
             return Err(Rejection::over_budget(settings));
         }
-        while data.has_remaining() {
-            let chunk = data.chunk();
-            bytes.extend_from_slice(chunk);
-            let read = chunk.len();
-            data.advance(read);
-        }
+        // A frame of `Bytes` (what hyper and axum send) is taken without a copy. What
+        // is held from the budget is the declared length, if any, else what was read.
+        let data = data.copy_to_bytes(data.remaining());
+        bytes.push_expecting(data, held.bytes());
     }
 }
 
 /// The store failed before anything ran: fail closed, or run unprotected if configured.
+/// Its callers box its future (it may call the inner service): a rare path, which should
+/// not make every keyed request's future larger.
 async fn store_failed<S, B>(
     settings: Arc<Settings>,
     mut inner: S,
@@ -330,7 +352,7 @@ where
 /// headers and extensions (so with the retry's own authorization).
 async fn replay<S, B>(
     settings: &Settings,
-    mut inner: S,
+    inner: S,
     retry: &Request<Bytes>,
     stored: StoredResponse,
 ) -> Response<B::Answer>
@@ -338,29 +360,44 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
+    // The refresh calls the inner service: its future is boxed, so that the keyed
+    // future of every other request (most replays refresh nothing) does not carry room
+    // for it.
     let refreshed = match settings.profile.refresh(retry, &stored) {
-        Some(mut refresh) => {
-            owner::ask_for_identity(refresh.headers_mut());
-            match inner.call(refresh.map(B::request)).await {
-                Ok(answer) if answer.status().is_success() => {
-                    let (mut parts, body) = answer.into_parts();
-                    match buffer(body, settings.max_response_body).await {
-                        // Asked for identity; decoded if the service compressed anyway.
-                        Buffered::Whole(bytes, _) => {
-                            crate::encoding::decode(&mut parts.headers, &bytes, settings.max_response_body)
-                                .inspect_err(|unreadable| tracing::warn!(outcome = "replayed", "idempotency: the load that refreshes a replay could not be read because {}", unreadable.why))
-                                .ok()
-                                .map(|plain| Response::from_parts(parts, plain))
-                        }
-                        _ => None,
-                    }
+        Some(refresh) => Box::pin(refresh_for_replay::<S, B>(settings, inner, refresh)).await,
+        None => None,
+    };
+    replay_response::<B>(settings.profile.replay(stored, refreshed))
+}
+
+/// The inner service's answer to the profile's refresh request, read whole; `None` if it
+/// failed, was not a 2xx or could not be read.
+async fn refresh_for_replay<S, B>(
+    settings: &Settings,
+    mut inner: S,
+    mut refresh: Request<Bytes>,
+) -> Option<Response<Bytes>>
+where
+    S: Inner<B::Request, B::Inner>,
+    B: Bodies,
+{
+    owner::ask_for_identity(refresh.headers_mut());
+    match inner.call(refresh.map(B::request)).await {
+        Ok(answer) if answer.status().is_success() => {
+            let (mut parts, body) = answer.into_parts();
+            match buffer(body, settings.max_response_body).await {
+                // Asked for identity; decoded if the service compressed anyway.
+                Buffered::Whole(bytes, _) => {
+                    crate::encoding::decode(&mut parts.headers, &bytes, settings.max_response_body)
+                        .inspect_err(|unreadable| tracing::warn!(outcome = "replayed", "idempotency: the load that refreshes a replay could not be read because {}", unreadable.why))
+                        .ok()
+                        .map(|plain| Response::from_parts(parts, plain))
                 }
                 _ => None,
             }
         }
-        None => None,
-    };
-    replay_response::<B>(settings.profile.replay(stored, refreshed))
+        _ => None,
+    }
 }
 
 /// A stored answer as a response: same status, same stored headers, same body, same

@@ -3,6 +3,7 @@
 //! in the one place that writes the outcome to the store, and answer the caller.
 
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -28,7 +29,11 @@ use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 /// Runs the inner service as the key's owner. It runs in the caller's task, but finishes
 /// (and records its answer) even when the caller drops the response future: the rest of
 /// the work then moves to a task of its own.
-pub(crate) async fn run<S, B>(
+///
+/// Not an `async fn`: the reservation is made here, at once, and only the owner's work
+/// is kept (boxed, in [`FinishOnDrop`]), not a second copy of the request inside the
+/// caller's future.
+pub(crate) fn run<S, B>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<Bytes>,
@@ -36,24 +41,35 @@ pub(crate) async fn run<S, B>(
     token: FencingToken,
     outcome: Outcome,
     held: Held,
-) -> Answer<B, S::Error>
+) -> FinishOnDrop<Answer<B, S::Error>>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
+    // The reservation handed to the inner service keeps the request for the profile's
+    // `to_store` if it reads it (then the inner service gets a copy; otherwise the
+    // request itself), and the record's id: the owner reads both from it rather than
+    // keeping copies.
+    let (kept, request) = if settings.profile.to_store_reads_request() {
+        (Some(request), None)
+    } else {
+        (None, Some(request))
+    };
+    let reservation = ReservationHandle::new(settings.clone(), kept, id, token);
     let tracker = settings.in_flight.clone();
     // The request's bytes (and then its answer's) stay taken from the budget while it
     // runs, even after its caller went away.
-    let work = own::<S, B>(settings, inner, request, id, token, outcome, held);
-    FinishOnDrop::new(&tracker, work).await
+    FinishOnDrop::new(
+        &tracker,
+        own::<S, B>(settings, inner, reservation, request, outcome, held),
+    )
 }
 
 async fn own<S, B>(
     settings: Arc<Settings>,
     inner: S,
-    request: Request<Bytes>,
-    id: RecordId,
-    token: FencingToken,
+    reservation: ReservationHandle,
+    request: Option<Request<Bytes>>,
     outcome: Outcome,
     mut held: Held,
 ) -> Answer<B, S::Error>
@@ -61,12 +77,8 @@ where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    // The reservation handed to the inner service keeps the request (for the profile's
-    // `to_store`) and the record's id: the owner reads both from it rather than keeping
-    // copies.
-    let reservation = ReservationHandle::new(settings.clone(), request, id, token);
-    let id = reservation.id();
-    let executed = execute::<S, B>(&settings, inner, &reservation, &mut held).await;
+    let (id, token) = (reservation.id(), reservation.token());
+    let executed = execute::<S, B>(&settings, inner, &reservation, request, &mut held).await;
     let (mut parts, body) = match executed {
         Ok(Ok(ran)) => ran,
         Ok(Err(error)) => {
@@ -109,27 +121,36 @@ async fn execute<S, B>(
     settings: &Arc<Settings>,
     mut inner: S,
     reservation: &ReservationHandle,
+    request: Option<Request<Bytes>>,
     held: &mut Held,
 ) -> Result<Result<(response::Parts, Answered<B::Inner>), S::Error>, Panic>
 where
     S: Inner<B::Request, B::Inner>,
     B: Bodies,
 {
-    let mut request = Request::clone(reservation.request()).map(B::request);
-    prepare_for_inner(settings, request.headers_mut());
-    request.extensions_mut().insert(reservation.clone());
-    let max_body = settings.max_response_body;
-    let budget = settings.memory.clone();
-    let run = async move {
-        let (parts, body) = inner.call(request).await?.into_parts();
-        Ok((parts, read_answer(body, max_body, &budget, held).await))
-    };
-    hold_lease(
-        settings,
-        reservation.clone(),
-        AssertUnwindSafe(run).catch_unwind(),
-    )
-    .await
+    // Built and pinned in place, and the request made inside it: the work is kept once in
+    // this future, not moved into another one (a copy of every byte of it) or kept
+    // beside a request that was already handed to the inner service.
+    let work = std::pin::pin!(
+        AssertUnwindSafe(async move {
+            let request = match (request, reservation.request()) {
+                (Some(request), _) => request,
+                (None, Some(kept)) => Request::clone(kept),
+                (None, None) => unreachable!("the request is either kept or handed over"),
+            };
+            let mut request = request.map(B::request);
+            prepare_for_inner(settings, request.headers_mut());
+            request.extensions_mut().insert(reservation.clone());
+            let (parts, body) = inner.call(request).await?.into_parts();
+            let budget = &settings.memory;
+            Ok((
+                parts,
+                read_answer(body, settings.max_response_body, budget, held).await,
+            ))
+        })
+        .catch_unwind()
+    );
+    hold_lease(settings, reservation.clone(), work).await
 }
 
 /// What happens to an answer.
@@ -183,7 +204,7 @@ pub(crate) fn classify<I>(
 #[allow(clippy::too_many_arguments)]
 async fn settle<B: Bodies>(
     settings: &Settings,
-    request: &Request<Bytes>,
+    request: Option<&Request<Bytes>>,
     id: &RecordId,
     token: FencingToken,
     verdict: Verdict,
@@ -222,7 +243,8 @@ async fn settle<B: Bodies>(
     };
     let outcome = match verdict {
         Verdict::Store => {
-            let stored = settings.profile.to_store(
+            let stored = to_store(
+                settings,
                 request,
                 stored_response(settings, &parts, &body, trailers.as_ref()),
             );
@@ -270,17 +292,20 @@ async fn settle<B: Bodies>(
         // body type built from bytes alone, the rest read too, while the budget allows.
         Some(rest) => match B::continued(body, rest) {
             Ok(streamed) => streamed,
-            Err((read, rest)) => match read_rest(read, rest, &settings.memory, held).await {
-                Ok(Some((bytes, trailers))) => B::made(bytes, trailers),
-                Ok(None) | Err(_) => {
-                    tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
-                    let mut response =
-                        Rejection::response_too_large_to_hold(status).into_response::<B>(settings);
-                    metrics::outcome(settings, outcome);
-                    response.extensions_mut().insert(outcome);
-                    return response;
+            // Boxed for the same reason as `finalize_rejection`: a rare path.
+            Err((read, rest)) => {
+                match Box::pin(read_rest(read, rest, &settings.memory, held)).await {
+                    Ok(Some((bytes, trailers))) => B::made(bytes, trailers),
+                    Ok(None) | Err(_) => {
+                        tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
+                        let mut response = Rejection::response_too_large_to_hold(status)
+                            .into_response::<B>(settings);
+                        metrics::outcome(settings, outcome);
+                        response.extensions_mut().insert(outcome);
+                        return response;
+                    }
                 }
-            },
+            }
         },
     };
     let mut response = Response::from_parts(parts, answer);
@@ -320,6 +345,23 @@ fn is_encoded(headers: &HeaderMap) -> bool {
         })
 }
 
+/// What the profile keeps of an answer, given the keyed request if it was kept for it
+/// (and an empty one otherwise, as [`Profile::to_store_reads_request`] says).
+///
+/// [`Profile::to_store_reads_request`]: crate::Profile::to_store_reads_request
+pub(crate) fn to_store(
+    settings: &Settings,
+    request: Option<&Request<Bytes>>,
+    answer: StoredResponse,
+) -> StoredResponse {
+    match request {
+        Some(request) => settings.profile.to_store(request, answer),
+        None => settings
+            .profile
+            .to_store(&Request::new(Bytes::new()), answer),
+    }
+}
+
 /// The answer as the generic rules keep it: status, the replayed headers, the body, and
 /// every trailer.
 pub(crate) fn stored_response(
@@ -355,20 +397,25 @@ fn kept_headers(
 }
 
 /// Stores a rendered rejection as the key's answer, for every retry to get.
-async fn finalize_rejection(
-    settings: &Settings,
-    id: &RecordId,
+///
+/// Boxed: answers that are not stored are rare, and the owner's future (boxed and moved
+/// on every first execution) should not carry room for this one.
+fn finalize_rejection<'a>(
+    settings: &'a Settings,
+    id: &'a RecordId,
     token: FencingToken,
     rejection: Rejection,
-) {
-    let rendered = settings.render(&rejection);
-    let stored = StoredResponse {
-        status: rendered.status().as_u16(),
-        headers: kept_headers(rendered.headers(), |_| true),
-        body: rendered.into_body(),
-        trailers: Vec::new(),
-    };
-    finalize(settings, id, token, &stored).await;
+) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+    Box::pin(async move {
+        let rendered = settings.render(&rejection);
+        let stored = StoredResponse {
+            status: rendered.status().as_u16(),
+            headers: kept_headers(rendered.headers(), |_| true),
+            body: rendered.into_body(),
+            trailers: Vec::new(),
+        };
+        finalize(settings, id, token, &stored).await;
+    })
 }
 
 /// Drives `work` while its lease is renewed every third of the lease's length.
@@ -381,9 +428,8 @@ async fn finalize_rejection(
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
     reservation: ReservationHandle,
-    work: F,
+    mut work: Pin<&mut F>,
 ) -> F::Output {
-    let mut work = std::pin::pin!(work);
     let first_poll = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     if let Poll::Ready(output) = first_poll {
         return output;
@@ -461,13 +507,21 @@ async fn finalize(
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {
-        match metrics::store_call(
-            settings,
-            StoreCall::Finalize,
-            settings.store.finalize(id, token, stored),
-        )
-        .await
-        {
+        let at_once = metrics::store_call_now(settings, StoreCall::Finalize, || {
+            settings.store.finalize_now(id, token, stored)
+        });
+        let finalized = match at_once {
+            Some(answer) => answer,
+            None => {
+                metrics::store_call(
+                    settings,
+                    StoreCall::Finalize,
+                    settings.store.finalize(id, token, stored),
+                )
+                .await
+            }
+        };
+        match finalized {
             Ok(Ownership::Held) => {
                 tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
                 return;

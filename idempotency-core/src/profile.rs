@@ -120,6 +120,16 @@ pub trait Profile: Send + Sync + 'static {
         answer
     }
 
+    /// Whether [`to_store`](Self::to_store) reads the request it is given. While the
+    /// default, `true`, holds, the layer keeps a copy of every keyed request (its head
+    /// and body) for `to_store` while the inner service runs. A profile whose `to_store`
+    /// does not look at the request (the default `to_store` does not) answers `false`
+    /// and spares every keyed request that copy; its `to_store` is then given an empty
+    /// request (`GET /`, no headers, no body).
+    fn to_store_reads_request(&self) -> bool {
+        true
+    }
+
     /// A request for the inner service, sent before a stored answer is replayed to
     /// `retry`, to fetch what [`to_store`](Self::to_store) kept out of the store. Its
     /// answer is given to [`replay`](Self::replay). `None` (the default) sends nothing.
@@ -195,4 +205,8 @@ impl<'a> RequestHead<'a> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpProfile;
 
-impl Profile for HttpProfile {}
+impl Profile for HttpProfile {
+    fn to_store_reads_request(&self) -> bool {
+        false // it keeps the default `to_store`
+    }
+}

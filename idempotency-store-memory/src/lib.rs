@@ -125,8 +125,10 @@ struct Slot {
 
 #[derive(Debug)]
 struct Record {
-    id: RecordId,
-    binding: Binding,
+    /// Whose record it is and what it is bound to, in one allocation rather than four
+    /// strings of their own (scope, key, method, path).
+    names: Names,
+    body_sha256: [u8; 32],
     state: State,
     /// When the key was reserved (a takeover keeps it); only inspection reads it.
     created_at: Instant,
@@ -135,6 +137,59 @@ struct Record {
     bytes: u64,
     /// Created when the first duplicate waits; woken whenever the record settles.
     waiters: Option<Arc<Notify>>,
+}
+
+/// A record's scope, key, method and path, one after the other in one string.
+#[derive(Debug)]
+struct Names {
+    text: Box<str>,
+    /// Where the key, the method and the path start in `text`.
+    key_at: usize,
+    method_at: usize,
+    path_at: usize,
+}
+
+impl Names {
+    fn new(id: &RecordId, binding: &Binding) -> Self {
+        let mut text = String::with_capacity(
+            id.scope.len() + id.key.len() + binding.method.len() + binding.path.len(),
+        );
+        text.push_str(&id.scope);
+        let key_at = text.len();
+        text.push_str(&id.key);
+        let method_at = text.len();
+        text.push_str(&binding.method);
+        let path_at = text.len();
+        text.push_str(&binding.path);
+        Self {
+            text: text.into_boxed_str(),
+            key_at,
+            method_at,
+            path_at,
+        }
+    }
+
+    fn scope(&self) -> &str {
+        &self.text[..self.key_at]
+    }
+
+    fn key(&self) -> &str {
+        &self.text[self.key_at..self.method_at]
+    }
+
+    fn method(&self) -> &str {
+        &self.text[self.method_at..self.path_at]
+    }
+
+    fn path(&self) -> &str {
+        &self.text[self.path_at..]
+    }
+
+    /// Whether these are the names of `id`'s record: scope and key compared each on its
+    /// own, so that no two ids share a record whatever bytes they hold.
+    fn are_of(&self, id: &RecordId) -> bool {
+        self.scope() == id.scope && self.key() == id.key
+    }
 }
 
 #[derive(Debug)]
@@ -147,6 +202,14 @@ enum State {
 }
 
 impl Record {
+    fn binding(&self) -> Binding {
+        Binding {
+            method: self.names.method().to_owned(),
+            path: self.names.path().to_owned(),
+            body_sha256: self.body_sha256,
+        }
+    }
+
     fn to_record(&self, now: Instant) -> IdempotencyRecord {
         let state = match &self.state {
             State::InFlight { token, lease_until } => RecordState::InFlight {
@@ -156,7 +219,7 @@ impl Record {
             State::Completed(response) => RecordState::Completed(response.clone()),
         };
         IdempotencyRecord {
-            binding: self.binding.clone(),
+            binding: self.binding(),
             state,
         }
     }
@@ -177,7 +240,7 @@ impl Record {
             },
         };
         InspectedRecord {
-            binding: self.binding.clone(),
+            binding: self.binding(),
             state,
             created_at: Some(clock.at(self.created_at)),
             expires_at: Some(clock.at(self.expires_at)),
@@ -477,7 +540,7 @@ impl MemoryStore {
     fn forget(&self, record: &Record) {
         self.shared.len.fetch_sub(1, Ordering::AcqRel);
         self.shared.bytes.fetch_sub(record.bytes, Ordering::AcqRel);
-        self.forget_in_scope(&record.id.scope, 1, record.bytes);
+        self.forget_in_scope(record.names.scope(), 1, record.bytes);
     }
 
     fn forget_in_scope(&self, scope: &str, records: u64, bytes: u64) {
@@ -564,13 +627,15 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 fn find<'a>(shard: &'a mut Shard, hash: u64, id: &RecordId) -> Option<&'a mut Record> {
     shard
         .table
-        .find_mut(hash, |slot| slot.record.id == *id)
+        .find_mut(hash, |slot| slot.record.names.are_of(id))
         .map(|slot| &mut *slot.record)
 }
 
-#[async_trait]
-impl IdempotencyStore for MemoryStore {
-    async fn reserve(
+/// The operations the layer calls on every keyed request, done under a shard's lock
+/// without awaiting anything: the trait's `async` methods and its `*_now` twins (which
+/// spare the layer a boxed future per call) both run them.
+impl MemoryStore {
+    fn reserve_record(
         &self,
         id: &RecordId,
         binding: &Binding,
@@ -580,8 +645,8 @@ impl IdempotencyStore for MemoryStore {
         let now = Instant::now();
         let bytes = id.reserved_bytes(binding);
         let fresh = |token, waiters| Record {
-            id: id.clone(),
-            binding: binding.clone(),
+            names: Names::new(id, binding),
+            body_sha256: binding.body_sha256,
             state: State::InFlight {
                 token,
                 lease_until: now + lease,
@@ -598,7 +663,11 @@ impl IdempotencyStore for MemoryStore {
         for made_room in [false, true] {
             let (hash, mut shard) = self.shard_of(id);
             let Shard { table, expiries } = &mut *shard;
-            match table.entry(hash, |slot| slot.record.id == *id, |slot: &Slot| slot.hash) {
+            match table.entry(
+                hash,
+                |slot| slot.record.names.are_of(id),
+                |slot: &Slot| slot.hash,
+            ) {
                 TableEntry::Occupied(mut occupied) => {
                     let record = &mut occupied.get_mut().record;
                     if record.is_live(now) {
@@ -637,6 +706,59 @@ impl IdempotencyStore for MemoryStore {
             Some(NoRoom::Full(bound)) => StoreError::Full { bound, retry_after },
             None => unreachable!("a reservation that found no room says why"),
         })
+    }
+
+    fn finalize_record(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let now = Instant::now();
+        let (hash, mut shard) = self.shard_of(id);
+        match find(&mut shard, hash, id) {
+            Some(record) if record.owned_by(token, now) => {
+                let added = response.stored_bytes();
+                record.state = State::Completed(response.clone());
+                record.bytes += added;
+                record.wake_waiters();
+                self.grow(&id.scope, added);
+                Ok(Ownership::Held)
+            }
+            _ => Ok(Ownership::Lost),
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        self.reserve_record(id, binding, lease, lifetime)
+    }
+
+    fn reserve_now(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(self.reserve_record(id, binding, lease, lifetime))
+    }
+
+    fn finalize_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<Ownership, StoreError>> {
+        Some(self.finalize_record(id, token, response))
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -712,25 +834,16 @@ impl IdempotencyStore for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let now = Instant::now();
-        let (hash, mut shard) = self.shard_of(id);
-        match find(&mut shard, hash, id) {
-            Some(record) if record.owned_by(token, now) => {
-                let added = response.stored_bytes();
-                record.state = State::Completed(response.clone());
-                record.bytes += added;
-                record.wake_waiters();
-                self.grow(&id.scope, added);
-                Ok(Ownership::Held)
-            }
-            _ => Ok(Ownership::Lost),
-        }
+        self.finalize_record(id, token, response)
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
         let now = Instant::now();
         let (hash, mut shard) = self.shard_of(id);
-        match shard.table.find_entry(hash, |slot| slot.record.id == *id) {
+        match shard
+            .table
+            .find_entry(hash, |slot| slot.record.names.are_of(id))
+        {
             Ok(occupied) if occupied.get().record.owned_by(token, now) => {
                 let (slot, _) = occupied.remove();
                 slot.record.wake_waiters();
@@ -787,7 +900,10 @@ impl IdempotencyStore for MemoryStore {
         let clock = self.shared.epoch.clock();
         // One lock for the look and the delete: the verdict is on the record as it stands.
         let (hash, mut shard) = self.shard_of(id);
-        let occupied = match shard.table.find_entry(hash, |slot| slot.record.id == *id) {
+        let occupied = match shard
+            .table
+            .find_entry(hash, |slot| slot.record.names.are_of(id))
+        {
             Ok(occupied) if occupied.get().record.is_live(clock.now) => occupied,
             _ => return Ok(Eviction::NotFound),
         };

@@ -335,6 +335,10 @@ pub fn status(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Option<Code>
 }
 
 impl Profile for GrpcProfile {
+    fn to_store_reads_request(&self) -> bool {
+        false // it keeps the default `to_store`
+    }
+
     fn takes_part(&self, method: &Method, path: &str) -> bool {
         method == Method::POST && self.is_unary(path)
     }
