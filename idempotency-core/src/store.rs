@@ -700,15 +700,34 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 /// Chosen by measurement (BENCHMARKS.md, purge of 1,000,000 expired PostgreSQL rows in
 /// batches of 100): reservation p99 during the purge was 2.7× the p99 without a purge
 /// when the batches ran back to back, 2.1× resting 3× as long as each batch, and no better
-/// resting 1×; the purge then takes about 4 times as long (50 s instead of 18 s here).
-/// Most of what is left comes from the size of each batch, so keep batches small.
+/// resting 1× or 9×: once more than 1% of reservations meet a batch at all, the p99 is
+/// set by how long a batch lasts, not by how often one runs (see [`PURGE_BATCH_TIME`]).
+/// Resting makes the purge take about 4 times as long as back to back.
 pub const PURGE_REST_FACTOR: u32 = 3;
 
 /// How long one batch of [`purge_all_expired`] should take at most: the batch size
-/// shrinks while batches take longer, and grows back (up to the size asked for) while
-/// they take less than half of it. A reservation that queues behind a batch then waits
-/// about this long at worst, whatever the database's speed or load.
-pub const PURGE_BATCH_TIME: Duration = Duration::from_millis(1);
+/// halves while batches take longer (down to 10 rows, or the size asked for if smaller),
+/// and doubles back (up to the size asked for) while they take less than half of it. A
+/// reservation that queues behind a batch then waits about this long at worst.
+///
+/// Chosen by measurement (BENCHMARKS.md, "Issue 15"): with a bound of 1 ms the
+/// reservation p99 during a purge of 1,000,000 PostgreSQL rows was a steady 768–782 µs,
+/// while the p99 without a purge it is compared with moved between 337 and 422 µs, so the
+/// ratio landed on either side of 2× (1.83–2.28× in five quick runs). A batch must stay
+/// well under twice the quiet p99 for a reservation that meets one to stay under 2× it;
+/// 0.5 ms leaves that margin. A batch of a few dozen rows fits in it on an idle machine.
+///
+/// The floor of 10 rows is for a loaded machine, where one statement with its commit
+/// takes longer than the bound whatever its size: halving further then only multiplies the
+/// statements and commits the purge needs (down to 1 row per batch, 23,046 batches and
+/// 244 s for 50,000 rows in one run on a saturated machine) without making any of them
+/// shorter; 10 rows cost little more than 1 (a few µs each, against a round trip and a
+/// commit of hundreds).
+pub const PURGE_BATCH_TIME: Duration = Duration::from_micros(500);
+
+/// The size a batch of [`purge_all_expired`] does not shrink below (see
+/// [`PURGE_BATCH_TIME`]).
+const PURGE_MIN_BATCH: usize = 10;
 
 /// Runs [`IdempotencyStore::purge_expired`] until a batch comes back short, and says how
 /// many records it deleted in all (or [`Purged::ByBackend`] for a store that expires
@@ -718,14 +737,16 @@ pub const PURGE_BATCH_TIME: Duration = Duration::from_millis(1);
 /// about [`PURGE_BATCH_TIME`], and after each full batch the purge rests for
 /// [`PURGE_REST_FACTOR`] times as long as the batch took, so a large backlog is worked off
 /// in the gaps of the foreground traffic instead of competing with it for the database.
-/// Batches shrink and rests grow when the database is busy and batches slow down. A rest under a millisecond (the memory store's batches) only yields:
-/// tokio's timer would round it up to a whole millisecond and slow such a purge twentyfold.
+/// Batches shrink and rests grow when the database is busy and batches slow down. A rest
+/// under a millisecond (the memory store's batches) only yields: tokio's timer would round
+/// it up to a whole millisecond and slow such a purge twentyfold.
 /// Needs tokio's timer, like [`spawn_purge_task`].
 pub async fn purge_all_expired(
     store: &dyn IdempotencyStore,
     batch_size: usize,
 ) -> Result<Purged, StoreError> {
     let max_batch = batch_size.max(1);
+    let min_batch = PURGE_MIN_BATCH.min(max_batch);
     let mut batch_size = max_batch;
     let mut total = 0;
     loop {
@@ -747,7 +768,7 @@ pub async fn purge_all_expired(
         }
         let took = started.elapsed();
         if took > PURGE_BATCH_TIME {
-            batch_size = (batch_size / 2).max(1);
+            batch_size = (batch_size / 2).max(min_batch);
         } else if took < PURGE_BATCH_TIME / 2 {
             batch_size = (batch_size * 2).min(max_batch);
         }
