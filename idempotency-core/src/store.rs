@@ -708,21 +708,24 @@ pub const PURGE_REST_FACTOR: u32 = 3;
 /// How long one batch of [`purge_all_expired`] should take at most: the batch size
 /// halves while batches take longer (down to 10 rows, or the size asked for if smaller),
 /// and doubles back (up to the size asked for) while they take less than half of it. A
-/// reservation that queues behind a batch then waits about this long at worst.
+/// reservation that queues behind a batch then waits about this long at worst, unless the
+/// database is so slow that even 10 rows take longer.
 ///
 /// Chosen by measurement (BENCHMARKS.md, "Issue 15"): with a bound of 1 ms the
 /// reservation p99 during a purge of 1,000,000 PostgreSQL rows was a steady 768–782 µs,
 /// while the p99 without a purge it is compared with moved between 337 and 422 µs, so the
 /// ratio landed on either side of 2× (1.83–2.28× in five quick runs). A batch must stay
 /// well under twice the quiet p99 for a reservation that meets one to stay under 2× it;
-/// 0.5 ms leaves that margin. A batch of a few dozen rows fits in it on an idle machine.
+/// 0.5 ms leaves that margin.
 ///
 /// The floor of 10 rows is for a loaded machine, where one statement with its commit
 /// takes longer than the bound whatever its size: halving further then only multiplies the
-/// statements and commits the purge needs (down to 1 row per batch, 23,046 batches and
-/// 244 s for 50,000 rows in one run on a saturated machine) without making any of them
-/// shorter; 10 rows cost little more than 1 (a few µs each, against a round trip and a
-/// commit of hundreds).
+/// statements and commits the purge needs without making any of them shorter. Without the
+/// floor (and with a bound of 1 ms) the batches came down to 1 or 2 rows: 23,046 batches,
+/// 205 rows a second, at a load average of 4–6; with it (and 0.5 ms), 750 rows a second
+/// at a load average of 3–4. Ten rows cost little more than one: deleting 100 took
+/// 0.66 ms of execution there, a few µs a row, against a round trip and a commit of
+/// hundreds.
 pub const PURGE_BATCH_TIME: Duration = Duration::from_micros(500);
 
 /// The size a batch of [`purge_all_expired`] does not shrink below (see
