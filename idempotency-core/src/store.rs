@@ -751,15 +751,39 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<T> {
 /// Chosen by measurement (BENCHMARKS.md, purge of 1,000,000 expired PostgreSQL rows in
 /// batches of 100): reservation p99 during the purge was 2.7× the p99 without a purge
 /// when the batches ran back to back, 2.1× resting 3× as long as each batch, and no better
-/// resting 1×; the purge then takes about 4 times as long (50 s instead of 18 s here).
-/// Most of what is left comes from the size of each batch, so keep batches small.
+/// resting 1× or 9×: once more than 1% of reservations meet a batch at all, the p99 is
+/// set by how long a batch lasts, not by how often one runs (see [`PURGE_BATCH_TIME`]).
+/// Resting makes the purge take about 4 times as long as back to back.
 pub const PURGE_REST_FACTOR: u32 = 3;
 
 /// How long one batch of [`purge_all_expired`] should take at most: the batch size
-/// shrinks while batches take longer, and grows back (up to the size asked for) while
-/// they take less than half of it. A reservation that queues behind a batch then waits
-/// about this long at worst, whatever the database's speed or load.
-pub const PURGE_BATCH_TIME: Duration = Duration::from_millis(1);
+/// halves while batches take longer (down to 10 rows, or the size asked for if smaller),
+/// and doubles back (up to the size asked for) while they take less than half of it. A
+/// reservation that queues behind a batch then waits about this long at worst, unless the
+/// database is so slow that even 10 rows take longer.
+///
+/// Chosen by measurement (BENCHMARKS.md, "Issue 15"): with a bound of 1 ms the
+/// reservation p99 during a purge of 1,000,000 PostgreSQL rows was a steady 768–782 µs,
+/// while the p99 without a purge it is compared with moved between 337 and 422 µs, so the
+/// ratio landed on either side of 2× (1.83–2.28× in five quick runs). A batch must stay
+/// well under twice the quiet p99 for a reservation that meets one to stay under 2× it;
+/// 0.5 ms leaves that margin. Not yet confirmed by five quick runs in a row: the runs of
+/// this bound so far were on a machine too busy to tell (BENCHMARKS.md, target 4's
+/// follow-up); if it does not help there, 1 ms with the floor below is the fallback.
+///
+/// The floor of 10 rows is for a loaded machine, where one statement with its commit
+/// takes longer than the bound whatever its size: halving further then only multiplies the
+/// statements and commits the purge needs without making any of them shorter. Without the
+/// floor (and with a bound of 1 ms) the batches came down to 1 or 2 rows: 23,046 batches,
+/// 205 rows a second, at a load average of 4–6; with it (and 0.5 ms), 750 rows a second
+/// at a load average of 3–4. Ten rows cost little more than one: deleting 100 took
+/// 0.66 ms of execution there, a few µs a row, against a round trip and a commit of
+/// hundreds.
+pub const PURGE_BATCH_TIME: Duration = Duration::from_micros(500);
+
+/// The size a batch of [`purge_all_expired`] does not shrink below (see
+/// [`PURGE_BATCH_TIME`]).
+const PURGE_MIN_BATCH: usize = 10;
 
 /// Runs [`IdempotencyStore::purge_expired`] until a batch comes back short, and says how
 /// many records it deleted in all (or [`Purged::ByBackend`] for a store that expires
@@ -769,14 +793,16 @@ pub const PURGE_BATCH_TIME: Duration = Duration::from_millis(1);
 /// about [`PURGE_BATCH_TIME`], and after each full batch the purge rests for
 /// [`PURGE_REST_FACTOR`] times as long as the batch took, so a large backlog is worked off
 /// in the gaps of the foreground traffic instead of competing with it for the database.
-/// Batches shrink and rests grow when the database is busy and batches slow down. A rest under a millisecond (the memory store's batches) only yields:
-/// tokio's timer would round it up to a whole millisecond and slow such a purge twentyfold.
+/// Batches shrink and rests grow when the database is busy and batches slow down. A rest
+/// under a millisecond (the memory store's batches) only yields: tokio's timer would round
+/// it up to a whole millisecond and slow such a purge twentyfold.
 /// Needs tokio's timer, like [`spawn_purge_task`].
 pub async fn purge_all_expired(
     store: &dyn IdempotencyStore,
     batch_size: usize,
 ) -> Result<Purged, StoreError> {
     let max_batch = batch_size.max(1);
+    let min_batch = PURGE_MIN_BATCH.min(max_batch);
     let mut batch_size = max_batch;
     let mut total = 0;
     loop {
@@ -798,7 +824,7 @@ pub async fn purge_all_expired(
         }
         let took = started.elapsed();
         if took > PURGE_BATCH_TIME {
-            batch_size = (batch_size / 2).max(1);
+            batch_size = (batch_size / 2).max(min_batch);
         } else if took < PURGE_BATCH_TIME / 2 {
             batch_size = (batch_size * 2).min(max_batch);
         }

@@ -1,10 +1,10 @@
-//! `compare [--quick] [--only inprocess,http,grpc,sql,redis,scale] [--out FILE] …`: runs every
+//! `compare [--quick] [--only inprocess,http,grpc,sql,redis,scale,purge] [--out FILE] …`: runs every
 //! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
 //!
 //! Options:
 //! - `--quick`: short runs (a few minutes in all on 2 cores);
 //! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `grpc`, `sql`, `redis`,
-//!   `scale`;
+//!   `scale`, or `purge` (only the PostgreSQL purge of `scale`, for trying purge settings);
 //! - `--connections LIST`: HTTP connections and gRPC calls in flight (default `1,16,64`);
 //! - `--grpc-connections N`: HTTP/2 connections the gRPC calls are spread over (default:
 //!   one per 16 calls in flight, rounded up);
@@ -1105,6 +1105,9 @@ fn main() {
     if wants("scale") {
         eprintln!("memory store scale…");
         rows.push(scale::run(&sibling("mem-scale"), 1_000_000));
+    }
+    if wants("scale") || wants("purge") {
+        eprintln!("purge of expired PostgreSQL rows…");
         #[cfg(feature = "sql")]
         rows.extend(benches::sql::purge_scale(
             &o.postgres_url,
