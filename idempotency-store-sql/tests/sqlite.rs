@@ -391,3 +391,44 @@ async fn a_write_that_fails_in_a_batch_fails_alone() {
         .unwrap();
     assert_eq!(rows, 31);
 }
+
+/// A replay is a plain read: it is answered while another connection holds SQLite's one
+/// write lock, where a reserve that wrote would wait for it (up to the busy timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_does_not_wait_for_the_write_lock() {
+    use idempotency_core::{RecordState, Reservation};
+    let (_dir, path) = temp_db();
+    let store = node(&path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate");
+    let id = common::id();
+    let Reservation::Reserved(token) = store
+        .reserve(&id, &common::binding(), common::LONG, common::LONG)
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key not reserved")
+    };
+    store
+        .finalize(&id, token, &common::response(b"kept"))
+        .await
+        .unwrap();
+    let other = node(&path, "records").await;
+    let mut writer = other.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let replay = tokio::time::timeout(
+        Duration::from_secs(1),
+        store.reserve(&id, &common::binding(), common::LONG, common::LONG),
+    )
+    .await
+    .expect("the replay waited for the write lock");
+    let Ok(Reservation::Exists(record)) = replay else {
+        panic!("{replay:?}")
+    };
+    assert_eq!(
+        record.state,
+        RecordState::Completed(common::response(b"kept"))
+    );
+    writer.rollback().await.unwrap();
+}
