@@ -416,7 +416,7 @@ async fn a_replay_does_not_wait_for_the_write_lock() {
         .await
         .unwrap();
     let other = node(&path, "records").await;
-    let mut writer = other.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let writer = other.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
     let replay = tokio::time::timeout(
         Duration::from_secs(1),
         store.reserve(&id, &common::binding(), common::LONG, common::LONG),
