@@ -20,6 +20,15 @@ async fn node(path: &Path, table: &str) -> SqliteStore {
         .expect("valid table name")
 }
 
+/// A node on the table `records` of the file at `path`, migrated.
+async fn migrated(path: &Path) -> SqliteStore {
+    node(path, "records")
+        .await
+        .migrate()
+        .await
+        .expect("migrate")
+}
+
 fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("idempotency.db");
@@ -109,11 +118,7 @@ async fn eight_pools_upgrade_a_table_of_the_previous_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_pools_share_keys_leases_and_takeovers() {
     let (_dir, path) = temp_db();
-    let a = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let a = migrated(&path).await;
     let b = node(&path, "records").await;
     let (a, b): (Arc<dyn IdempotencyStore>, Arc<dyn IdempotencyStore>) = (Arc::new(a), Arc::new(b));
     idempotency_core::conformance::run_multi_node(&a, &b).await;
@@ -122,11 +127,7 @@ async fn two_pools_share_keys_leases_and_takeovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_pools_purge_at_once() {
     let (_dir, path) = temp_db();
-    let first = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let first = migrated(&path).await;
     let mut nodes: Vec<Arc<dyn IdempotencyStore>> = vec![Arc::new(first)];
     for _ in 0..2 {
         nodes.push(Arc::new(node(&path, "records").await));
@@ -140,11 +141,7 @@ async fn records_survive_reopening_the_file() {
     let (_dir, path) = temp_db();
     let id = common::id();
     {
-        let store = node(&path, "records")
-            .await
-            .migrate()
-            .await
-            .expect("migrate");
+        let store = migrated(&path).await;
         let idempotency_core::Reservation::Reserved(token) = store
             .reserve(&id, &common::binding(), common::LONG, common::LONG)
             .await
@@ -158,11 +155,7 @@ async fn records_survive_reopening_the_file() {
             .unwrap();
         store.pool().close().await;
     }
-    let reopened = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let reopened = migrated(&path).await;
     assert_eq!(
         reopened.load(&id).await.unwrap().unwrap().state,
         idempotency_core::RecordState::Completed(common::response(b"kept"))
@@ -245,11 +238,7 @@ async fn enforces_a_scope_quota_across_two_pools() {
     use idempotency_core::ScopeQuota;
     let (_dir, path) = temp_db();
     let quota = ScopeQuota::default().with_max_records(5);
-    let a = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let a = migrated(&path).await;
     let one: Arc<dyn IdempotencyStore> = Arc::new(a.clone().with_scope_quota(quota));
     idempotency_core::conformance::scope_quota_holds_under_concurrency(&one, 5).await;
     let racing = Arc::new(a.with_scope_quota(quota));
@@ -288,11 +277,7 @@ async fn enforces_a_scope_quota_across_two_pools() {
 async fn concurrent_writes_are_answered_once_committed() {
     use idempotency_core::{RecordState, Reservation};
     let (_dir, path) = temp_db();
-    let store = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let store = migrated(&path).await;
     let observer = node(&path, "records").await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..64 {
@@ -337,11 +322,7 @@ async fn concurrent_writes_are_answered_once_committed() {
 async fn a_write_that_fails_in_a_batch_fails_alone() {
     use idempotency_core::{Reservation, StoreError};
     let (_dir, path) = temp_db();
-    let store = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let store = migrated(&path).await;
     let other = node(&path, "records").await;
     sqlx::query(
         "CREATE TRIGGER poison BEFORE INSERT ON records WHEN NEW.idempotency_key = 'poison'
@@ -398,11 +379,7 @@ async fn a_write_that_fails_in_a_batch_fails_alone() {
 async fn a_replay_does_not_wait_for_the_write_lock() {
     use idempotency_core::{RecordState, Reservation};
     let (_dir, path) = temp_db();
-    let store = node(&path, "records")
-        .await
-        .migrate()
-        .await
-        .expect("migrate");
+    let store = migrated(&path).await;
     let id = common::id();
     let Reservation::Reserved(token) = store
         .reserve(&id, &common::binding(), common::LONG, common::LONG)
