@@ -4,7 +4,8 @@
 //! Options:
 //! - `--quick`: short runs (a few minutes in all on 2 cores);
 //! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `grpc`, `sql`, `redis`,
-//!   `scale`, or `purge` (only the PostgreSQL purge of `scale`, for trying purge settings);
+//!   `scale`, or `purge` (only the default PostgreSQL purge of `scale`, batches of 100, without
+//!   its batches-of-1,000 comparison: for trying purge settings and for repeated runs);
 //! - `--connections LIST`: HTTP connections and gRPC calls in flight (default `1,16,64`);
 //! - `--grpc-connections N`: HTTP/2 connections the gRPC calls are spread over (default:
 //!   one per 16 calls in flight, rounded up);
@@ -1116,6 +1117,7 @@ fn main() {
             } else {
                 benches::sql::Settings::full()
             },
+            wants("scale"),
         ));
     }
 
