@@ -124,7 +124,9 @@ where
     let request = Request::from_parts(parts, body);
     let binding = binding::bind(&request);
 
-    let wait_until = Instant::now() + settings.in_flight_wait;
+    // The wait for an in-flight owner is bounded from the first time this request waits:
+    // most requests never do, and reading the clock for them is a cost of its own.
+    let mut wait_until = None;
     for _ in 0..MAX_ATTEMPTS {
         let (lease, lifetime) = (settings.lease(), settings.kept_for());
         let at_once = metrics::store_call_now(&settings, StoreCall::Reserve, || {
@@ -169,7 +171,9 @@ where
                 lease_lapsed: false,
                 ..
             } => {
-                let remaining = wait_until.saturating_duration_since(Instant::now());
+                let now = Instant::now();
+                let wait_until = *wait_until.get_or_insert(now + settings.in_flight_wait);
+                let remaining = wait_until.saturating_duration_since(now);
                 tracing::debug!(outcome = "waiting", key = %settings.log_key(&id), "idempotency: waiting for the in-flight owner");
                 let waiting_since = settings.metrics.then(std::time::Instant::now);
                 let waited = settings.store.wait(&id, remaining).await;
@@ -264,7 +268,9 @@ where
     if !settings.memory.grow(held, upfront) {
         return Err(Rejection::over_budget(settings));
     }
-    let deadline = Instant::now() + settings.request_body_timeout;
+    // The time limit starts when the body first makes us wait: frames that are already
+    // there are read without a timer (and without reading the clock).
+    let mut deadline = None;
     let mut body = std::pin::pin!(body);
     let mut bytes = Joined::default();
     loop {
@@ -273,6 +279,8 @@ where
         let frame = if let Some(frame) = body.as_mut().frame().now_or_never() {
             frame
         } else {
+            let deadline =
+                *deadline.get_or_insert_with(|| Instant::now() + settings.request_body_timeout);
             match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
                 Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
                 Ok(frame) => frame,
