@@ -256,7 +256,7 @@ async fn reserve_sees_a_row_committed_after_its_snapshot() {
 async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use idempotency_core::{RecordState, Reservation};
+    use idempotency_core::RecordState;
 
     let Some(owner) = node(&common::unique_table()).await else {
         return;
@@ -279,13 +279,7 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
         .unwrap();
 
     let id = common::id();
-    let Reservation::Reserved(token) = owner
-        .reserve(&id, &common::binding(), common::LONG, common::LONG)
-        .await
-        .unwrap()
-    else {
-        panic!("fresh key not reserved")
-    };
+    let token = common::reserved(&owner, &id).await;
     // Start the listener first, so that the count is the waiters' alone.
     let _ = waiters_node
         .wait(&common::id(), Duration::ZERO)

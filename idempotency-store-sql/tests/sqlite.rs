@@ -142,13 +142,7 @@ async fn records_survive_reopening_the_file() {
     let id = common::id();
     {
         let store = migrated(&path).await;
-        let idempotency_core::Reservation::Reserved(token) = store
-            .reserve(&id, &common::binding(), common::LONG, common::LONG)
-            .await
-            .unwrap()
-        else {
-            panic!("fresh key not reserved")
-        };
+        let token = common::reserved(&store, &id).await;
         store
             .finalize(&id, token, &common::response(b"kept"))
             .await
@@ -275,7 +269,7 @@ async fn enforces_a_scope_quota_across_two_pools() {
 /// once it is committed, so another pool on the file sees it the moment its caller does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writes_are_answered_once_committed() {
-    use idempotency_core::{RecordState, Reservation};
+    use idempotency_core::RecordState;
     let (_dir, path) = temp_db();
     let store = migrated(&path).await;
     let observer = node(&path, "records").await;
@@ -284,13 +278,7 @@ async fn concurrent_writes_are_answered_once_committed() {
         let (store, observer) = (store.clone(), observer.clone());
         tasks.spawn(async move {
             let id = idempotency_core::RecordId::new("group", format!("k{i}"));
-            let Reservation::Reserved(token) = store
-                .reserve(&id, &common::binding(), common::LONG, common::LONG)
-                .await
-                .expect("reserve")
-            else {
-                panic!("a fresh key was not reserved");
-            };
+            let token = common::reserved(&store, &id).await;
             let seen = observer.load(&id).await.expect("load").expect("committed");
             assert!(matches!(seen.state, RecordState::InFlight { token: t, .. } if t == token));
             let ownership = store
@@ -381,13 +369,7 @@ async fn a_replay_does_not_wait_for_the_write_lock() {
     let (_dir, path) = temp_db();
     let store = migrated(&path).await;
     let id = common::id();
-    let Reservation::Reserved(token) = store
-        .reserve(&id, &common::binding(), common::LONG, common::LONG)
-        .await
-        .unwrap()
-    else {
-        panic!("fresh key not reserved")
-    };
+    let token = common::reserved(&store, &id).await;
     store
         .finalize(&id, token, &common::response(b"kept"))
         .await

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::{Binding, IdempotencyStore, RecordId, StoredResponse};
+use idempotency_core::{
+    Binding, FencingToken, IdempotencyStore, RecordId, Reservation, StoredResponse,
+};
 
 pub const LONG: Duration = Duration::from_secs(60);
 
@@ -59,6 +61,15 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
         )],
         body: bytes::Bytes::from_static(body),
         trailers: vec![],
+    }
+}
+
+/// Reserves `id`, a key nobody holds, with [`binding`] and a [`LONG`] lease and lifetime;
+/// panics if the store does not reserve it.
+pub async fn reserved(store: &impl IdempotencyStore, id: &RecordId) -> FencingToken {
+    match store.reserve(id, &binding(), LONG, LONG).await {
+        Ok(Reservation::Reserved(token)) => token,
+        other => panic!("a fresh key was not reserved: {other:?}"),
     }
 }
 
