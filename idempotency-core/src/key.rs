@@ -56,6 +56,11 @@ pub struct OpaqueKey;
 
 impl KeyFormat for OpaqueKey {
     fn parse(&self, value: &[u8]) -> Result<String, KeyError> {
+        if value.is_empty() {
+            return Err(KeyError::new(
+                "the Idempotency-Key header is empty; send 1 to 255 printable ASCII bytes, such as a UUID",
+            ));
+        }
         if value.len() > MAX_OPAQUE_KEY_LEN {
             return Err(KeyError::new(format!(
                 "the Idempotency-Key header is {} bytes long; send at most {MAX_OPAQUE_KEY_LEN}",

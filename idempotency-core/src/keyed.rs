@@ -17,7 +17,7 @@ use crate::layer::Settings;
 use crate::metrics::{self, StoreCall};
 use crate::outcome::Outcome;
 use crate::owner;
-use crate::policy::{self, is_mutation};
+use crate::policy::is_mutation;
 use crate::profile::RequestHead;
 use crate::rejection::Rejection;
 use crate::service::{Answer, Bodies, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Inner};
@@ -42,29 +42,31 @@ pub(crate) fn read_key<B>(
     let mut values = request.headers().get_all(&IDEMPOTENCY_KEY).iter();
     let value = values.next().map(|v| v.as_bytes().trim_ascii());
     let repeated = values.next().is_some();
-    let has_key = value.is_some_and(|v| !v.is_empty());
-    if !has_key && !repeated && !settings.require_key {
+    if value.is_none() && !settings.require_key {
         return Ok(None);
     }
     if !settings.takes_part(&RequestHead::of(request)) {
         return Ok(None);
     }
-    let path = request.uri().path();
     if repeated {
         return Err(Rejection::duplicate_key_header());
     }
     match value {
-        Some(value) if has_key => settings
+        // A header that is there but empty is a client's mistake, not the absence of a
+        // key: running the mutation unprotected would hide it.
+        Some([]) => Err(Rejection::empty_key()),
+        Some(value) => settings
             .key_format()
             .parse(value)
             .map(Some)
             .map_err(|error| Rejection::invalid_key(&error)),
-        _ => Err(Rejection::missing_key(method, path)),
+        None => Err(Rejection::missing_key(method, request.uri().path())),
     }
 }
 
 /// The start of a keyed request, before anything is awaited: whose key it is (the
-/// scope), and the request's span.
+/// scope), and the request's span. A request whose caller the layer cannot see is
+/// refused here, before its body is read.
 ///
 /// The span (`idempotency`) carries the key as logs show it (a short hash of scope and
 /// key, never the key: a key is what collects a response) and, once decided, the
@@ -75,16 +77,19 @@ pub(crate) fn begin<Body>(
     settings: &Settings,
     request: Request<Body>,
     key: String,
-) -> (Request<Body>, RecordId, tracing::Span) {
+) -> Result<(Request<Body>, RecordId, tracing::Span), Rejection> {
     let (parts, body) = request.into_parts();
-    if let Some(once) = &settings.unscoped_warning
-        && policy::looks_authenticated(&parts)
-    {
-        once.call_once(|| {
-            tracing::warn!("idempotency: requests carry credentials but the layer has no scope, so every caller shares one key space and one caller can collect another's answer by sending its key; set IdempotencyLayer::with_scope (e.g. from your authentication's principal, or CredentialScope)");
+    let Some(scope) = settings.scope.scope(&parts) else {
+        let rejection = Rejection::no_scope(settings.scope_chosen);
+        settings.no_scope_logged.call_once(|| {
+            tracing::error!(
+                "idempotency: misconfigured, keyed requests are refused: {}",
+                rejection.message
+            );
         });
-    }
-    let id = RecordId::new(settings.scope.scope(&parts), key);
+        return Err(rejection);
+    };
+    let id = RecordId::new(scope, key);
     // Without a `tracing` subscriber that wants INFO, no span at all: a disabled span
     // still feeds the `log` crate fallback (on in every axum application) at each poll.
     let span = if tracing::level_enabled!(tracing::Level::INFO) {
@@ -96,7 +101,7 @@ pub(crate) fn begin<Body>(
     } else {
         tracing::Span::none()
     };
-    (Request::from_parts(parts, body), id, span)
+    Ok((Request::from_parts(parts, body), id, span))
 }
 
 /// Stages 2 and 3 for a request with a key: bind, then reserve, wait or take over, and

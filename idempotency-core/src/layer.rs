@@ -13,7 +13,7 @@ use http::Response;
 
 use crate::budget::MemoryBudget;
 use crate::key::KeyFormat;
-use crate::policy::{AllMutations, RouteFilter, ScopeExtractor, SingleScope};
+use crate::policy::{AllMutations, NoScopeSet, RouteFilter, ScopeExtractor};
 use crate::profile::{HttpProfile, Profile, RequestHead};
 use crate::rejection::{ErrorRenderer, Rejection};
 use crate::service::{Idempotency, InnerBodies, WrappedBodies};
@@ -46,9 +46,11 @@ pub(crate) struct Settings {
     /// Narrows the profile's routes.
     pub(crate) routes: Arc<dyn RouteFilter>,
     pub(crate) scope: Arc<dyn ScopeExtractor>,
-    /// Set while the scope is the default one: the layer then warns, once, when it sees
-    /// a request that carries a credential.
-    pub(crate) unscoped_warning: Option<Arc<std::sync::Once>>,
+    /// Whether the user chose the scope (`with_scope`), which decides how a request
+    /// without one is explained.
+    pub(crate) scope_chosen: bool,
+    /// A request without a scope is a misconfiguration, logged once per layer.
+    pub(crate) no_scope_logged: Arc<std::sync::Once>,
     pub(crate) lifetime: Duration,
     pub(crate) grace_period: Duration,
     pub(crate) lease: Duration,
@@ -180,7 +182,7 @@ impl<M> std::fmt::Debug for IdempotencyLayer<M> {
 
 impl IdempotencyLayer {
     /// A layer over `store` for plain HTTP ([`HttpProfile`]) with the defaults: opaque
-    /// keys, one scope, every mutation, a 30-minute lifetime, 409 while in flight, 422 on
+    /// keys, no scope (see [`with_scope`](Self::with_scope)), every mutation, a 30-minute lifetime, 409 while in flight, 422 on
     /// key reuse, fail-closed. A store shared with other code (a purge task) can be
     /// passed as an `Arc`.
     pub fn new(store: impl IdempotencyStore) -> Self {
@@ -198,8 +200,9 @@ impl IdempotencyLayer {
                 key_format: None,
                 renderer: None,
                 routes: Arc::new(AllMutations),
-                scope: Arc::new(SingleScope),
-                unscoped_warning: Some(Arc::new(std::sync::Once::new())),
+                scope: Arc::new(NoScopeSet),
+                scope_chosen: false,
+                no_scope_logged: Arc::new(std::sync::Once::new()),
                 lifetime: DEFAULT_LIFETIME,
                 grace_period: Duration::ZERO,
                 lease: DEFAULT_LEASE,
@@ -603,24 +606,34 @@ impl<M> IdempotencyLayer<M> {
         self.edit(|s| s.key_format = Some(Arc::new(format)))
     }
 
-    /// How callers are told apart (default: one scope for all). See [`ScopeExtractor`]:
-    /// read the scope from what your authentication layer established, never from a
-    /// header the client sets.
+    /// How callers are told apart. See [`ScopeExtractor`]: read the scope from what your
+    /// authentication layer established, never from a header the client sets, and run
+    /// the layer *after* that authentication. An extractor that finds no caller (`None`)
+    /// makes the layer refuse the request rather than share answers between callers.
+    ///
+    /// Without a scope, a layer puts requests that carry no credential in one shared
+    /// scope and refuses keyed requests that carry one (`Authorization`, `Cookie`): it
+    /// cannot tell those callers apart. A service with one tenant says so with
+    /// [`SingleScope`](crate::SingleScope).
+    ///
+    /// **Order matters.** In axum the layer added last runs first, so add this layer
+    /// *before* the authentication layer: `.layer(idempotency).layer(auth)`. In tonic,
+    /// authentication must be a layer on `Server::builder()` outside this one (a
+    /// per-service interceptor runs too late). See the [crate docs](crate#security-scopes).
     ///
     /// ```
-    /// # use idempotency_core::IdempotencyLayer;
+    /// use idempotency_core::{ExtensionScope, IdempotencyLayer};
     /// # use idempotency_store_memory::MemoryStore;
     /// #[derive(Clone)]
     /// struct Tenant(String); // set by the authentication layer
     ///
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
-    ///     request.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default()
-    /// });
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone()));
     /// ```
     pub fn with_scope(self, scope: impl ScopeExtractor) -> Self {
         self.edit(|s| {
             s.scope = Arc::new(scope);
-            s.unscoped_warning = None;
+            s.scope_chosen = true;
         })
     }
 

@@ -90,22 +90,57 @@
 //!
 //! # Security: scopes
 //!
-//! Without a scope extractor every caller shares one key space, and anyone who learns a
-//! key can collect its response. **A multi-tenant service must set a scope**, and the
-//! layer belongs *after* authentication and authorization, so that a replay never
-//! reaches someone who could not have made the original request:
+//! Records are found by (scope, key): the scope says whose key it is. **A multi-tenant
+//! service must set a scope** ([`IdempotencyLayer::with_scope`]), read from what its
+//! authentication established, and the layer must run *after* that authentication, so
+//! that a replay never reaches someone who could not have made the original request.
+//! When the scope extractor finds no caller, the layer refuses the keyed request (500,
+//! [`RejectionKind::NoScope`], one `error` log line) rather than share one scope among
+//! callers. A layer given no scope refuses keyed requests that carry credentials; a
+//! service with one tenant says so with [`SingleScope`].
+//!
+//! Where the layer goes, per framework:
+//!
+//! - **axum**: the layer added *last* runs *first*. Add the idempotency layer **before**
+//!   the authentication layer, so that authentication wraps it:
 //!
 //! ```
-//! # use idempotency_core::IdempotencyLayer;
-//! # use idempotency_store_memory::MemoryStore;
+//! use axum::{Router, extract::Request, middleware::{self, Next}, response::Response, routing::post};
+//! use idempotency_core::{ExtensionScope, IdempotencyLayer};
+//! use idempotency_store_memory::MemoryStore;
+//!
 //! #[derive(Clone)]
 //! struct Tenant(String);
 //!
-//! let layer = IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
-//!     request.extensions.get::<Tenant>().map(|t| t.0.clone()).unwrap_or_default()
-//! });
-//! # drop(layer);
+//! async fn auth(mut request: Request, next: Next) -> Result<Response, axum::http::StatusCode> {
+//!     let tenant = request
+//!         .headers()
+//!         .get("authorization")
+//!         .and_then(|value| value.to_str().ok()?.strip_prefix("Bearer ").map(str::to_owned))
+//!         .ok_or(axum::http::StatusCode::UNAUTHORIZED)?;
+//!     request.extensions_mut().insert(Tenant(tenant));
+//!     Ok(next.run(request).await)
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/payments", post(|| async { "paid" }))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new())
+//!         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
+//!     .layer(middleware::from_fn(auth)); // added last: runs first
 //! ```
+//!
+//! - **tonic**: authentication must be a tower layer on `Server::builder()` *outside*
+//!   the idempotency layer: `Server::builder().layer(auth).layer(idempotency)` (there the
+//!   first `.layer` is the outermost, the opposite of axum's `Router::layer`), with
+//!   `tonic::service::interceptor::InterceptorLayer` or an async auth layer. A
+//!   per-service interceptor (`FooServer::with_interceptor`) runs inside the server's
+//!   layers, after the idempotency layer has looked for the caller: too late. See
+//!   [`grpc`].
+//! - **plain hyper / tower**: `ServiceBuilder::new().layer(auth).layer(idempotency)`:
+//!   in a `ServiceBuilder` the first layer is the outermost.
+//!
+//! The crate re-exports [`http`], so an extractor written as a closure
+//! (`|request: &idempotency_core::http::request::Parts| …`) needs no other dependency.
 //!
 //! # Stores
 //!
@@ -175,7 +210,9 @@ pub use layer::{
     IdempotencyLayer, InFlightRequests,
 };
 pub use outcome::Outcome;
-pub use policy::{AllMutations, CredentialScope, RouteFilter, ScopeExtractor, SingleScope};
+pub use policy::{
+    AllMutations, CredentialScope, ExtensionScope, RouteFilter, ScopeExtractor, SingleScope,
+};
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};
@@ -189,6 +226,9 @@ pub use store::{
 // What a store implementation needs, so that it can depend on this crate alone.
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
+// The types a scope extractor, a profile or a renderer names (`http::request::Parts`,
+// `http::Method`), without a dependency of the user's own on the same version.
+pub use http;
 
 /// The README's usage snippets, compiled as doctests.
 #[cfg(doctest)]

@@ -131,6 +131,7 @@ fn request_key(outcome: Outcome) -> &'static Key {
             RejectionKind::MissingKey => rejected!("missing-key"),
             RejectionKind::InvalidKey => rejected!("invalid-key"),
             RejectionKind::DuplicateKeyHeader => rejected!("duplicate-key-header"),
+            RejectionKind::NoScope => rejected!("no-scope"),
             RejectionKind::KeyReused => rejected!("key-reused"),
             RejectionKind::BodyTooLarge => rejected!("body-too-large"),
             RejectionKind::UnreadableBody => rejected!("unreadable-body"),

@@ -26,6 +26,10 @@ pub enum RejectionKind {
     InvalidKey,
     /// The request carried more than one `Idempotency-Key` header.
     DuplicateKeyHeader,
+    /// The layer cannot tell who the caller is (its scope extractor found none, or the
+    /// request carries credentials and the layer has no scope): a misconfiguration,
+    /// refused rather than sharing answers between callers.
+    NoScope,
     /// The key was first used for another method, path or body.
     KeyReused,
     /// The request body is larger than the layer buffers.
@@ -58,6 +62,7 @@ impl RejectionKind {
             Self::MissingKey => "missing-key",
             Self::InvalidKey => "invalid-key",
             Self::DuplicateKeyHeader => "duplicate-key-header",
+            Self::NoScope => "no-scope",
             Self::KeyReused => "key-reused",
             Self::BodyTooLarge => "body-too-large",
             Self::UnreadableBody => "unreadable-body",
@@ -155,6 +160,39 @@ impl Rejection {
             RejectionKind::DuplicateKeyHeader,
             StatusCode::BAD_REQUEST,
             "the request carries more than one Idempotency-Key header; send exactly one",
+        )
+    }
+
+    pub(crate) fn empty_key() -> Self {
+        Self::new(
+            RejectionKind::InvalidKey,
+            StatusCode::BAD_REQUEST,
+            "the Idempotency-Key header is empty; send a key (a new UUID per operation, the \
+             same one on every retry), or no Idempotency-Key header at all",
+        )
+    }
+
+    /// The layer cannot see the caller. The message names the misconfiguration and
+    /// nothing of the request.
+    pub(crate) fn no_scope(scope_chosen: bool) -> Self {
+        let message = if scope_chosen {
+            "this server cannot tell who sent the request: its idempotency layer's scope \
+             extractor found no caller, most likely because the layer runs before \
+             authentication (in axum the layer added last runs first: call \
+             .layer(idempotency) before .layer(auth); in tonic put authentication on \
+             Server::builder() outside the idempotency layer, not in a per-service \
+             interceptor). The request was refused, not run, rather than share answers \
+             between callers"
+        } else {
+            "this server cannot tell callers apart: the request carries credentials but the \
+             server's idempotency layer has no scope (IdempotencyLayer::with_scope, or \
+             with_scope(SingleScope) for a single-tenant service). The request was refused, \
+             not run, rather than share answers between callers"
+        };
+        Self::new(
+            RejectionKind::NoScope,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            message,
         )
     }
 

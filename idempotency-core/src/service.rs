@@ -153,7 +153,13 @@ impl<S, M> Idempotency<S, M> {
                 return ResponseFuture::ready(reject_key::<B, _>(settings, &request, rejection));
             }
         };
-        let (request, id, span) = keyed::begin(settings, request, key);
+        let (request, id, span) = match keyed::begin(settings, request, key) {
+            Ok(begun) => begun,
+            Err(rejection) => {
+                crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
+                return ResponseFuture::ready(rejection.into_response::<B>(settings));
+            }
+        };
         let settings = settings.clone();
         let inner = self.take_ready_inner();
         ResponseFuture::in_span(

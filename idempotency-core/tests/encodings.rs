@@ -17,7 +17,9 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::routing::{get, post};
 use http_body_util::BodyExt;
-use idempotency_core::{IdempotencyLayer, IdempotencyStore, Outcome, RecordId, RecordState};
+use idempotency_core::{
+    IdempotencyLayer, IdempotencyStore, Outcome, RecordId, RecordState, SingleScope,
+};
 use idempotency_store_memory::MemoryStore;
 use serde_json::{Value, json};
 use tower::{Layer, ServiceExt};
@@ -186,6 +188,7 @@ async fn plain_http_compression_inside_is_asked_for_identity_and_replays_suit_ev
     let store = MemoryStore::new();
     let app = Router::new().fallback_service(
         IdempotencyLayer::new(store.clone())
+            .with_scope(SingleScope)
             .layer(compressed(orders(calls.clone()), Compressing::AsAsked)),
     );
 
@@ -234,7 +237,11 @@ async fn plain_http_compression_outside_the_layer_compresses_answers_and_replays
     // The recommended arrangement: compression outside, so the layer stores plain bytes
     // and each answer is compressed for the request it goes to.
     let app = Router::new()
-        .fallback_service(IdempotencyLayer::new(store.clone()).layer(orders(calls.clone())))
+        .fallback_service(
+            IdempotencyLayer::new(store.clone())
+                .with_scope(SingleScope)
+                .layer(orders(calls.clone())),
+        )
         .layer(CompressionLayer::new());
 
     let first = send(
@@ -273,6 +280,7 @@ async fn plain_http_a_service_that_compresses_unasked_is_not_stored_and_never_re
     let store = MemoryStore::new();
     let app = Router::new().fallback_service(
         IdempotencyLayer::new(store.clone())
+            .with_scope(SingleScope)
             .layer(compressed(orders(calls.clone()), Compressing::Always)),
     );
 
@@ -377,6 +385,7 @@ async fn iceberg_compression_inside_keeps_secrets_out_and_the_advertisement_righ
         let loads = Arc::new(AtomicUsize::new(0));
         let store = MemoryStore::new();
         let wrapped = IdempotencyLayer::iceberg(store.clone())
+            .with_scope(SingleScope)
             .layer(compressed(catalog(loads.clone()), Compressing::AsAsked));
         let mut app = Router::new().fallback_service(wrapped);
         if outside {
@@ -428,6 +437,7 @@ async fn iceberg_a_catalog_that_compresses_unasked_stores_no_secret_and_is_still
     let store = MemoryStore::new();
     let app = Router::new().fallback_service(
         IdempotencyLayer::iceberg(store.clone())
+            .with_scope(SingleScope)
             .layer(compressed(catalog(loads.clone()), Compressing::Always)),
     );
 

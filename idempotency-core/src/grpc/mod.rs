@@ -373,7 +373,7 @@ impl Profile for GrpcProfile {
             | RejectionKind::StoreFull => Code::Unavailable,
             // It ran, and its answer is gone: retrying with the key cannot help.
             RejectionKind::ResponseNotStored => Code::FailedPrecondition,
-            RejectionKind::ResponseFailed => Code::Internal,
+            RejectionKind::ResponseFailed | RejectionKind::NoScope => Code::Internal,
         };
         trailers_only(
             code,

@@ -295,6 +295,7 @@ impl ErrorRenderer for IcebergErrorModel {
             RejectionKind::QuotaExceeded => "TooManyRequestsException",
             RejectionKind::BodyTooLarge => "RequestTooLargeException",
             RejectionKind::InFlight => "IdempotencyKeyInFlightException",
+            RejectionKind::NoScope => "ServiceFailureException",
             RejectionKind::StoreUnavailable
             | RejectionKind::StoreFull
             | RejectionKind::OverBudget => "ServiceUnavailableException",
