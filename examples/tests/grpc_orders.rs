@@ -738,6 +738,40 @@ fn the_readme_shows_the_layer_as_the_example_sets_it_up() {
     );
 }
 
+/// The build script the README and the gRPC module docs tell users to copy is the one
+/// that builds this example.
+#[test]
+fn the_documented_build_script_is_the_one_that_builds_the_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let build = std::fs::read_to_string(root.join("build.rs")).unwrap();
+    let build: Vec<&str> = build.lines().map(str::trim).collect();
+    for (name, text) in [
+        (
+            "README.md",
+            std::fs::read_to_string(root.join("../README.md")).unwrap(),
+        ),
+        (
+            "idempotency-core/src/grpc/mod.rs",
+            std::fs::read_to_string(root.join("../idempotency-core/src/grpc/mod.rs")).unwrap(),
+        ),
+    ] {
+        let snippet: Vec<&str> = text
+            .lines()
+            .map(|line| line.trim_start_matches("//!").trim())
+            .skip_while(|line| *line != "// build.rs")
+            .skip(1)
+            .take_while(|line| *line != "// in the crate:")
+            .collect();
+        assert!(snippet.len() >= 6, "{name}: no build.rs snippet");
+        for line in snippet {
+            assert!(
+                build.contains(&line),
+                "{name} shows {line:?}, which examples/build.rs lacks"
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Python grpcio
 // ------------------------------------------------------------------------------------------

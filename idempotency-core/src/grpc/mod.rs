@@ -1,17 +1,48 @@
 //! The gRPC profile, for tonic servers (and any gRPC server built on `http`).
 //!
-//! [`IdempotencyLayer::grpc`] wraps a tonic server or router as it is:
+//! [`IdempotencyLayer::grpc`] wraps a tonic server or router as it is, *inside* the
+//! server's authentication:
 //!
 //! ```text
 //! tonic::transport::Server::builder()
-//!     .layer(IdempotencyLayer::grpc(store))
+//!     .layer(InterceptorLayer::new(authenticate)) // first: the outermost, sets the Tenant
+//!     .layer(IdempotencyLayer::grpc(store)
+//!         .with_profile(GrpcProfile::new().with_file_descriptor_set(FILE_DESCRIPTOR_SET)?)
+//!         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
 //!     .add_service(OrdersServer::new(orders))
 //!     .serve(address)
 //!     .await?;
 //! ```
 //!
-//! (compiled in the workspace's `grpc-orders` example, whose test keeps this snippet and
-//! the README's in step with it).
+//! (compiled in the workspace's `grpc-orders` example, whose test keeps the README's copy
+//! in step with it).
+//!
+//! **Authentication must run before the layer**, as a tower layer on `Server::builder()`
+//! added before this one (there the first `.layer` is the outermost, the opposite of
+//! axum's `Router::layer`): tonic's `InterceptorLayer`, or an async auth layer, that puts
+//! the caller into the request extensions for the [scope](crate::IdempotencyLayer::with_scope)
+//! to read. A per-service interceptor (`OrdersServer::with_interceptor(svc, auth)`) runs
+//! *inside* the server's layers, after this layer looked for the caller: the scope then
+//! finds no caller and the layer refuses every keyed call (`INTERNAL`, with a message that
+//! names the misconfiguration) rather than put all callers in one scope.
+//!
+//! **The file descriptor set** tells the layer which methods stream. A build script
+//! writes it, with `protox` needing no `protoc` (build-dependencies `protox`, `prost`,
+//! `tonic-prost-build`):
+//!
+//! ```text
+//! // build.rs
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let descriptors = protox::compile(["proto/orders.proto"], ["proto"])?;
+//!     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+//!     let set = prost::Message::encode_to_vec(&descriptors);
+//!     std::fs::write(out.join("orders_descriptor.bin"), set)?;
+//!     tonic_prost_build::configure().compile_fds(descriptors)?;
+//!     Ok(())
+//! }
+//! // in the crate:
+//! pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/orders_descriptor.bin"));
+//! ```
 //!
 //! What it does:
 //!
@@ -34,15 +65,18 @@
 //!   `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED`) are stored and replayed; the
 //!   others release the key, so a retry runs again ([`GrpcProfile::with_release_codes`]).
 //!   An answer without a status releases too.
-//! - **Stored**: `content-type`, `grpc-encoding` and, for a trailers-only answer, the
-//!   status headers; the message bytes; the trailers (`grpc-status`, `grpc-message`,
-//!   `grpc-status-details-bin` and any other trailing metadata). A replay is the same
-//!   message and the same status, sent as a trailers frame, with
-//!   `idempotent-replayed: true` in its metadata.
+//! - **Stored**: of the initial metadata only [`REPLAYED_METADATA`] (`content-type`,
+//!   `grpc-encoding` and, for a trailers-only answer, the status entries); the message
+//!   bytes; the trailers (`grpc-status`, `grpc-message`, `grpc-status-details-bin` and
+//!   any other trailing metadata). A replay is the same message and the same status,
+//!   sent as a trailers frame, with `idempotent-replayed: true` in its metadata. Custom
+//!   initial metadata a handler sets is **not** replayed unless allow-listed:
+//!   `.with_replayed_headers(grpc::REPLAYED_METADATA.into_iter().chain([HeaderName::from_static("x-order-region")]))`.
 //! - **The layer's own answers** are trailers-only gRPC statuses any client decodes (HTTP
 //!   200, `content-type: application/grpc`, `grpc-status`, percent-encoded
-//!   `grpc-message`), each with a message that says what to do: a malformed, repeated or
-//!   missing key → `INVALID_ARGUMENT`; a key reused with another method or message →
+//!   `grpc-message`), each with a message that says what to do: a malformed, empty,
+//!   repeated or missing key → `INVALID_ARGUMENT`; a layer that cannot see the caller →
+//!   `INTERNAL`; a key reused with another method or message →
 //!   `FAILED_PRECONDITION`; still in flight after the wait, or the store unavailable or
 //!   full, or the layer's memory budget used up → `UNAVAILABLE` (the code gRPC retry
 //!   policies retry) with `grpc-retry-pushback-ms`; a request message over the limit →
@@ -54,10 +88,6 @@
 //! tonic's body and answer with [`IdempotencyBody`](crate::IdempotencyBody), which tonic's
 //! server accepts, so trailers reach the client on first answers and replays alike.
 //!
-//! Place it after authentication (an interceptor or a tower layer that sets the caller
-//! in the request extensions) and give it a [scope](crate::IdempotencyLayer::with_scope)
-//! in a multi-tenant service, as with HTTP.
-
 mod descriptor;
 
 use std::collections::HashSet;
@@ -84,6 +114,26 @@ pub const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
+/// The initial metadata a gRPC replay carries (besides `idempotent-replayed`): what
+/// [`IdempotencyLayer::grpc`] stores. Extend it to replay metadata of your own:
+///
+/// ```
+/// # use idempotency_core::IdempotencyLayer;
+/// # use idempotency_store_memory::MemoryStore;
+/// use idempotency_core::{grpc, http::HeaderName};
+///
+/// let layer = IdempotencyLayer::grpc(MemoryStore::new()).with_replayed_headers(
+///     grpc::REPLAYED_METADATA.into_iter().chain([HeaderName::from_static("x-order-region")]),
+/// );
+/// ```
+pub const REPLAYED_METADATA: [HeaderName; 5] = [
+    header::CONTENT_TYPE,
+    GRPC_ENCODING,
+    GRPC_STATUS,
+    GRPC_MESSAGE,
+    GRPC_STATUS_DETAILS,
+];
+
 impl IdempotencyLayer {
     /// A layer for a gRPC server (tonic's `Server::builder().layer(…)`, or around a
     /// `tonic::service::Routes`): [`GrpcProfile`], bodies wrapped so that trailers are
@@ -100,13 +150,7 @@ impl IdempotencyLayer {
     pub fn grpc(store: impl IdempotencyStore) -> IdempotencyLayer<WrappedBodies> {
         Self::new(store)
             .with_profile(GrpcProfile::new())
-            .with_replayed_headers([
-                header::CONTENT_TYPE,
-                GRPC_ENCODING,
-                GRPC_STATUS,
-                GRPC_MESSAGE,
-                GRPC_STATUS_DETAILS,
-            ])
+            .with_replayed_headers(REPLAYED_METADATA)
             .wrap_bodies()
     }
 }

@@ -27,9 +27,17 @@
 //!   store call durations) as Prometheus text on `http://127.0.0.1:9090/metrics`, a
 //!   listener of its own.
 //!
-//! A call with `idempotency-key` metadata runs at most once per key; every retry gets the
-//! first answer back with `idempotent-replayed: true` in its metadata. The layer is set
-//! up in three lines (the README shows the same ones):
+//! Callers are told apart by tenant: `authorization: Bearer <tenant>` metadata names the
+//! caller's tenant (a real service verifies a token there), and a call without it is the
+//! tenant `anonymous`, so that clients without credentials (the grpcio test, grpcurl)
+//! still work. The authentication is a tower layer on the server, *outside* the
+//! idempotency layer, so the layer sees the tenant; a per-service interceptor
+//! (`OrdersServer::with_interceptor`) would run inside it, too late, and the layer would
+//! refuse every keyed call.
+//!
+//! A call with `idempotency-key` metadata runs at most once per key and tenant; every
+//! retry gets the first answer back with `idempotent-replayed: true` in its metadata. The
+//! layer is set up in a few lines (the README shows the same ones):
 //!
 //! ```text
 //! IdempotencyLayer::grpc(store)
@@ -44,11 +52,12 @@ use std::time::Duration;
 
 use clap::Parser;
 use idempotency_core::grpc::GrpcProfile;
-use idempotency_core::{IdempotencyLayer, IdempotencyStore};
+use idempotency_core::{ExtensionScope, IdempotencyLayer, IdempotencyStore};
 use idempotency_store_sql::{MySqlStore, PoolSettings, PostgresStore, SqliteStore};
+use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::Server;
 
-use crate::orders::{Database, OrdersServer, OrdersService};
+use crate::orders::{Database, OrdersServer, OrdersService, Tenant, authenticate};
 
 /// A gRPC orders service with Idempotency-Key support.
 #[derive(Debug, Parser)]
@@ -119,9 +128,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // README: tonic
     let layer = IdempotencyLayer::grpc(store)
         .with_profile(GrpcProfile::new().with_file_descriptor_set(orders::FILE_DESCRIPTOR_SET)?)
+        .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone()))
         .with_in_flight_wait(Duration::from_millis(args.in_flight_wait_ms));
     let in_flight = layer.in_flight();
     let server = Server::builder()
+        .layer(InterceptorLayer::new(authenticate)) // first: the outermost, runs before the layer
         .layer(layer)
         .add_service(OrdersServer::new(orders));
     // README: end

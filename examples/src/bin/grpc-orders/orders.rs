@@ -20,6 +20,29 @@ use pb::{CreateOrderRequest, ListOrdersRequest, Order};
 pub(crate) const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/orders_descriptor.bin"));
 
+/// The caller's tenant, as [`authenticate`] found it.
+#[derive(Clone, Debug)]
+pub(crate) struct Tenant(pub(crate) String);
+
+/// The service's authentication, run as a tower layer outside the idempotency layer:
+/// `authorization: Bearer <tenant>` names the tenant (this example trusts it; a real
+/// service verifies a token here), no `authorization` is the tenant `anonymous`, and any
+/// other `authorization` is refused.
+pub(crate) fn authenticate(mut request: Request<()>) -> Result<Request<()>, Status> {
+    let tenant = match request.metadata().get("authorization") {
+        None => "anonymous".to_owned(),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .filter(|tenant| !tenant.is_empty())
+            .ok_or_else(|| Status::unauthenticated("send authorization: Bearer <tenant>"))?
+            .to_owned(),
+    };
+    request.extensions_mut().insert(Tenant(tenant));
+    Ok(request)
+}
+
 /// The orders table, in any of the three databases.
 #[derive(Clone)]
 pub(crate) struct Database {
