@@ -4,7 +4,9 @@
 //! The layer records through the `metrics` facade (see `idempotency_core::metrics`); this
 //! module installs `metrics-exporter-prometheus` as the recorder and serves what it
 //! renders, on a listener of its own so that the metrics never share a port (or an
-//! access log, or the idempotency layer) with the service's clients. Durations are
+//! access log, or the idempotency layer) with the service's clients. Names follow
+//! Prometheus' conventions (`idempotency_requests_total`,
+//! `idempotency_store_duration_seconds`). Durations are
 //! Prometheus histograms with buckets from half a millisecond to half a minute, so that
 //! `histogram_quantile` works across replicas.
 
@@ -38,6 +40,9 @@ pub async fn serve(
         .map_err(|error| format!("--metrics-listen {listen}: cannot listen there ({error})"))?;
     let address = listener.local_addr()?;
     let handle = PrometheusBuilder::new()
+        // Prometheus' conventions, as an OpenTelemetry exporter writes the same
+        // instruments: `_total` on counters, the unit on durations (`_seconds`).
+        .with_recommended_naming(true)
         .set_buckets_for_metric(Matcher::Suffix("duration".to_owned()), &DURATION_BUCKETS)?
         .install_recorder()?;
     // The layer describes its metrics when it is made, too; this covers a recorder

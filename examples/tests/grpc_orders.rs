@@ -527,37 +527,37 @@ async fn metrics_listen_serves_keyed_calls_by_outcome_for_prometheus() {
         |series: &str| after.get(series).unwrap_or(&0.0) - before.get(series).unwrap_or(&0.0);
     for (series, expected) in [
         (
-            r#"idempotency_requests{idempotency_outcome="executed"}"#,
+            r#"idempotency_requests_total{idempotency_outcome="executed"}"#,
             2.0,
         ),
         (
-            r#"idempotency_requests{idempotency_outcome="replayed"}"#,
+            r#"idempotency_requests_total{idempotency_outcome="replayed"}"#,
             2.0,
         ),
         (
-            r#"idempotency_requests{idempotency_outcome="released"}"#,
+            r#"idempotency_requests_total{idempotency_outcome="released"}"#,
             1.0,
         ),
         (
-            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="key-reused"}"#,
+            r#"idempotency_requests_total{idempotency_outcome="rejected",idempotency_rejection="key-reused"}"#,
             1.0,
         ),
         (
-            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="invalid-key"}"#,
+            r#"idempotency_requests_total{idempotency_outcome="rejected",idempotency_rejection="invalid-key"}"#,
             1.0,
         ),
         // Six keyed calls reached the store (not the one with the bad key); the two
         // executions were finalized by the layer, the released call's key released.
         (
-            r#"idempotency_store_duration_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#,
+            r#"idempotency_store_duration_seconds_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#,
             6.0,
         ),
         (
-            r#"idempotency_store_duration_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#,
+            r#"idempotency_store_duration_seconds_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#,
             2.0,
         ),
         (
-            r#"idempotency_store_duration_count{idempotency_operation="release",idempotency_store_result="ok"}"#,
+            r#"idempotency_store_duration_seconds_count{idempotency_operation="release",idempotency_store_result="ok"}"#,
             1.0,
         ),
     ] {
@@ -565,7 +565,7 @@ async fn metrics_listen_serves_keyed_calls_by_outcome_for_prometheus() {
     }
     let requests_moved: f64 = after
         .keys()
-        .filter(|series| series.starts_with("idempotency_requests{"))
+        .filter(|series| series.starts_with("idempotency_requests_total{"))
         .map(|series| moved(series))
         .sum();
     assert_eq!(requests_moved, 7.0, "nothing else was counted:\n{text}");
@@ -575,11 +575,11 @@ async fn metrics_listen_serves_keyed_calls_by_outcome_for_prometheus() {
         .collect();
     assert!(store_errors.is_empty(), "{store_errors:?}");
     assert!(
-        text.contains("# TYPE idempotency_requests counter"),
+        text.contains("# TYPE idempotency_requests_total counter"),
         "{text}"
     );
     assert!(
-        text.contains("# TYPE idempotency_store_duration histogram"),
+        text.contains("# TYPE idempotency_store_duration_seconds histogram"),
         "{text}"
     );
     // No key, method path or message in any label.

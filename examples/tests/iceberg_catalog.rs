@@ -1782,32 +1782,32 @@ async fn metrics_served_for_prometheus_count_keyed_requests_by_outcome() {
     let (text, after) = scrape(&client, &metrics_url).await;
     let moved = |series: &str| count(&after, series) - count(&before, series);
     assert_eq!(
-        moved(r#"idempotency_requests{idempotency_outcome="executed"}"#),
+        moved(r#"idempotency_requests_total{idempotency_outcome="executed"}"#),
         1.0,
         "{text}"
     );
     assert_eq!(
-        moved(r#"idempotency_requests{idempotency_outcome="replayed"}"#),
+        moved(r#"idempotency_requests_total{idempotency_outcome="replayed"}"#),
         1.0,
         "{text}"
     );
     assert_eq!(
         moved(
-            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="key-reused"}"#
+            r#"idempotency_requests_total{idempotency_outcome="rejected",idempotency_rejection="key-reused"}"#
         ),
         1.0,
         "{text}"
     );
     assert_eq!(
         moved(
-            r#"idempotency_requests{idempotency_outcome="rejected",idempotency_rejection="invalid-key"}"#
+            r#"idempotency_requests_total{idempotency_outcome="rejected",idempotency_rejection="invalid-key"}"#
         ),
         1.0,
         "{text}"
     );
     let requests: f64 = after
         .iter()
-        .filter(|(series, _)| series.starts_with("idempotency_requests{"))
+        .filter(|(series, _)| series.starts_with("idempotency_requests_total{"))
         .map(|(_, value)| value)
         .sum();
     assert_eq!(requests, 4.0, "nothing else was counted: {text}");
@@ -1815,27 +1815,43 @@ async fn metrics_served_for_prometheus_count_keyed_requests_by_outcome() {
     // the catalog wrote the answer in the change's own transaction.
     assert_eq!(
         moved(
-            r#"idempotency_store_duration_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#
+            r#"idempotency_store_duration_seconds_count{idempotency_operation="reserve",idempotency_store_result="ok"}"#
         ),
         3.0,
         "{text}"
     );
     assert_eq!(
         moved(
-            r#"idempotency_store_duration_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#
+            r#"idempotency_store_duration_seconds_count{idempotency_operation="finalize",idempotency_store_result="ok"}"#
         ),
         0.0,
         "{text}"
     );
     assert!(
-        text.contains("# TYPE idempotency_requests counter"),
+        text.contains("# TYPE idempotency_requests_total counter"),
         "{text}"
     );
     assert!(
-        text.contains("# TYPE idempotency_store_duration histogram"),
+        text.contains("# TYPE idempotency_store_duration_seconds histogram"),
         "{text}"
     );
-    assert!(text.contains("# HELP idempotency_requests "), "{text}");
+    assert!(
+        text.contains("# HELP idempotency_requests_total "),
+        "{text}"
+    );
+    // Prometheus' naming conventions: every counter ends in `_total`, every duration
+    // carries its unit.
+    for line in text
+        .lines()
+        .filter(|line| line.starts_with("# TYPE idempotency_"))
+    {
+        let name = line.split(' ').nth(2).unwrap();
+        match line.rsplit(' ').next() {
+            Some("counter") => assert!(name.ends_with("_total"), "{line}"),
+            Some("histogram") => assert!(name.ends_with("_seconds"), "{line}"),
+            _ => {}
+        }
+    }
     // No key, path or namespace in any label.
     for secret in [key.as_str(), "/v1/", "metered"] {
         assert!(!text.contains(secret), "{secret:?} in the metrics:\n{text}");

@@ -21,9 +21,12 @@
 //! would leak one caller's data to whoever reads the dashboards, and give every key a
 //! time series of its own.
 //!
-//! Exporters rewrite the dotted names to their own conventions: Prometheus shows
-//! `idempotency_requests` (a counter, often with `_total`), with label
-//! `idempotency_outcome`.
+//! Exporters rewrite the dotted names to their own conventions. Prometheus' naming
+//! conventions, as an OpenTelemetry-to-Prometheus exporter writes them (and
+//! `metrics-exporter-prometheus` with `with_recommended_naming(true)`): counters end in
+//! `_total` and durations carry their unit, so `idempotency_requests_total`,
+//! `idempotency_store_duration_seconds`, `idempotency_wait_duration_seconds` and
+//! `idempotency_records_purged_total`, with labels such as `idempotency_outcome`.
 //!
 //! ```
 //! // After installing a recorder, give the metrics their descriptions and units:
