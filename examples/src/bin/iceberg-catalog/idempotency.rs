@@ -24,9 +24,9 @@
 
 use std::time::Duration;
 
-use idempotency_core::IdempotencyLayer;
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
+use idempotency_core::{IdempotencyLayer, SingleScope};
 use idempotency_store_sql::AnyFinalizer;
 
 /// How often expired records are purged.
@@ -43,6 +43,11 @@ pub(crate) enum Records<'a> {
 /// The layer for the catalog, keeping answers for `lifetime` where `records` says, and,
 /// when the records are in the catalog's database, the finalizer that writes an answer
 /// into its record in the catalog's own transactions.
+///
+/// The catalog authenticates nobody (every caller may do everything), so there are no
+/// callers to tell apart: it says so with [`SingleScope`], and clients configured with a
+/// token (which the layer would otherwise refuse, unable to tell them apart) work too. A
+/// catalog with authentication reads the principal instead (README, Usage).
 pub(crate) async fn layer(
     records: Records<'_>,
     lifetime: Duration,
@@ -62,13 +67,18 @@ pub(crate) async fn layer(
             let store = idempotency_store_sql::open(&config).await?;
             config.spawn_purge_task(store.clone());
             // `open` keeps the records in the default table.
-            Ok((config.iceberg_layer(store), Some(AnyFinalizer::default())))
+            Ok((
+                config.iceberg_layer(store).with_scope(SingleScope),
+                Some(AnyFinalizer::default()),
+            ))
         }
         Records::Redis(url) => {
             let store = examples::records::connect_redis(url).await?;
             // Records expire in Redis by themselves: no purge task.
             Ok((
-                IdempotencyLayer::iceberg(store).with_lifetime(lifetime),
+                IdempotencyLayer::iceberg(store)
+                    .with_lifetime(lifetime)
+                    .with_scope(SingleScope),
                 None,
             ))
         }
