@@ -10,6 +10,7 @@ use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use idempotency_store_sql::AnyFinalizer;
 
 use super::database::{Backend, CATALOG_NAME, Database};
+use super::log::LOG_TARGET;
 
 /// Set to `1`, the process aborts right after it commits a change, before it answers.
 pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
@@ -61,7 +62,7 @@ impl Catalog {
                 Ok(sql_catalog) => break sql_catalog,
                 Err(e) if attempt < 3 => {
                     attempt += 1;
-                    tracing::warn!(error = %e, attempt, "opening the SQL catalog failed; retrying");
+                    tracing::warn!(target: LOG_TARGET, error = %e, attempt, "opening the SQL catalog failed; retrying");
                     tokio::time::sleep(std::time::Duration::from_millis(250 * attempt)).await;
                 }
                 Err(e) => return Err(e.into()),
@@ -70,6 +71,7 @@ impl Catalog {
         let crash_after_commit = std::env::var(CRASH_AFTER_COMMIT).is_ok_and(|v| v == "1");
         if crash_after_commit {
             tracing::warn!(
+                target: LOG_TARGET,
                 "{CRASH_AFTER_COMMIT}=1: the process aborts after its first committed change"
             );
         }

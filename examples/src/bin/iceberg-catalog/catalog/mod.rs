@@ -65,6 +65,7 @@
 //!   committed together.
 //! - [`warehouse`]: locations inside the warehouse, and deleting orphaned metadata files.
 //! - [`names`], [`errors`]: name rules, and the refusals several resources share.
+//! - [`log`]: the one log target of every file here.
 //!
 //! The resources, each an `impl Catalog` block:
 //!
@@ -79,6 +80,7 @@
 mod connection;
 mod database;
 mod errors;
+mod log;
 mod names;
 mod namespaces;
 mod tables;

@@ -14,6 +14,7 @@ use iceberg::{
 use super::connection::Catalog;
 use super::database::{CATALOG_NAME, TABLE_TYPE_FILTER};
 use super::errors::table_exists_error;
+use super::log::LOG_TARGET;
 use super::names::{check_name, display_namespace};
 use super::uncommitted::Uncommitted;
 use crate::error::{ApiError, ApiResult};
@@ -315,7 +316,7 @@ impl Catalog {
             Err(e) => {
                 drop(tx);
                 if self.db.name_taken(ident).await? {
-                    tracing::debug!(error = %e, "register lost a race");
+                    tracing::debug!(target: LOG_TARGET, error = %e, "register lost a race");
                     return Err(table_exists_error(ident));
                 }
                 return Err(e.into());

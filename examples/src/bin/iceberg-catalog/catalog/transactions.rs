@@ -17,6 +17,7 @@ use iceberg::{MetadataLocation, TableIdent, TableRequirement, TableUpdate};
 use super::connection::Catalog;
 use super::database::{CATALOG_NAME, TABLE_TYPE_FILTER};
 use super::errors::{invalid_update, requirement_message};
+use super::log::LOG_TARGET;
 use super::uncommitted::Uncommitted;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::CommitTableRequest;
@@ -176,7 +177,7 @@ impl Catalog {
                     commit.ident
                 )),
                 Err(e) if commit.base.is_none() => {
-                    tracing::debug!(error = %e, "create transaction lost a race");
+                    tracing::debug!(target: LOG_TARGET, error = %e, "create transaction lost a race");
                     ApiError::commit_failed(format!(
                         "Requirement failed: table {} was created concurrently",
                         commit.ident
@@ -198,7 +199,7 @@ impl Catalog {
     async fn discard(&self, commits: &[PreparedCommit]) {
         for commit in commits {
             if let Err(e) = self.file_io.delete(&commit.location).await {
-                tracing::warn!(location = %commit.location, error = %e, "could not delete an unused metadata file");
+                tracing::warn!(target: LOG_TARGET, location = %commit.location, error = %e, "could not delete an unused metadata file");
             }
         }
     }

@@ -7,6 +7,7 @@ use idempotency_core::ReservationHandle;
 use sqlx::{Any, Transaction};
 
 use super::connection::{CRASH_AFTER_COMMIT, Catalog};
+use super::log::LOG_TARGET;
 use crate::error::{ApiError, ApiResult};
 
 /// A change written in an open database transaction: nothing of it is visible until
@@ -76,19 +77,19 @@ impl<'a, T> Uncommitted<'a, T> {
         if let Err(e) = self.tx.commit().await {
             // The database may or may not have applied it; the files stay, since a
             // committed change may point at them.
-            tracing::error!(error = %e, "commit of catalog transaction failed");
+            tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
             return Err(ApiError::commit_state_unknown(format!(
                 "Database commit failed, the state of the change is unknown: {e}"
             )));
         }
         if self.catalog.crash_after_commit {
-            tracing::error!("{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");
+            tracing::error!(target: LOG_TARGET, "{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");
             std::process::abort();
         }
         if let Some(table) = self.purge
             && let Err(e) = iceberg::drop_table_data(&table).await
         {
-            tracing::warn!(error = %e, "could not delete all files of a purged table");
+            tracing::warn!(target: LOG_TARGET, error = %e, "could not delete all files of a purged table");
         }
         Ok(answer)
     }

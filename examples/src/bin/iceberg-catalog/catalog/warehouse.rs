@@ -4,6 +4,7 @@
 use iceberg::NamespaceIdent;
 
 use super::connection::Catalog;
+use super::log::LOG_TARGET;
 use crate::error::{ApiError, ApiResult};
 
 /// A namespace property that places the tables created in it.
@@ -48,7 +49,7 @@ impl Catalog {
     pub(super) async fn delete_unused(&self, locations: &[String]) {
         for location in locations {
             if let Err(e) = self.file_io.delete(location).await {
-                tracing::warn!(%location, error = %e, "could not delete an unused metadata file");
+                tracing::warn!(target: LOG_TARGET, %location, error = %e, "could not delete an unused metadata file");
             }
         }
     }
