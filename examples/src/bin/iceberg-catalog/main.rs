@@ -49,8 +49,13 @@
 //!
 //! # Modules
 //!
-//! - [`routes`]: the REST routes, with and without `{prefix}`, and their handlers.
-//! - [`catalog`]: namespaces, tables and views over the SQL database and the warehouse.
+//! The HTTP side and the state side are split the same way, one file per resource
+//! (namespaces, tables, transactions, views; the routes also serve config):
+//!
+//! - [`routes`]: the REST routes, with and without `{prefix}`, and their handlers, which
+//!   turn path, query and body into a catalog call.
+//! - [`catalog`]: namespaces, tables and views over the SQL database and the warehouse,
+//!   with the plumbing they share (connection, SQL, uncommitted changes, locations).
 //! - [`rest`]: the request and response bodies.
 //! - [`error`]: Iceberg `ErrorModel` errors.
 //! - [`idempotency`]: the layer and its store.

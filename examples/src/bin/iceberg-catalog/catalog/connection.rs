@@ -1,0 +1,87 @@
+//! The [`Catalog`] handle every operation works through, and how it opens: the
+//! database, `SqlCatalog` over the same tables, and the warehouse's file system.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iceberg::CatalogBuilder as _;
+use iceberg::io::{FileIO, LocalFsStorageFactory};
+use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use idempotency_store_sql::AnyFinalizer;
+
+use super::database::{Backend, CATALOG_NAME, Database};
+use super::log::LOG_TARGET;
+
+/// Set to `1`, the process aborts right after it commits a change, before it answers.
+pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
+
+/// Where the state lives and the files go.
+pub(crate) struct Catalog {
+    /// Serves the reads it does well (namespaces, list / load / exists table); every
+    /// write goes through [`Self::db`], in transactions `SqlCatalog` cannot join.
+    pub(super) sql_catalog: SqlCatalog,
+    pub(super) db: Database,
+    pub(super) file_io: FileIO,
+    /// The warehouse root as a `file://` URI, without a trailing slash.
+    pub(super) warehouse: String,
+    /// Writes a request's answer into its idempotency record in the change's transaction;
+    /// `None` when the catalog runs without idempotency.
+    pub(super) finalizer: Option<AnyFinalizer>,
+    /// [`CRASH_AFTER_COMMIT`] is set.
+    pub(super) crash_after_commit: bool,
+}
+
+impl Catalog {
+    /// Connects to the database, creates the catalog tables if they are missing, and
+    /// keeps metadata files under `warehouse` (a `file://` URI of an existing directory).
+    ///
+    /// With a `finalizer`, every change commits together with its request's idempotency
+    /// record, which must live in the same database.
+    pub(crate) async fn open(
+        database_url: &str,
+        warehouse: String,
+        finalizer: Option<AnyFinalizer>,
+    ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let db = Database::connect(database_url).await?;
+        // `SqlCatalog` creates its tables with `CREATE TABLE IF NOT EXISTS`, which
+        // PostgreSQL can still fail when two replicas start on a fresh database at once;
+        // the loser's retry finds the tables there.
+        let mut attempt = 0;
+        let sql_catalog = loop {
+            let loaded = SqlCatalogBuilder::default()
+                .uri(database_url)
+                .warehouse_location(warehouse.clone())
+                .sql_bind_style(match db.backend() {
+                    Backend::Postgres => SqlBindStyle::DollarNumeric,
+                    Backend::Sqlite | Backend::MySql => SqlBindStyle::QMark,
+                })
+                .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                .load(CATALOG_NAME, HashMap::new())
+                .await;
+            match loaded {
+                Ok(sql_catalog) => break sql_catalog,
+                Err(e) if attempt < 3 => {
+                    attempt += 1;
+                    tracing::warn!(target: LOG_TARGET, error = %e, attempt, "opening the SQL catalog failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(250 * attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let crash_after_commit = std::env::var(CRASH_AFTER_COMMIT).is_ok_and(|v| v == "1");
+        if crash_after_commit {
+            tracing::warn!(
+                target: LOG_TARGET,
+                "{CRASH_AFTER_COMMIT}=1: the process aborts after its first committed change"
+            );
+        }
+        Ok(Self {
+            sql_catalog,
+            db,
+            file_io: FileIO::new_with_fs(),
+            warehouse,
+            finalizer,
+            crash_after_commit,
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! [`Uncommitted`]: a change written in an open transaction, and the commit that writes
+//! the request's answer into its idempotency record in that same transaction.
+
+use axum::response::Response;
+use iceberg::table::Table;
+use idempotency_core::ReservationHandle;
+use sqlx::{Any, Transaction};
+
+use super::connection::{CRASH_AFTER_COMMIT, Catalog};
+use super::log::LOG_TARGET;
+use crate::error::{ApiError, ApiResult};
+
+/// A change written in an open database transaction: nothing of it is visible until
+/// [`commit`](Self::commit), and dropped, it rolls back.
+#[must_use = "a change that is not committed rolls back"]
+pub(crate) struct Uncommitted<'a, T> {
+    catalog: &'a Catalog,
+    tx: Transaction<'static, Any>,
+    /// What the change made, for the answer.
+    pub(crate) value: T,
+    /// Metadata files written for the change: nothing points at them unless it commits.
+    pub(super) written: Vec<String>,
+    /// A dropped table whose files go once the drop committed (`purgeRequested`).
+    pub(super) purge: Option<Table>,
+}
+
+impl<'a, T> Uncommitted<'a, T> {
+    pub(super) fn new(catalog: &'a Catalog, tx: Transaction<'static, Any>, value: T) -> Self {
+        Self {
+            catalog,
+            tx,
+            value,
+            written: Vec::new(),
+            purge: None,
+        }
+    }
+
+    pub(super) fn map<U>(self, f: impl FnOnce(T) -> U) -> Uncommitted<'a, U> {
+        Uncommitted {
+            catalog: self.catalog,
+            tx: self.tx,
+            value: f(self.value),
+            written: self.written,
+            purge: self.purge,
+        }
+    }
+
+    /// Writes `answer` into the request's idempotency record (if it carries a key) in the
+    /// change's own transaction, commits the two together, and returns the answer to
+    /// send, which is exactly what a retry with the key is replayed.
+    ///
+    /// If the record cannot be written (the request's key was taken over by another
+    /// request while it ran, or the database failed), the change rolls back and the
+    /// request fails with a 5xx: the key stays with whoever owns it, and nothing of this
+    /// request is committed.
+    pub(crate) async fn commit(
+        mut self,
+        reservation: Option<&ReservationHandle>,
+        answer: Response,
+    ) -> ApiResult<Response> {
+        let answer = match &self.catalog.finalizer {
+            Some(finalizer) => {
+                match finalizer
+                    .finalize_in(&mut self.tx, reservation, answer)
+                    .await
+                {
+                    Ok(answer) => answer,
+                    Err(error) => {
+                        let _ = self.tx.rollback().await;
+                        self.catalog.delete_unused(&self.written).await;
+                        return Err(error.into());
+                    }
+                }
+            }
+            None => answer,
+        };
+        if let Err(e) = self.tx.commit().await {
+            // The database may or may not have applied it; the files stay, since a
+            // committed change may point at them.
+            tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
+            return Err(ApiError::commit_state_unknown(format!(
+                "Database commit failed, the state of the change is unknown: {e}"
+            )));
+        }
+        if self.catalog.crash_after_commit {
+            tracing::error!(target: LOG_TARGET, "{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");
+            std::process::abort();
+        }
+        if let Some(table) = self.purge
+            && let Err(e) = iceberg::drop_table_data(&table).await
+        {
+            tracing::warn!(target: LOG_TARGET, error = %e, "could not delete all files of a purged table");
+        }
+        Ok(answer)
+    }
+}

@@ -1,0 +1,99 @@
+//! The HTTP surface: the Iceberg REST catalog routes, each served with and without a
+//! `{prefix}` segment, and handlers that turn path, query and body into a catalog call.
+//!
+//! A handler of a change gets it back from the catalog uncommitted, builds its answer,
+//! and commits the change together with that answer, which goes into the request's
+//! idempotency record in the same transaction (see [`crate::catalog`]).
+//!
+//! - [`request`]: what every handler shares (state, reservation, paths, body parsing).
+//! - [`mod@config`], [`namespaces`], [`tables`], [`transactions`], [`views`]: the handlers,
+//!   one file per resource, as the catalog is split.
+
+mod config;
+mod namespaces;
+mod request;
+mod tables;
+mod transactions;
+mod views;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{MethodRouter, get, post};
+
+pub(crate) use request::AppState;
+
+use self::config::config;
+use self::namespaces::{
+    create_namespace, drop_namespace, list_namespaces, load_namespace, namespace_exists,
+    update_properties,
+};
+use self::tables::{
+    commit_table, create_table, drop_table, list_tables, load_table, register_table, rename_table,
+    report_metrics, table_exists,
+};
+use self::transactions::commit_transaction;
+use self::views::{
+    create_view, drop_view, list_views, load_view, register_view, rename_view, replace_view,
+    view_exists,
+};
+
+/// The whole API. Every catalog route is served at `/v1/...` (what the config response
+/// implies, since it sets no `prefix`) and at `/v1/{prefix}/...` for clients configured
+/// with one; the prefix is accepted and ignored.
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    let mut router = Router::new().route("/v1/config", get(config));
+    for base in ["/v1", "/v1/{prefix}"] {
+        for (path, handler) in catalog_routes() {
+            router = router.route(&format!("{base}{path}"), handler);
+        }
+    }
+    router.with_state(state)
+}
+
+fn catalog_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+    vec![
+        ("/namespaces", get(list_namespaces).post(create_namespace)),
+        (
+            "/namespaces/{namespace}",
+            get(load_namespace)
+                .head(namespace_exists)
+                .delete(drop_namespace),
+        ),
+        (
+            "/namespaces/{namespace}/properties",
+            post(update_properties),
+        ),
+        (
+            "/namespaces/{namespace}/tables",
+            get(list_tables).post(create_table),
+        ),
+        (
+            "/namespaces/{namespace}/tables/{table}",
+            get(load_table)
+                .head(table_exists)
+                .post(commit_table)
+                .delete(drop_table),
+        ),
+        (
+            "/namespaces/{namespace}/tables/{table}/metrics",
+            post(report_metrics),
+        ),
+        ("/namespaces/{namespace}/register", post(register_table)),
+        ("/tables/rename", post(rename_table)),
+        ("/transactions/commit", post(commit_transaction)),
+        (
+            "/namespaces/{namespace}/views",
+            get(list_views).post(create_view),
+        ),
+        (
+            "/namespaces/{namespace}/views/{view}",
+            get(load_view)
+                .head(view_exists)
+                .post(replace_view)
+                .delete(drop_view),
+        ),
+        ("/views/rename", post(rename_view)),
+        ("/namespaces/{namespace}/register-view", post(register_view)),
+    ]
+}

@@ -1,0 +1,101 @@
+//! The namespace routes: list, create, load, exists, drop, update properties.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use iceberg::NamespaceIdent;
+
+use super::request::{
+    AppState, NAMESPACE_SEPARATOR, NamespacePath, Reservation, no_content, parse, parse_namespace,
+};
+use crate::error::{ApiError, ApiResult};
+use crate::rest::{
+    CreateNamespaceRequest, ListNamespacesResponse, NamespaceResponse,
+    UpdateNamespacePropertiesRequest,
+};
+
+pub(super) async fn list_namespaces(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> ApiResult<Json<ListNamespacesResponse>> {
+    let parent = match query.get("parent").map(String::as_str) {
+        None | Some("") => None,
+        Some(parent) => Some(parse_namespace(parent)?),
+    };
+    let namespaces = state.catalog.list_namespaces(parent.as_ref()).await?;
+    Ok(Json(ListNamespacesResponse { namespaces }))
+}
+
+pub(super) async fn create_namespace(
+    State(state): State<Arc<AppState>>,
+    reservation: Reservation,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let request: CreateNamespaceRequest = parse(&body)?;
+    let namespace = NamespaceIdent::from_vec(request.namespace.clone())
+        .map_err(|e| ApiError::bad_request(e.message().to_owned()))?;
+    let created = state
+        .catalog
+        .create_namespace(&namespace, request.properties)
+        .await?;
+    let answer = Json(NamespaceResponse {
+        namespace: request.namespace,
+        properties: created.value.clone(),
+    })
+    .into_response();
+    created.commit(reservation.as_deref(), answer).await
+}
+
+pub(super) async fn load_namespace(
+    State(state): State<Arc<AppState>>,
+    Path(path): Path<NamespacePath>,
+) -> ApiResult<Json<NamespaceResponse>> {
+    let namespace = path.ident()?;
+    let properties = state.catalog.load_namespace(&namespace).await?;
+    Ok(Json(NamespaceResponse {
+        namespace: namespace.inner(),
+        properties,
+    }))
+}
+
+pub(super) async fn namespace_exists(
+    State(state): State<Arc<AppState>>,
+    Path(path): Path<NamespacePath>,
+) -> ApiResult<Response> {
+    let namespace = path.ident()?;
+    if state.catalog.namespace_exists(&namespace).await? {
+        Ok(no_content())
+    } else {
+        Err(ApiError::no_such_namespace(
+            path.namespace.replace(NAMESPACE_SEPARATOR, "."),
+        ))
+    }
+}
+
+pub(super) async fn drop_namespace(
+    State(state): State<Arc<AppState>>,
+    Path(path): Path<NamespacePath>,
+    reservation: Reservation,
+) -> ApiResult<Response> {
+    let dropped = state.catalog.drop_namespace(&path.ident()?).await?;
+    dropped.commit(reservation.as_deref(), no_content()).await
+}
+
+pub(super) async fn update_properties(
+    State(state): State<Arc<AppState>>,
+    Path(path): Path<NamespacePath>,
+    reservation: Reservation,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let request: UpdateNamespacePropertiesRequest = parse(&body)?;
+    let updated = state
+        .catalog
+        .update_namespace_properties(&path.ident()?, request.removals, request.updates)
+        .await?;
+    let answer = Json(&updated.value).into_response();
+    updated.commit(reservation.as_deref(), answer).await
+}
