@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Response, header};
 
+use crate::bodies::Bodies;
 use crate::body::{Buffered, buffer};
 use crate::encoding;
-use crate::layer::Settings;
 use crate::rejection::Rejection;
-use crate::service::Bodies;
+use crate::settings::Settings;
 
 /// The largest answer read to be amended; a larger one goes out as it is.
 const MAX_ADVERTISED_BODY: usize = 1024 * 1024;

@@ -441,9 +441,16 @@ impl IdempotencyConfig {
 
     /// A layer over `store` with the configured lifetime and the layer's other defaults
     /// (plain HTTP). Further options are the layer's builder methods; for an Iceberg
-    /// catalog use `iceberg_layer` (from the [`iceberg`](crate::iceberg) module).
+    /// catalog use [`iceberg_layer`](Self::iceberg_layer).
     pub fn layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
         IdempotencyLayer::from_shared_store(store).with_lifetime(self.key_lifetime)
+    }
+
+    /// [`IdempotencyLayer::iceberg`] over `store`, with the configured lifetime (which it
+    /// advertises in `GET /v1/config`). Feature `iceberg`.
+    #[cfg(feature = "iceberg")]
+    pub fn iceberg_layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
+        IdempotencyLayer::iceberg(store).with_lifetime(self.key_lifetime)
     }
 
     /// Starts the purge task on `store` when `idempotency-purge-interval` is set (it must

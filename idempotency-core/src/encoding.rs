@@ -4,7 +4,7 @@
 //! wherever it reads one. A service that compresses anyway is handled in two ways:
 //!
 //! - **An answer to be stored** (a keyed request's) that arrives encoded is not stored
-//!   at all (the owner module's `Verdict::Encoded`): a replay must never go out in an
+//!   at all (`keyed::classify`, not stored because encoded): a replay must never go out in an
 //!   encoding its retry did not accept, and a profile must be able to read what it keeps.
 //! - **An answer the layer only reads** (what a profile amends, such as Iceberg's
 //!   `GET /v1/config`, and the load that refreshes a replay) is decoded here when it is
@@ -14,7 +14,29 @@
 use std::io::Read;
 
 use bytes::Bytes;
-use http::{HeaderMap, header};
+use http::{HeaderMap, HeaderValue, header};
+
+/// Asks the inner service for an answer the layer can store, inspect and replay to any
+/// retry: one without a content encoding.
+pub(crate) fn ask_for_identity(headers: &mut HeaderMap) {
+    headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
+}
+
+/// Whether an answer carries a content encoding other than `identity`.
+pub(crate) fn is_encoded(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|value| {
+            !value
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"identity")
+        })
+}
 
 /// An answer the layer could not read as plain bytes.
 #[derive(Debug)]

@@ -28,11 +28,11 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode, Version, response};
 use http_body::Body;
 
+use crate::bodies::Bodies;
 use crate::body::{Answered, Buffered, buffer};
-use crate::layer::Settings;
+use crate::keyed::classify::{Verdict, classify, to_store};
 use crate::outcome::Outcome;
-use crate::owner::{self, Verdict};
-use crate::service::Bodies;
+use crate::settings::Settings;
 use crate::store::{BoxError, FencingToken, RecordId, StoredResponse};
 
 /// The reservation a keyed request runs under, added to the request's extensions for
@@ -193,14 +193,16 @@ impl ReservationHandle {
             }
             Buffered::Failed(error) => return Err(error),
         };
-        let verdict = owner::classify(settings, &parts, &read);
-        let stored = (verdict == Verdict::Store).then(|| {
-            owner::to_store(
+        let stored = match classify(settings, &parts, read) {
+            Verdict::Store(kept, kept_trailers) => Some(to_store(
                 settings,
                 self.request(),
-                owner::stored_response(settings, &parts, &bytes, trailers.as_ref()),
-            )
-        });
+                &parts,
+                &kept,
+                kept_trailers.as_ref(),
+            )),
+            _ => None,
+        };
         Ok(PreparedAnswer {
             reservation: self.clone(),
             response: Response::from_parts(parts, bytes),
@@ -311,19 +313,19 @@ struct FinalizedInTransaction {
     trailers: Option<HeaderMap>,
 }
 
-/// Stage 5½: if the handler finalized the record in its transaction, the answer to send
-/// (the one it finalized) instead of classifying and finalizing again. A mark for
-/// another reservation (a response passed between requests) is ignored.
+/// Stage 6, done by the handler: if it finalized the record in its transaction, the
+/// answer to send (the one it finalized) instead of classifying and finalizing again. A
+/// mark for another reservation (a response passed between requests) is ignored.
 pub(crate) fn finalized_answer<B: Bodies>(
     settings: &Settings,
-    id: &RecordId,
-    token: FencingToken,
+    reservation: &ReservationHandle,
     parts: &mut response::Parts,
     body: &Answered<B::Inner>,
     outcome: Outcome,
 ) -> Option<Response<B::Answer>> {
+    let id = reservation.id();
     let mark = parts.extensions.remove::<FinalizedInTransaction>()?;
-    if mark.reservation.id() != id || mark.reservation.token() != token {
+    if mark.reservation != *reservation {
         tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response is marked as finalized for another reservation; handling it as an ordinary answer");
         return None;
     }
@@ -339,7 +341,6 @@ pub(crate) fn finalized_answer<B: Bodies>(
     parts.status = mark.status;
     parts.version = mark.version;
     parts.headers = mark.headers;
-    crate::metrics::outcome(settings, outcome);
     parts.extensions.insert(outcome);
     Some(Response::from_parts(
         parts,

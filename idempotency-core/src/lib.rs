@@ -174,48 +174,64 @@
 // The build with all features (docs.rs, `.ci/run`) checks every link.
 #![cfg_attr(not(feature = "conformance"), allow(rustdoc::broken_intra_doc_links))]
 
-mod advertise;
-mod binding;
-mod body;
+// The modules, from the bottom up: a module uses only those above it in this list.
+//
+// Vocabulary: what a key, a record, an answer and a refusal are.
 mod budget;
-pub mod config;
-#[cfg(feature = "conformance")]
-pub mod conformance;
 mod encoding;
-mod future;
-pub mod grpc;
-pub mod iceberg;
-mod in_transaction;
+mod headers;
 pub mod iso8601;
 mod key;
-mod keyed;
-mod layer;
-pub mod metrics;
 mod outcome;
-mod owner;
 mod policy;
 mod profile;
 mod rejection;
-mod service;
 mod store;
+// What a layer was configured with, and what it measures.
+pub mod metrics;
+mod settings;
+// Bodies: the caller's, the inner service's, and the layer's own; refusals as a
+// configured layer answers them.
+mod bodies;
+mod body;
+mod future;
+mod refusals;
+// The request path: a keyed request's stages (`keyed`, in order), the handle its handler
+// gets (`in_transaction`: it applies stage 5's rules and is handed out at stage 4), and
+// the profile's advertisement.
+mod advertise;
+mod in_transaction;
+mod keyed;
+// The service and the layer, at the top.
+mod layer;
+mod service;
+// Built on the public API only: the profiles, properties, and the conformance suite.
+pub mod config;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "grpc")]
+pub mod grpc;
+#[cfg(feature = "iceberg")]
+pub mod iceberg;
 
-pub use binding::MAX_KEPT_PATH;
 pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
+pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use in_transaction::{PreparedAnswer, ReservationHandle};
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
-pub use layer::{
-    DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
-    DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MEMORY_BUDGET, DEFAULT_REQUEST_BODY_TIMEOUT,
-    IdempotencyLayer, InFlightRequests,
-};
+pub use keyed::bind::MAX_KEPT_PATH;
+pub use layer::{IdempotencyLayer, InFlightRequests};
 pub use outcome::Outcome;
 pub use policy::{
     AllMutations, CredentialScope, ExtensionScope, RouteFilter, ScopeExtractor, SingleScope,
 };
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
-pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};
+pub use service::{Idempotency, InnerBodies, WrappedBodies};
+pub use settings::{
+    DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
+    DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MEMORY_BUDGET, DEFAULT_REQUEST_BODY_TIMEOUT,
+};
 pub use store::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_BATCH_TIME,

@@ -41,10 +41,13 @@ use std::time::{Duration, Instant};
 
 use ::metrics::{Key, Label, Level, Metadata, Unit};
 
-use crate::layer::Settings;
 use crate::outcome::Outcome;
 use crate::rejection::RejectionKind;
-use crate::store::StoreError;
+use crate::settings::Settings;
+use crate::store::{
+    Binding, FencingToken, IdempotencyRecord, Ownership, RecordId, Reservation, StoreError,
+    StoredResponse,
+};
 
 /// Counter: keyed requests, by [`OUTCOME`] (and [`REJECTION`] when refused).
 pub const REQUESTS: &str = "idempotency.requests";
@@ -199,7 +202,7 @@ fn count_request(outcome: Outcome) {
 }
 
 /// Runs one store call, timing it when the layer records metrics.
-pub(crate) async fn store_call<T>(
+async fn store_call<T>(
     settings: &Settings,
     call: StoreCall,
     operation: impl Future<Output = Result<T, StoreError>>,
@@ -217,7 +220,7 @@ pub(crate) async fn store_call<T>(
 /// and the like): `None`, and nothing recorded, when the store has to be awaited.
 ///
 /// [`IdempotencyStore::reserve_now`]: crate::IdempotencyStore::reserve_now
-pub(crate) fn store_call_now<T>(
+fn store_call_now<T>(
     settings: &Settings,
     call: StoreCall,
     operation: impl FnOnce() -> Option<Result<T, StoreError>>,
@@ -239,7 +242,7 @@ pub(crate) fn store_duration(call: StoreCall, ok: bool, took: Duration) {
     });
 }
 
-pub(crate) fn wait_duration(settings: &Settings, waited: Duration) {
+fn wait_duration(settings: &Settings, waited: Duration) {
     if settings.metrics {
         ::metrics::with_recorder(|recorder| {
             recorder
@@ -257,6 +260,108 @@ pub(crate) fn records_purged(deleted: u64) {
     });
 }
 
+/// The layer's store, measured: each call the request path makes, with the layer's
+/// lease and lifetime, its duration recorded as [`STORE_DURATION`] (and a duplicate's
+/// wait as [`WAIT_DURATION`]) when the layer records metrics. The stages call the store
+/// through it, so that no decision of theirs is interleaved with instrumentation.
+pub(crate) struct MeasuredStore<'a> {
+    settings: &'a Settings,
+}
+
+impl<'a> MeasuredStore<'a> {
+    pub(crate) fn of(settings: &'a Settings) -> Self {
+        Self { settings }
+    }
+
+    /// Reserves the key, answered at once by a store that can (see
+    /// [`IdempotencyStore::reserve_now`](crate::IdempotencyStore::reserve_now)).
+    pub(crate) async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+    ) -> Result<Reservation, StoreError> {
+        let settings = self.settings;
+        let (lease, lifetime) = (settings.lease(), settings.kept_for());
+        let at_once = store_call_now(settings, StoreCall::Reserve, || {
+            settings.store.reserve_now(id, binding, lease, lifetime)
+        });
+        match at_once {
+            Some(answer) => answer,
+            None => {
+                let reserving = settings.store.reserve(id, binding, lease, lifetime);
+                store_call(settings, StoreCall::Reserve, reserving).await
+            }
+        }
+    }
+
+    /// Waits for the owner of an in-flight record, at most `timeout`.
+    pub(crate) async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let waiting_since = self.settings.metrics.then(Instant::now);
+        let waited = self.settings.store.wait(id, timeout).await;
+        if let Some(since) = waiting_since {
+            wait_duration(self.settings, since.elapsed());
+        }
+        waited
+    }
+
+    /// Takes over a record whose owner's lease lapsed, with a new lease.
+    pub(crate) async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        let settings = self.settings;
+        let taking = settings.store.take_over(id, lapsed, settings.lease());
+        store_call(settings, StoreCall::TakeOver, taking).await
+    }
+
+    /// Renews the owner's lease.
+    pub(crate) async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+    ) -> Result<Ownership, StoreError> {
+        let settings = self.settings;
+        let renewing = settings.store.renew(id, token, settings.lease());
+        store_call(settings, StoreCall::Renew, renewing).await
+    }
+
+    /// Stores the answer, at once where the store can (see
+    /// [`IdempotencyStore::finalize_now`](crate::IdempotencyStore::finalize_now)).
+    pub(crate) async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        stored: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let settings = self.settings;
+        let at_once = store_call_now(settings, StoreCall::Finalize, || {
+            settings.store.finalize_now(id, token, stored)
+        });
+        match at_once {
+            Some(answer) => answer,
+            None => {
+                let finalizing = settings.store.finalize(id, token, stored);
+                store_call(settings, StoreCall::Finalize, finalizing).await
+            }
+        }
+    }
+
+    /// Releases the key.
+    pub(crate) async fn release(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+    ) -> Result<Ownership, StoreError> {
+        let releasing = self.settings.store.release(id, token);
+        store_call(self.settings, StoreCall::Release, releasing).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,6 +374,7 @@ mod tests {
             RejectionKind::MissingKey,
             RejectionKind::InvalidKey,
             RejectionKind::DuplicateKeyHeader,
+            RejectionKind::NoScope,
             RejectionKind::KeyReused,
             RejectionKind::BodyTooLarge,
             RejectionKind::UnreadableBody,

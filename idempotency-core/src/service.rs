@@ -9,30 +9,27 @@
 //! 2. It does not take part (not a mutation, not a route of the profile's, no key): the
 //!    inner service gets it untouched, and its future is returned as it is.
 //! 3. Its key header is bad: the layer answers 400 at once.
-//! 4. It carries a key: the [keyed path](crate::keyed) binds, reserves and replays, and
-//!    the [owner](crate::owner) runs the inner service.
+//! 4. It carries a key: the [keyed path](crate::keyed) takes it through its stages
+//!    (bind, reserve, execute, classify, finalize or release, replay).
 
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
+use crate::advertise;
+use crate::bodies::{Bodies, Inner, Same, Wrap};
 use crate::body::IdempotencyBody;
+use crate::encoding::ask_for_identity;
 use crate::future::ResponseFuture;
-use crate::layer::Settings;
+use crate::keyed::{self, parse};
 use crate::rejection::Rejection;
+use crate::settings::Settings;
 use crate::store::BoxError;
-use crate::{advertise, keyed};
-
-/// The request header that carries the key (and, being lower-case, the gRPC metadata key).
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// The response header set on every replay.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around an inner one.
 ///
@@ -139,21 +136,21 @@ impl<S, M> Idempotency<S, M> {
             .advertises(request.method(), request.uri().path())
         {
             // The profile reads the answer: ask for it unencoded.
-            crate::owner::ask_for_identity(request.headers_mut());
+            ask_for_identity(request.headers_mut());
             let answer = self.inner.call(request.map(B::pass));
             return ResponseFuture::boxed(Box::pin(advertise::amend::<B, _, _>(
                 settings.clone(),
                 answer,
             )));
         }
-        let key = match keyed::read_key(settings, &request) {
+        let key = match parse::read_key(settings, &request) {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::passthrough(self.inner.call(request.map(B::pass))),
             Err(rejection) => {
                 return ResponseFuture::ready(reject_key::<B, _>(settings, &request, rejection));
             }
         };
-        let (request, id, span) = match keyed::begin(settings, request, key) {
+        let (request, id, span) = match parse::begin(settings, request, key) {
             Ok(begun) => begun,
             Err(rejection) => {
                 crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
@@ -233,135 +230,3 @@ fn reject_key<B: Bodies, ReqBody>(
     crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
     rejection.into_response::<B>(settings)
 }
-
-/// The inner services the layer wraps, under one name for the functions of the keyed
-/// path. Every service the public `Service` impls accept is one.
-pub(crate) trait Inner<ReqBody, ResBody>:
-    Service<
-        Request<ReqBody>,
-        Response = Response<ResBody>,
-        Future: Send + 'static,
-        Error: Send + 'static,
-    > + Send
-    + 'static
-{
-}
-
-impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
-    S: Service<
-            Request<ReqBody>,
-            Response = Response<ResBody>,
-            Future: Send + 'static,
-            Error: Send + 'static,
-        > + Send
-        + 'static
-{
-}
-
-/// The body types of one [`Idempotency`] service, and how the layer converts between
-/// them: what the caller sends (`In`), what the inner service takes (`Request`) and
-/// answers with (`Inner`), and what the caller gets (`Answer`).
-pub(crate) trait Bodies: 'static {
-    /// The caller's request body, read whole when the request is keyed.
-    type In: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
-    /// The inner service's request body.
-    type Request: Send + 'static;
-    /// The inner service's response body, read whole when the request is keyed.
-    type Inner: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
-    /// The caller's response body.
-    type Answer: From<Self::Inner> + Send + 'static;
-
-    /// A request body passed through, untouched.
-    fn pass(body: Self::In) -> Self::Request;
-    /// A keyed request's body, read whole, for the inner service.
-    fn request(bytes: Bytes) -> Self::Request;
-    /// An answer the layer makes: the bytes, then the trailers.
-    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> Self::Answer;
-    /// An answer whose first bytes the layer read and whose rest streams on unread; the
-    /// parts back when this mode cannot stream (a body type built from bytes alone).
-    #[allow(clippy::type_complexity)]
-    fn continued(
-        read: Bytes,
-        rest: Pin<Box<Self::Inner>>,
-    ) -> Result<Self::Answer, (Bytes, Pin<Box<Self::Inner>>)>;
-}
-
-/// [`InnerBodies`]: the inner service's own types, built with `From<Bytes>`.
-pub(crate) struct Same<ReqBody, ResBody>(PhantomData<fn() -> (ReqBody, ResBody)>);
-
-impl<ReqBody, ResBody> Bodies for Same<ReqBody, ResBody>
-where
-    ReqBody: Body<Data: Send, Error: Into<BoxError>> + From<Bytes> + Send + 'static,
-    ResBody: Body<Data = Bytes, Error: Into<BoxError>> + From<Bytes> + Send + 'static,
-{
-    type In = ReqBody;
-    type Request = ReqBody;
-    type Inner = ResBody;
-    type Answer = ResBody;
-
-    fn pass(body: ReqBody) -> ReqBody {
-        body
-    }
-
-    fn request(bytes: Bytes) -> ReqBody {
-        ReqBody::from(bytes)
-    }
-
-    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> ResBody {
-        if trailers
-            .as_ref()
-            .is_some_and(|trailers| !trailers.is_empty())
-        {
-            tracing::warn!(
-                "idempotency: an answer with trailers went out without them: the service's body \
-                 type is built from bytes alone. Wrap bodies (IdempotencyLayer::wrap_bodies) to \
-                 keep trailers"
-            );
-        }
-        ResBody::from(bytes)
-    }
-
-    fn continued(
-        read: Bytes,
-        rest: Pin<Box<ResBody>>,
-    ) -> Result<ResBody, (Bytes, Pin<Box<ResBody>>)> {
-        Err((read, rest))
-    }
-}
-
-/// [`WrappedBodies`]: every body wrapped in [`IdempotencyBody`].
-pub(crate) struct Wrap<ReqBody, ResBody>(PhantomData<fn() -> (ReqBody, ResBody)>);
-
-impl<ReqBody, ResBody> Bodies for Wrap<ReqBody, ResBody>
-where
-    ReqBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
-    ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
-{
-    type In = ReqBody;
-    type Request = IdempotencyBody<ReqBody>;
-    type Inner = ResBody;
-    type Answer = IdempotencyBody<ResBody>;
-
-    fn pass(body: ReqBody) -> IdempotencyBody<ReqBody> {
-        IdempotencyBody::new(body)
-    }
-
-    fn request(bytes: Bytes) -> IdempotencyBody<ReqBody> {
-        IdempotencyBody::buffered(bytes, None)
-    }
-
-    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> IdempotencyBody<ResBody> {
-        IdempotencyBody::buffered(bytes, trailers)
-    }
-
-    fn continued(
-        read: Bytes,
-        rest: Pin<Box<ResBody>>,
-    ) -> Result<IdempotencyBody<ResBody>, (Bytes, Pin<Box<ResBody>>)> {
-        Ok(IdempotencyBody::continued(read, rest))
-    }
-}
-
-/// What the keyed path's functions return: the caller's response or the inner service's
-/// error.
-pub(crate) type Answer<B, E> = Result<Response<<B as Bodies>::Answer>, E>;

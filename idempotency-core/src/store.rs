@@ -47,7 +47,7 @@ impl RecordId {
     /// assert!(!hash.contains("6f1c"));
     /// ```
     pub fn log_hash(&self) -> impl fmt::Display + '_ {
-        crate::layer::LogKey(self)
+        crate::settings::LogKey(self)
     }
 }
 

@@ -97,11 +97,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, header};
 
-use crate::layer::IdempotencyLayer;
-use crate::profile::{Disposition, Profile, RequestHead};
-use crate::rejection::{Rejection, RejectionKind};
-use crate::service::WrappedBodies;
-use crate::store::IdempotencyStore;
+use crate::{Disposition, Profile, Rejection, RejectionKind, RequestHead};
 
 pub use descriptor::DescriptorError;
 
@@ -133,27 +129,6 @@ pub const REPLAYED_METADATA: [HeaderName; 5] = [
     GRPC_MESSAGE,
     GRPC_STATUS_DETAILS,
 ];
-
-impl IdempotencyLayer {
-    /// A layer for a gRPC server (tonic's `Server::builder().layer(…)`, or around a
-    /// `tonic::service::Routes`): [`GrpcProfile`], bodies wrapped so that trailers are
-    /// kept, and the gRPC headers stored. See the [module docs](crate::grpc).
-    ///
-    /// ```
-    /// # use idempotency_core::IdempotencyLayer;
-    /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::grpc::GrpcProfile;
-    ///
-    /// let layer = IdempotencyLayer::grpc(MemoryStore::new())
-    ///     .with_profile(GrpcProfile::new().with_streaming_methods(["/orders.v1.Orders/ListOrders"]));
-    /// ```
-    pub fn grpc(store: impl IdempotencyStore) -> IdempotencyLayer<WrappedBodies> {
-        Self::new(store)
-            .with_profile(GrpcProfile::new())
-            .with_replayed_headers(REPLAYED_METADATA)
-            .wrap_bodies()
-    }
-}
 
 /// A gRPC status code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

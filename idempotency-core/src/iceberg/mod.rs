@@ -56,20 +56,17 @@
 
 mod json;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
+use http::{Method, Request, Response, header};
 use serde_json::Value;
 
 use crate::iso8601::format_duration;
-use crate::key::{KeyFormat, UuidKey};
-use crate::layer::IdempotencyLayer;
-use crate::profile::Profile;
-use crate::rejection::{ErrorRenderer, Rejection, RejectionKind, json_response};
-use crate::service::IDEMPOTENCY_KEY;
-use crate::store::{IdempotencyStore, StoredResponse};
+use crate::{
+    ErrorRenderer, IDEMPOTENCY_KEY, KeyFormat, Profile, Rejection, RejectionKind, StoredResponse,
+    UuidKey,
+};
 
 /// The config response field that advertises idempotency support.
 pub const LIFETIME_FIELD: &str = "idempotency-key-lifetime";
@@ -77,33 +74,6 @@ pub const LIFETIME_FIELD: &str = "idempotency-key-lifetime";
 /// The note the profile stores with an answer it cut credentials out of, so that its
 /// replay knows to load fresh ones. Never sent to a client.
 const CREDENTIALS_REMOVED: &str = "x-idempotency-iceberg-credentials-removed";
-
-impl IdempotencyLayer {
-    /// A layer configured for an Iceberg REST catalog: [`IcebergProfile`], 503 while a
-    /// duplicate is in flight, 500 for an answer too large to store. See the
-    /// [module docs](crate::iceberg).
-    ///
-    /// ```
-    /// # use idempotency_core::IdempotencyLayer;
-    /// # use idempotency_store_memory::MemoryStore;
-    /// use std::time::Duration;
-    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new()).with_lifetime(Duration::from_secs(3600));
-    /// ```
-    pub fn iceberg(store: impl IdempotencyStore) -> Self {
-        Self::new(store)
-            .with_profile(IcebergProfile::default())
-            .with_in_flight_status(StatusCode::SERVICE_UNAVAILABLE)
-            .with_not_stored_status(StatusCode::INTERNAL_SERVER_ERROR)
-    }
-}
-
-impl crate::config::IdempotencyConfig {
-    /// [`IdempotencyLayer::iceberg`] over `store`, with the configured lifetime (which it
-    /// advertises in `GET /v1/config`).
-    pub fn iceberg_layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
-        IdempotencyLayer::iceberg(store).with_lifetime(self.key_lifetime)
-    }
-}
 
 /// The Iceberg REST profile: its routes, UUID keys, `ErrorModel` errors, the advertised
 /// lifetime, and vended credentials kept out of the store. See the
@@ -311,7 +281,13 @@ impl ErrorRenderer for IcebergErrorModel {
                 "code": rejection.status.as_u16(),
             }
         });
-        json_response(rejection.status, "application/json", &body)
+        let mut response = Response::new(Bytes::from(body.to_string()));
+        *response.status_mut() = rejection.status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        response
     }
 }
 

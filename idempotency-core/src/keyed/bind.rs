@@ -1,5 +1,7 @@
-//! What a key is bound to: the method, the path in a normal form, a fingerprint of the
-//! query and of the body. A retry with another binding is refused instead of replayed.
+//! Stage 2, **bind**: the request body is read whole (within the size limit, the time
+//! limit and the memory budget), and the record is bound to what the request is: the
+//! method, the path in a normal form, a fingerprint of the query and of the body. A retry
+//! with another binding is refused instead of replayed.
 //!
 //! The path is normalized so that spellings a server routes alike bind alike:
 //!
@@ -15,15 +17,87 @@
 
 use std::fmt::Write as _;
 
-use bytes::Bytes;
-use http::Request;
+use bytes::{Buf, Bytes};
+use futures_util::FutureExt as _;
+use http::{HeaderMap, Request, header};
+use http_body_util::BodyExt;
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
+use crate::body::Joined;
+use crate::budget::Held;
+use crate::rejection::Rejection;
+use crate::settings::Settings;
 use crate::store::Binding;
 
 /// The longest normalized path a binding keeps as it is; a longer one is kept as a hash,
 /// so that a hostile path cannot grow the store.
 pub const MAX_KEPT_PATH: usize = 512;
+
+/// Reads the request body whole (it is fingerprinted and may be sent to the inner
+/// service again), within the memory budget, the size limit and the time limit. A
+/// declared `Content-Length` over the limit is refused before anything is read (so no
+/// `100 Continue` is sent). The bytes stay taken from the budget while `held` lives.
+pub(crate) async fn read_body<B>(
+    settings: &Settings,
+    headers: &HeaderMap,
+    body: B,
+    held: &mut Held,
+) -> Result<Bytes, Rejection>
+where
+    B: http_body::Body<Data: Send, Error: Into<crate::BoxError>>,
+{
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > settings.max_request_body as u64) {
+        return Err(Rejection::body_too_large(settings));
+    }
+    // Take what the body declares up front, so an over-budget request is refused before
+    // a byte of it is read; a body of unknown length is taken as it arrives.
+    let upfront = declared.map_or(0, |length| length as usize);
+    if !settings.memory.grow(held, upfront) {
+        return Err(Rejection::over_budget(settings));
+    }
+    // The time limit starts when the body first makes us wait: frames that are already
+    // there are read without a timer (and without reading the clock).
+    let mut deadline = None;
+    let mut body = std::pin::pin!(body);
+    let mut bytes = Joined::default();
+    loop {
+        // A frame that is already there is taken without arming a timer; only a body
+        // that makes us wait is raced against the deadline.
+        let frame = if let Some(frame) = body.as_mut().frame().now_or_never() {
+            frame
+        } else {
+            let deadline =
+                *deadline.get_or_insert_with(|| Instant::now() + settings.request_body_timeout);
+            match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
+                Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
+                Ok(frame) => frame,
+            }
+        };
+        let frame = match frame {
+            None => return Ok(bytes.freeze()),
+            Some(Err(error)) => return Err(Rejection::unreadable_body(&error.into())),
+            Some(Ok(frame)) => frame,
+        };
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers of a request body are not part of the binding
+        };
+        let length = bytes.len() + data.remaining();
+        if length > settings.max_request_body {
+            return Err(Rejection::body_too_large(settings));
+        }
+        if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
+            return Err(Rejection::over_budget(settings));
+        }
+        // A frame of `Bytes` (what hyper and axum send) is taken without a copy. What
+        // is held from the budget is the declared length, if any, else what was read.
+        let data = data.copy_to_bytes(data.remaining());
+        bytes.push_expecting(data, held.bytes());
+    }
+}
 
 /// The binding of a keyed request, its body read whole.
 pub(crate) fn bind(request: &Request<Bytes>) -> Binding {

@@ -1,0 +1,188 @@
+//! Stage 3, **reserve**: make this request the key's owner, or find what the key already
+//! holds. A key in flight under a live lease is waited for (bounded by the in-flight
+//! wait), one whose owner stopped renewing is taken over, a finished one is replayed, and
+//! one bound to another request is refused.
+//!
+//! What to do with a record found under the key is decided by [`next_step`], a pure
+//! function; [`reserve`] does the store calls around it.
+
+use tokio::time::Instant;
+
+use crate::metrics::MeasuredStore;
+use crate::outcome::Outcome;
+use crate::rejection::Rejection;
+use crate::settings::Settings;
+use crate::store::{
+    Binding, FencingToken, IdempotencyRecord, RecordId, RecordState, Reservation, StoreError,
+    StoredResponse,
+};
+
+/// Reservation attempts before a duplicate gives up: a key that keeps being released and
+/// re-reserved by others under our feet is answered as in flight.
+const MAX_ATTEMPTS: usize = 4;
+
+/// Where the reservation left the request.
+pub(crate) enum Reserved {
+    /// The request owns the key and runs: a first execution, or a takeover of a key
+    /// whose owner stopped renewing its lease.
+    Owner(FencingToken, Outcome),
+    /// The key holds a finished answer for this very request: replay it.
+    Replay(StoredResponse),
+    /// The layer answers instead: the key is bound to another request, or its owner is
+    /// still running after the wait.
+    Refused(Rejection),
+    /// The store failed before anything ran.
+    StoreFailed(StoreError),
+}
+
+/// What a record found under the key asks of this request.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The key was first used for another request.
+    KeyReused,
+    /// Its answer is stored: replay it.
+    Replay(StoredResponse),
+    /// Its owner holds a live lease: wait for it.
+    Wait,
+    /// Its owner's lease lapsed (the owner died, or hangs): take it over.
+    TakeOver(FencingToken),
+}
+
+/// The decision, without I/O: a record bound to another request is refused whatever
+/// state it is in; otherwise its state says what comes next.
+fn next_step(record: IdempotencyRecord, binding: &Binding) -> Step {
+    if record.binding != *binding {
+        return Step::KeyReused;
+    }
+    step_for(record.state)
+}
+
+fn step_for(state: RecordState) -> Step {
+    match state {
+        RecordState::Completed(stored) => Step::Replay(stored),
+        RecordState::InFlight {
+            token,
+            lease_lapsed: true,
+        } => Step::TakeOver(token),
+        RecordState::InFlight { .. } => Step::Wait,
+    }
+}
+
+/// Reserves the key, waiting for its owner or taking over a dead one as [`next_step`]
+/// says, for at most [`MAX_ATTEMPTS`] rounds.
+pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Binding) -> Reserved {
+    let store = MeasuredStore::of(settings);
+    // The wait for an in-flight owner is bounded from the first time this request waits:
+    // most requests never do, and reading the clock for them is a cost of its own.
+    let mut wait_until = None;
+    for _ in 0..MAX_ATTEMPTS {
+        let record = match store.reserve(id, binding).await {
+            Ok(Reservation::Reserved(token)) => {
+                tracing::debug!(outcome = "reserved", key = %settings.log_key(id), "idempotency: reserved the key");
+                return Reserved::Owner(token, Outcome::Executed);
+            }
+            Ok(Reservation::Exists(record)) => record,
+            Err(error) => return Reserved::StoreFailed(error),
+        };
+        let mut step = next_step(record, binding);
+        if step == Step::Wait {
+            let now = Instant::now();
+            let until = *wait_until.get_or_insert(now + settings.in_flight_wait);
+            tracing::debug!(outcome = "waiting", key = %settings.log_key(id), "idempotency: waiting for the in-flight owner");
+            step = match store.wait(id, until.saturating_duration_since(now)).await {
+                Ok(Some(record)) => step_for(record.state),
+                // Released or expired while we waited: reserve again.
+                Ok(None) => continue,
+                Err(error) => return Reserved::StoreFailed(error),
+            };
+        }
+        match step {
+            Step::KeyReused => {
+                tracing::info!(outcome = "key-reused", key = %settings.log_key(id), "idempotency: key reused for another request");
+                return Reserved::Refused(Rejection::key_reused(settings));
+            }
+            Step::Replay(stored) => {
+                tracing::debug!(outcome = "replayed", key = %settings.log_key(id), status = stored.status, "idempotency: replayed the stored response");
+                return Reserved::Replay(stored);
+            }
+            Step::TakeOver(lapsed) => match store.take_over(id, lapsed).await {
+                Ok(Some(token)) => {
+                    tracing::warn!(outcome = "took-over", key = %settings.log_key(id), "idempotency: took over a reservation whose owner stopped renewing its lease");
+                    return Reserved::Owner(token, Outcome::TookOver);
+                }
+                // Someone else took it over, or the owner finished: look again.
+                Ok(None) => continue,
+                Err(error) => return Reserved::StoreFailed(error),
+            },
+            // Still running when the wait ended.
+            Step::Wait => break,
+        }
+    }
+    tracing::info!(outcome = "conflict", key = %settings.log_key(id), "idempotency: the owner is still running; answered in flight");
+    Reserved::Refused(Rejection::in_flight(settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Binding;
+
+    fn record(binding: &str, state: RecordState) -> IdempotencyRecord {
+        IdempotencyRecord {
+            binding: Binding {
+                method: "POST".into(),
+                path: binding.into(),
+                body_sha256: [0; 32],
+            },
+            state,
+        }
+    }
+
+    #[test]
+    fn a_record_bound_elsewhere_is_refused_whatever_its_state() {
+        let mine = record(
+            "/a",
+            RecordState::InFlight {
+                token: FencingToken(1),
+                lease_lapsed: true,
+            },
+        )
+        .binding;
+        let other = record(
+            "/b",
+            RecordState::InFlight {
+                token: FencingToken(1),
+                lease_lapsed: true,
+            },
+        );
+        assert_eq!(next_step(other, &mine), Step::KeyReused);
+    }
+
+    #[test]
+    fn the_state_says_what_comes_next() {
+        let binding = record(
+            "/a",
+            RecordState::InFlight {
+                token: FencingToken(1),
+                lease_lapsed: false,
+            },
+        )
+        .binding;
+        let live = record(
+            "/a",
+            RecordState::InFlight {
+                token: FencingToken(1),
+                lease_lapsed: false,
+            },
+        );
+        assert_eq!(next_step(live, &binding), Step::Wait);
+        let lapsed = record(
+            "/a",
+            RecordState::InFlight {
+                token: FencingToken(7),
+                lease_lapsed: true,
+            },
+        );
+        assert_eq!(next_step(lapsed, &binding), Step::TakeOver(FencingToken(7)));
+    }
+}
