@@ -355,6 +355,8 @@
     allow(dead_code)
 )]
 
+#[cfg(feature = "any")]
+mod any;
 mod common;
 mod config;
 mod in_transaction;
@@ -366,10 +368,10 @@ mod postgres;
 mod sqlite;
 mod table;
 
+#[cfg(feature = "any")]
+pub use any::AnyFinalizer;
 pub use common::{Operation, PoolSettings};
 pub use config::{open, pool_settings};
-#[cfg(feature = "any")]
-pub use in_transaction::AnyFinalizer;
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
