@@ -22,32 +22,40 @@
 //!
 //! # The life of a keyed request
 //!
-//! 1. **Take part?** Only POST, PUT, PATCH and DELETE requests on the profile's routes
-//!    (narrowed by a [`RouteFilter`]) that carry an `Idempotency-Key` header. Everything
-//!    else goes to the inner service untouched and unbuffered. A malformed, oversized or
-//!    repeated header gets 400 before anything is read ([`KeyFormat`]: [`OpaqueKey`] by
-//!    default, [`UuidKey`] for Iceberg).
+//! Seven stages, each a file of its own in the crate's `keyed` module, with these
+//! numbers and names:
+//!
+//! 1. **Parse.** Only POST, PUT, PATCH and DELETE requests on the profile's routes
+//!    (narrowed by a [`RouteFilter`]) that carry an `Idempotency-Key` header take part.
+//!    Everything else goes to the inner service untouched and unbuffered. A malformed,
+//!    empty, oversized or repeated header gets 400 before anything is read
+//!    ([`KeyFormat`]: [`OpaqueKey`] by default, [`UuidKey`] for Iceberg). The
+//!    [`ScopeExtractor`] says whose key it is; a request whose caller it cannot see is
+//!    refused.
 //! 2. **Bind.** The body is buffered (413 over the limit) and the record is bound to the
 //!    method, path and query, and the SHA-256 of the body. The record is found by
-//!    (scope, key); the [`ScopeExtractor`] says whose key it is.
+//!    (scope, key).
 //! 3. **Reserve** atomically in the [`IdempotencyStore`]. One request wins; it owns the
-//!    key under a lease and a fencing token.
+//!    key under a lease and a fencing token. A duplicate that finds the key in flight
+//!    waits for its owner (then replays, or gets 409 with `Retry-After` if the wait runs
+//!    out); one that finds the owner's lease lapsed (its process died) takes the record
+//!    over with a new token, and the old owner can no longer write to it; one whose
+//!    binding differs gets 422. If the store fails here, the layer answers 503 (fail
+//!    closed).
 //! 4. **Execute** the inner service, renewing the lease while it runs. A client that
 //!    disconnects does not cancel it: the rest of the work moves to a task of its own.
 //!    The response body is read whole (it has to be stored); a response over the limit
 //!    is still delivered whole, but not stored.
-//! 5. **Classify.** 2xx and deterministic 4xx are **finalized**: status, allow-listed
-//!    headers and the whole body are stored. 5xx and 401, 403, 408, 419, 429 are
-//!    **released**: the key is freed so a retry runs again. A panic releases too. A
-//!    response body that fails half way gets the caller a 502; the key is released if the
-//!    status releases it, and otherwise kept as "already ran", like a response too large
-//!    to store.
-//! 6. **Replay.** A retry with the same binding gets the stored answer byte for byte,
-//!    with `idempotent-replayed: true`; the inner service is not called. A retry with
-//!    another binding gets 422. A retry that arrives while the first is running waits
-//!    for it, then replays; if the wait runs out it gets 409 with `Retry-After`.
-//! 7. **Crashes.** If an owner stops renewing (its process died), the next retry takes
-//!    the record over with a new token; the old owner can no longer write to it.
+//! 5. **Classify.** 2xx and deterministic 4xx are kept; 5xx and 401, 403, 408, 419, 429
+//!    release the key; an answer too large to store or encoded is remembered as "already
+//!    ran"; a response body that fails half way is released or remembered by its status.
+//! 6. **Finalize or release.** The verdict is written to the store: status, allow-listed
+//!    headers and the whole body stored, or the key freed so a retry runs again (a panic
+//!    releases too). The caller gets the answer; a body that failed half way gets it a
+//!    502. A handler that finalized in its own transaction (next section) already did
+//!    this stage.
+//! 7. **Replay.** A retry with the same binding gets the stored answer byte for byte,
+//!    with `idempotent-replayed: true`; the inner service is not called.
 //!
 //! One window is left open by the layer alone: a mutation that committed and then lost
 //! its finalize (the process died between the two) runs again once its lease lapses.
@@ -165,14 +173,22 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
+//! | `iceberg` | on | the Iceberg REST profile: `iceberg::IcebergProfile`, `IdempotencyLayer::iceberg`, `IdempotencyConfig::iceberg_layer` |
+//! | `grpc` | on | the gRPC profile: `grpc::GrpcProfile`, `IdempotencyLayer::grpc` |
 //! | `conformance` | off | the [`conformance`] suite: the checks any [`IdempotencyStore`] implementation can run against itself (pulls in `uuid`) |
+//!
+//! Both profiles are built on the public API alone ([`Profile`] and the builder), as a
+//! profile of your own would be; a service that needs neither turns the defaults off.
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs point store authors at the `conformance` suite, which only exists with its
 // feature; a build of the docs without it (`cargo doc`) leaves those links unresolved.
 // The build with all features (docs.rs, `.ci/run`) checks every link.
-#![cfg_attr(not(feature = "conformance"), allow(rustdoc::broken_intra_doc_links))]
+#![cfg_attr(
+    not(all(feature = "conformance", feature = "iceberg", feature = "grpc")),
+    allow(rustdoc::broken_intra_doc_links)
+)]
 
 // The modules, from the bottom up: a module uses only those above it in this list.
 //

@@ -1,6 +1,6 @@
 //! The gRPC profile, for tonic servers (and any gRPC server built on `http`).
 //!
-//! [`IdempotencyLayer::grpc`] wraps a tonic server or router as it is, *inside* the
+//! [`IdempotencyLayer::grpc`](crate::IdempotencyLayer::grpc) wraps a tonic server or router as it is, *inside* the
 //! server's authentication:
 //!
 //! ```text
@@ -84,7 +84,7 @@
 //!   does not arrive in time →
 //!   `DEADLINE_EXCEEDED`.
 //!
-//! The layer's services wrap bodies ([`WrappedBodies`]): they take
+//! The layer's services wrap bodies ([`WrappedBodies`](crate::WrappedBodies)): they take
 //! tonic's body and answer with [`IdempotencyBody`](crate::IdempotencyBody), which tonic's
 //! server accepts, so trailers reach the client on first answers and replays alike.
 //!
@@ -111,7 +111,7 @@ const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The initial metadata a gRPC replay carries (besides `idempotent-replayed`): what
-/// [`IdempotencyLayer::grpc`] stores. Extend it to replay metadata of your own:
+/// [`IdempotencyLayer::grpc`](crate::IdempotencyLayer::grpc) stores. Extend it to replay metadata of your own:
 ///
 /// ```
 /// # use idempotency_core::IdempotencyLayer;

@@ -1,6 +1,6 @@
 //! The Apache Iceberg REST catalog profile.
 //!
-//! [`IdempotencyLayer::iceberg`] sets the layer up the way the Iceberg REST spec and its
+//! [`IdempotencyLayer::iceberg`](crate::IdempotencyLayer::iceberg) sets the layer up the way the Iceberg REST spec and its
 //! clients expect, with [`IcebergProfile`] and two statuses:
 //!
 //! - **Routes**: the spec's mutation operations that take the header ([`operation`]),
