@@ -101,8 +101,12 @@ public final class CatalogCheck {
 
     try (FaultProxy proxy =
             new FaultProxy(upstreamPort, mode.equals("control-advertised") ? "PT30M" : null);
-        RESTCatalog client = catalog("client", "http://127.0.0.1:" + proxy.port());
-        RESTCatalog observer = catalog("observer", catalogUri)) {
+        RESTCatalog client =
+            catalog(
+                "client",
+                "http://127.0.0.1:" + proxy.port(),
+                options.get("socket-timeout-ms"));
+        RESTCatalog observer = catalog("observer", catalogUri, null)) {
       CatalogCheck check = new CatalogCheck(client, observer, proxy, control);
       long started = System.nanoTime();
       for (Fault scenario : scenarios) {
@@ -116,9 +120,12 @@ public final class CatalogCheck {
     }
   }
 
-  static RESTCatalog catalog(String name, String uri) {
+  static RESTCatalog catalog(String name, String uri, String socketTimeoutMs) {
     Map<String, String> properties = new LinkedHashMap<>();
     properties.put("uri", uri);
+    if (socketTimeoutMs != null) {
+      properties.put("rest.client.socket-timeout-ms", socketTimeoutMs);
+    }
     properties.put("io-impl", LocalFileIO.class.getName());
     // No metrics reports after commits: only the catalog's own operations go through the proxy.
     properties.put("rest-metrics-reporting-enabled", "false");
@@ -237,6 +244,10 @@ public final class CatalogCheck {
     if (fault == Fault.GATEWAY_TIMEOUT) {
       // The request the proxy gave up on finishes in the catalog before the effect is checked.
       proxy.awaitBackground();
+    }
+    if (fault == Fault.SLOW && error != null) {
+      // The client gave up on its own; the catalog still finishes the request.
+      Thread.sleep(FaultProxy.SLOW_MS);
     }
     String appRetry = "none";
     if (error != null) {

@@ -41,7 +41,12 @@ public final class FaultProxy implements AutoCloseable {
      * (c) Forwarded with a header that makes the catalog take {@link #SLOW_MS} over it; the proxy
      * gives up after {@link #GATEWAY_TIMEOUT_MS} and answers 504 while the catalog still runs.
      */
-    GATEWAY_TIMEOUT
+    GATEWAY_TIMEOUT,
+    /**
+     * Forwarded with the same delay header and answered whenever the catalog answers: for a client
+     * whose own socket timeout is shorter than {@link #SLOW_MS}.
+     */
+    SLOW
   }
 
   /** How long the catalog takes over a request under {@link Fault#GATEWAY_TIMEOUT}. */
@@ -214,7 +219,7 @@ public final class FaultProxy implements AutoCloseable {
         }
       }
       default -> {
-        Message answer = forward(request, null);
+        Message answer = forward(request, fault == Fault.SLOW ? Integer.toString(SLOW_MS) : null);
         if (advertiseLifetime != null
             && method.equals("GET")
             && path.endsWith("/v1/config")
