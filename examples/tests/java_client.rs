@@ -145,7 +145,9 @@ fn maven_classpath(
     project: &str,
     build_property: &str,
 ) -> Option<String> {
-    let mut built = built.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut built = built
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(classpath) = built.as_ref() {
         return Some(classpath.clone());
     }
@@ -167,7 +169,9 @@ fn maven_classpath(
     let output = match output {
         Ok(output) => output,
         Err(e) => {
-            unavailable(&format!("mvn (Maven 3) is needed to build examples/java-client: {e}"));
+            unavailable(&format!(
+                "mvn (Maven 3) is needed to build examples/java-client: {e}"
+            ));
             return None;
         }
     };
@@ -324,8 +328,7 @@ fn the_java_client_never_sees_a_lost_answer(database: &str) {
     assert_eq!(executed, 4 * 12, "one execution per operation");
     assert_eq!(
         catalog.outcomes("executed") + catalog.outcomes("replayed"),
-        catalog.log_text().matches(" idempotency=").count()
-            - catalog.outcomes("passed-through"),
+        catalog.log_text().matches(" idempotency=").count() - catalog.outcomes("passed-through"),
         "no keyed request was rejected"
     );
     assert!(
@@ -454,12 +457,23 @@ fn without_the_layer_the_same_faults_surface_and_retries_run_twice() {
     let dir = tempfile::tempdir().expect("temp dir");
     let catalog = Catalog::start(
         dir.path(),
-        &["--database", "sqlite://catalog.db?mode=rwc", "--no-idempotency"],
+        &[
+            "--database",
+            "sqlite://catalog.db?mode=rwc",
+            "--no-idempotency",
+        ],
     );
     let run = run_java_client(&classpath, &catalog, "control", &unique("control"));
     println!("CONTROL (no layer, no keys) {:?}", run.summary);
-    assert_eq!(run.count("keyed_requests"), 0, "nothing advertised, no keys");
-    assert!(run.count("errors") > 0, "the faults surface without the layer");
+    assert_eq!(
+        run.count("keyed_requests"),
+        0,
+        "nothing advertised, no keys"
+    );
+    assert!(
+        run.count("errors") > 0,
+        "the faults surface without the layer"
+    );
     assert!(
         run.count("wrong_effects") > 0,
         "an application's retry of a lost answer fails or runs twice"
@@ -480,7 +494,11 @@ fn keys_sent_to_a_catalog_without_the_layer_run_twice() {
     let dir = tempfile::tempdir().expect("temp dir");
     let catalog = Catalog::start(
         dir.path(),
-        &["--database", "sqlite://catalog.db?mode=rwc", "--no-idempotency"],
+        &[
+            "--database",
+            "sqlite://catalog.db?mode=rwc",
+            "--no-idempotency",
+        ],
     );
     let run = run_java_client(
         &classpath,
@@ -561,7 +579,10 @@ fn spark_sql_writes_land_once_when_every_commit_answer_is_lost() {
     assert_eq!(count("deleted_files"), 0);
     assert_eq!(count("unkeyed_mutations"), 0);
     assert_eq!(
-        stdout.lines().filter(|line| line.starts_with("CHECK ")).count(),
+        stdout
+            .lines()
+            .filter(|line| line.starts_with("CHECK "))
+            .count(),
         10,
         "every count was checked"
     );
