@@ -145,6 +145,12 @@ fn maven_classpath(
     project: &str,
     build_property: &str,
 ) -> Option<String> {
+    // One Maven at a time: both projects download the same plugins into `~/.m2` on a
+    // cold machine, and Maven 3.8 does not lock its local repository.
+    static MAVEN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MAVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut built = built
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
