@@ -303,7 +303,8 @@ pub use connect::ConnectError;
 pub use connection::RedisConnection;
 pub use keys::{DEFAULT_KEY_PREFIX, InvalidKeyPrefix, KeyPrefix};
 pub use options::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, RedisOptions, Target, UnsupportedUrl,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, RedisOptions, ReplicaAcks, Target,
+    UnsupportedUrl,
 };
 /// The `redis` crate this store is built on (1.x), for options and your own commands.
 pub use redis;
@@ -328,6 +329,8 @@ pub struct RedisStore {
     operation_timeout: Duration,
     target: String,
     quota: Option<ScopeQuota>,
+    /// Replicas that must acknowledge each write (see [`RedisOptions::replica_acks`]).
+    replica_acks: Option<ReplicaAcks>,
     /// Where settled records are announced and heard (see [Waiting
     /// duplicates](crate#waiting-duplicates)).
     notices: Arc<notices::Board>,
@@ -340,6 +343,7 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("operation_timeout", &self.operation_timeout)
             .field("scope_quota", &self.quota)
+            .field("replica_acks", &self.replica_acks)
             .finish_non_exhaustive()
     }
 }
@@ -373,6 +377,7 @@ impl RedisStore {
             operation_timeout: options.operation_timeout,
             target,
             quota: None,
+            replica_acks: options.replica_acks,
             notices: Arc::new(board),
         })
     }
@@ -407,6 +412,12 @@ impl RedisStore {
     /// The scope quota, if one is set.
     pub fn scope_quota(&self) -> Option<&ScopeQuota> {
         self.quota.as_ref()
+    }
+
+    /// The replica acknowledgement each write waits for, if the options asked for one
+    /// ([`RedisOptions::replica_acks`]).
+    pub fn replica_acks(&self) -> Option<ReplicaAcks> {
+        self.replica_acks
     }
 
     /// The connection the store runs on, for your own commands beside it.
@@ -446,18 +457,64 @@ impl RedisStore {
         operation.script()
     }
 
-    /// Runs `operation`'s script on `id`'s record within the operation timeout.
+    /// Runs `operation`'s script on `id`'s record within the operation timeout; a write
+    /// that fewer replicas acknowledged than [`RedisOptions::replica_acks`] asks for is an
+    /// error.
     async fn run(
         &self,
         operation: Operation,
         id: &RecordId,
         args: impl Fn(&mut Cmd),
     ) -> Result<Value, StoreError> {
+        match self.run_unchecked(operation, id, args, true).await? {
+            (value, None) => Ok(value),
+            (_, Some(missing)) => Err(missing.into_error()),
+        }
+    }
+
+    /// Runs `operation`'s script on `id`'s record within the operation timeout, with
+    /// `WAIT` after it when replica acknowledgement is on, `acknowledged` is true and the
+    /// script writes. Answers the script's value, and what acknowledgement was missing.
+    async fn run_unchecked(
+        &self,
+        operation: Operation,
+        id: &RecordId,
+        args: impl Fn(&mut Cmd),
+        acknowledged: bool,
+    ) -> Result<(Value, Option<Unacknowledged>), StoreError> {
         let keys = self.keys(id);
         let connection = self.link.connection();
-        let running = connection.run(operation.script(), &keys, args);
+        let acks = self
+            .replica_acks
+            .filter(|_| acknowledged && operation.writes());
+        let running = async {
+            match acks {
+                None => connection
+                    .run(operation.script(), &keys, args)
+                    .await
+                    .map(|value| (value, None)),
+                Some(acks) => connection
+                    .run_acknowledged(
+                        operation.script(),
+                        &keys,
+                        args,
+                        acks.replicas,
+                        millis(acks.timeout),
+                    )
+                    .await
+                    .map(|(value, count)| (value, Some((acks, count)))),
+            }
+        };
         match tokio::time::timeout(self.operation_timeout, running).await {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok((value, Some((acks, count))))) if count < i64::from(acks.replicas) => Ok((
+                value,
+                Some(Unacknowledged {
+                    operation: operation.name(),
+                    acknowledged: count.max(0),
+                    acks,
+                }),
+            )),
+            Ok(Ok((value, _))) => Ok((value, None)),
             Ok(Err(source)) => {
                 if source.is_timeout() || source.is_io_error() || source.is_connection_dropped() {
                     self.link.suspect();
@@ -475,6 +532,27 @@ impl RedisStore {
                     timeout: self.operation_timeout,
                 }))
             }
+        }
+    }
+
+    /// Lets go, best effort, of a reservation (or takeover) under `token` whose write the
+    /// replicas did not acknowledge, so that the key is free for the retry at once
+    /// instead of after the lease; no request ran under it. Not acknowledged either: if
+    /// the reservation never reached a replica, neither needs its deletion.
+    async fn let_go_unacknowledged(&self, id: &RecordId, token: FencingToken) {
+        let (how, channel) = self.announcement(id);
+        let released = self
+            .run_unchecked(
+                Operation::Release,
+                id,
+                |cmd| {
+                    cmd.arg(token.0).arg(how).arg(&channel[..]);
+                },
+                false,
+            )
+            .await;
+        if let Err(error) = released {
+            tracing::debug!(%error, "idempotency store: could not release an unacknowledged reservation; its lease will lapse");
         }
     }
 
@@ -533,21 +611,36 @@ impl IdempotencyStore for RedisStore {
         let bound = |max: Option<u64>| max.map_or_else(String::new, |max| max.to_string());
         for _ in 0..MAX_TOKEN_DRAWS {
             let token = new_token();
-            let answer = self
-                .run(Operation::Reserve, id, |cmd| {
-                    cmd.arg(token.0)
-                        .arg(lease)
-                        .arg(lifetime)
-                        .arg(&binding.method)
-                        .arg(&binding.path)
-                        .arg(&binding.body_sha256[..]);
-                    if let Some(quota) = &self.quota {
-                        cmd.arg(bound(quota.max_records))
-                            .arg(bound(quota.max_bytes))
-                            .arg(id.reserved_bytes(binding));
-                    }
-                })
+            let (answer, unacknowledged) = self
+                .run_unchecked(
+                    Operation::Reserve,
+                    id,
+                    |cmd| {
+                        cmd.arg(token.0)
+                            .arg(lease)
+                            .arg(lifetime)
+                            .arg(&binding.method)
+                            .arg(&binding.path)
+                            .arg(&binding.body_sha256[..]);
+                        if let Some(quota) = &self.quota {
+                            cmd.arg(bound(quota.max_records))
+                                .arg(bound(quota.max_bytes))
+                                .arg(id.reserved_bytes(binding));
+                        }
+                    },
+                    true,
+                )
                 .await?;
+            if let Some(missing) = unacknowledged {
+                // Whatever the script answered, it is not acknowledged: fail closed. A
+                // reservation it made (or found its own) is let go at once.
+                if let Value::Array(parts) = &answer
+                    && parts.first().and_then(as_bytes) == Some(b"reserved")
+                {
+                    self.let_go_unacknowledged(id, token).await;
+                }
+                return Err(missing.into_error());
+            }
             let Value::Array(mut parts) = answer else {
                 return Err(unexpected(Operation::Reserve, &answer));
             };
@@ -672,11 +765,27 @@ impl IdempotencyStore for RedisStore {
         lease: Duration,
     ) -> Result<Option<FencingToken>, StoreError> {
         let token = new_token_other_than(lapsed);
-        let outcome = self
-            .fenced(Operation::TakeOver, id, |cmd| {
-                cmd.arg(lapsed.0).arg(token.0).arg(millis(lease));
-            })
+        let (answer, unacknowledged) = self
+            .run_unchecked(
+                Operation::TakeOver,
+                id,
+                |cmd| {
+                    cmd.arg(lapsed.0).arg(token.0).arg(millis(lease));
+                },
+                true,
+            )
             .await?;
+        let outcome = match answer {
+            Value::Int(1) => Ownership::Held,
+            Value::Int(0) => Ownership::Lost,
+            other => return Err(unexpected(Operation::TakeOver, &other)),
+        };
+        if let Some(missing) = unacknowledged {
+            if outcome == Ownership::Held {
+                self.let_go_unacknowledged(id, token).await;
+            }
+            return Err(missing.into_error());
+        }
         Ok((outcome == Ownership::Held).then_some(token))
     }
 
@@ -730,6 +839,18 @@ enum OperationError {
         operation: &'static str,
         timeout: Duration,
     },
+    #[error(
+        "Redis {operation} was acknowledged by {acknowledged} replica(s) within {timeout:?}, \
+         fewer than the {replicas} RedisOptions::replica_acks asks for, so it is not counted \
+         as done (a failover could lose it): check that every primary has {replicas} \
+         connected replica(s) (`INFO replication`), or raise the timeout"
+    )]
+    NotAcknowledged {
+        operation: &'static str,
+        acknowledged: i64,
+        replicas: u32,
+        timeout: Duration,
+    },
     #[error("Redis {operation} failed: {source}{hint}")]
     Failed {
         operation: &'static str,
@@ -737,6 +858,24 @@ enum OperationError {
         #[source]
         source: RedisError,
     },
+}
+
+/// A write that fewer replicas acknowledged in time than the options ask for.
+struct Unacknowledged {
+    operation: &'static str,
+    acknowledged: i64,
+    acks: ReplicaAcks,
+}
+
+impl Unacknowledged {
+    fn into_error(self) -> StoreError {
+        StoreError::backend(OperationError::NotAcknowledged {
+            operation: self.operation,
+            acknowledged: self.acknowledged,
+            replicas: self.acks.replicas,
+            timeout: self.acks.timeout,
+        })
+    }
 }
 
 /// What to do about a failed operation, where the error alone does not say.
