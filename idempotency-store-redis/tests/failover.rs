@@ -153,7 +153,7 @@ const ATTEMPTS: usize = 6;
 /// back, and the client retries it.
 async fn send_until_answered(apps: &[Router; 2], n: usize, seen: &Seen) {
     let name = format!("m{n}");
-    let mut lose_answer = n % 4 == 0;
+    let mut lose_answer = n.is_multiple_of(4);
     let mut backoff = Duration::from_millis(100);
     for attempt in 0..ATTEMPTS {
         seen.attempts.fetch_add(1, Ordering::Relaxed);
