@@ -409,6 +409,7 @@ async fn asynchronous_replication_reports_what_a_failover_loses() {
     if !redis_available() {
         return;
     }
+    let started = Instant::now();
     bounded(150, async {
         eprintln!("{HEADER}");
         let plain = run(false, false).await;
@@ -426,6 +427,7 @@ async fn asynchronous_replication_reports_what_a_failover_loses() {
         }
     })
     .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -433,6 +435,7 @@ async fn replica_acks_lose_nothing_in_a_failover() {
     if !redis_available() {
         return;
     }
+    let started = Instant::now();
     bounded(150, async {
         cost_per_request().await;
         eprintln!("{HEADER}");
@@ -461,6 +464,7 @@ async fn replica_acks_lose_nothing_in_a_failover() {
         }
     })
     .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
 }
 
 /// Keyed requests one after the other through the layer on the cluster, with and
@@ -505,17 +509,47 @@ async fn cost_per_request() {
     };
     let (mean_without, p99_without) = summary(&mut without);
     let (mean_with, p99_with) = summary(&mut with);
+    // 16 clients at once, 100 keys each, through one service instance.
+    let throughput = |app: Router, prefix: &'static str| async move {
+        let started = Instant::now();
+        let clients = (0..16).map(|client| {
+            let app = app.clone();
+            async move {
+                for n in 0..100 {
+                    let answer = send_to(&app, "quick", &format!("{prefix}{client}-{n}")).await;
+                    assert_eq!(answer.status, StatusCode::CREATED);
+                }
+            }
+        });
+        futures_util::future::join_all(clients).await;
+        1600.0 / started.elapsed().as_secs_f64()
+    };
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..3 {
+        rates[0].push(throughput(plain.clone(), ["pa", "pb", "pc"][round]).await);
+        rates[1].push(throughput(acked.clone(), ["qa", "qb", "qc"][round]).await);
+    }
+    let median = |rates: &mut Vec<f64>| {
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    let (rate_without, rate_with) = (median(&mut rates[0]), median(&mut rates[1]));
     eprintln!(
         "keyed request (reserve, a handler that takes no time, finalize), one at a time, {} each:\n\
          | Redis store | mean | p99 |\n|---|---|---|\n\
          | asynchronous (default) | {:.2} ms | {:.2} ms |\n\
          | replica_acks(1, 250 ms) | {:.2} ms | {:.2} ms |\n\
-         cost of the acknowledgement: {:+.2} ms mean per request (two WAITs)",
+         cost of the acknowledgement: {:+.2} ms mean per request (two WAITs)\n\
+         16 clients at once, 1,600 keyed requests, median of 3 rounds: {:.0} requests/s \
+         asynchronous, {:.0} requests/s with replica_acks ({:.2}x)",
         without.len(),
         mean_without.as_secs_f64() * 1e3,
         p99_without.as_secs_f64() * 1e3,
         mean_with.as_secs_f64() * 1e3,
         p99_with.as_secs_f64() * 1e3,
         (mean_with.as_secs_f64() - mean_without.as_secs_f64()) * 1e3,
+        rate_without,
+        rate_with,
+        rate_with / rate_without,
     );
 }

@@ -705,6 +705,7 @@ async fn asynchronous_standby_reports_what_a_failover_loses() {
     let Some(bin) = postgres_bin() else {
         return;
     };
+    let started = Instant::now();
     bounded(150, async {
         eprintln!("{HEADER}");
         let plain = run(&bin, false, false).await;
@@ -720,6 +721,7 @@ async fn asynchronous_standby_reports_what_a_failover_loses() {
         }
     })
     .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -727,6 +729,7 @@ async fn a_synchronous_standby_loses_nothing_in_a_failover() {
     let Some(bin) = postgres_bin() else {
         return;
     };
+    let started = Instant::now();
     bounded(150, async {
         eprintln!("{HEADER}");
         let plain = run(&bin, true, false).await;
@@ -754,4 +757,5 @@ async fn a_synchronous_standby_loses_nothing_in_a_failover() {
         }
     })
     .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
 }
