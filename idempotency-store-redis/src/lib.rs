@@ -237,8 +237,13 @@
 //!
 //! | configuration | primary killed | killed with its replica 200 ms behind |
 //! | --- | --- | --- |
-//! | default (asynchronous) | 0 of 3,320 mutations ran twice | 41 of 3,568 ran twice, 36 answers lost |
-//! | `replica_acks(1, 250 ms)` | 0 of 1,019 | 0 of 1,075 |
+//! | default (asynchronous) | 0 of 963 mutations ran twice | 32 of 1,159 ran twice, 29 answers lost |
+//! | `replica_acks(1, 250 ms)` | 0 of 1,494 | 0 of 965 |
+//!
+//! (One run on a busy 2-core machine; an earlier run: 0 of 3,320, 41 of 3,568 and 36
+//! answers lost, 0 of 1,019, 0 of 1,075. On loopback a replica is well under a
+//! millisecond behind, so the plain kill loses little or nothing; what the lag costs
+//! grows with it.)
 //!
 //! [`RedisOptions::replica_acks`] closes the window for what the store acknowledged:
 //!
@@ -271,13 +276,13 @@
 //!   (that is its `appendfsync`).
 //! - **What it costs.** One more command per write, answered after a replication round
 //!   trip: in the test's cluster (loopback, `appendfsync always`, a debug build on a
-//!   busy 2-core machine) a keyed request took 3.6 ms instead of 2.7 ms on average, one
-//!   request at a time. Redis answers a connection's commands in order, so the commands
-//!   queued behind a `WAIT` on the store's multiplexed connection wait too: under load
-//!   the test's throughput fell to about a third. A shard without a connected replica
-//!   refuses keyed writes until one is back (in the test, until the killed primary had
-//!   restarted and resynced as the new primary's replica: about 10 s). See
-//!   BENCHMARKS.md ("Failover").
+//!   busy 2-core machine) a keyed request took 5.0 ms instead of 3.0 ms on average, one
+//!   request at a time (p99 14.4 ms instead of 12.0 ms). Redis answers a connection's
+//!   commands in order, so the commands queued behind a `WAIT` on the store's
+//!   multiplexed connection wait too: 16 clients at once got 0.41× the requests per
+//!   second. A shard without a connected replica refuses keyed writes until one is back
+//!   (in the test, until the killed primary has restarted and resynced as the new
+//!   primary's replica). See BENCHMARKS.md ("Failover").
 //!
 //! # Checks at connect
 //!
@@ -308,7 +313,7 @@
 //!   finalized record runs the mutation again on the next retry.
 //! - Replication is asynchronous: a failover to a replica can lose the latest
 //!   reservations and finalized records in the same way (measured: a primary killed while
-//!   its replica was 200 ms behind ran 41 of 3,568 mutations twice). With
+//!   its replica was 200 ms behind ran 32 of 1,159 mutations twice). With
 //!   [`RedisOptions::replica_acks`] every write is followed by `WAIT` on the same
 //!   connection, and a write fewer replicas acknowledged fails closed (503, nothing
 //!   runs): with one replica per primary and `replica_acks(1, …)`, the replica a failover
