@@ -703,12 +703,10 @@ impl IdempotencyStore for RedisStore {
                 .await?;
             if let Some(missing) = unacknowledged {
                 // Whatever the script answered, it is not acknowledged: fail closed. A
-                // reservation it made (or found its own) is let go at once.
-                if let Value::Array(parts) = &answer
-                    && parts.first().and_then(as_bytes) == Some(b"reserved")
-                {
-                    self.let_go_unacknowledged(id, token).await;
-                }
+                // reservation under this token (made now, or by a first run of a re-sent
+                // command) is let go at once; the release is fenced by the token, so it
+                // never touches anyone else's record.
+                self.let_go_unacknowledged(id, token).await;
                 return Err(missing.into_error());
             }
             let Value::Array(mut parts) = answer else {
