@@ -616,6 +616,12 @@ async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
     let disruption = tokio::task::spawn_blocking(move || {
         std::thread::sleep(Duration::from_millis(1500));
         if lagging {
+            // Only the primary's own WAL sender (a process id can be reused).
+            let postmaster = pair.primary.postmaster().expect("the primary's postmaster");
+            assert!(
+                children_of(postmaster).contains(&wal_sender),
+                "the WAL sender {wal_sender} is no longer the primary's"
+            );
             signal("STOP", &[wal_sender]);
             std::thread::sleep(Duration::from_millis(200));
         }
