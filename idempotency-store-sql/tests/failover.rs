@@ -472,9 +472,15 @@ async fn mutate(
     (StatusCode::CREATED, format!("created {name}"))
 }
 
+/// A mutation that takes no time, for measuring what the store adds.
+async fn quick(Path(name): Path<String>) -> (StatusCode, String) {
+    (StatusCode::CREATED, format!("created {name}"))
+}
+
 fn app(store: PostgresStore, executions: Executions) -> Router {
     Router::new()
         .route("/mutations/{name}", post(mutate))
+        .route("/quick/{name}", post(quick))
         .with_state(executions)
         .layer(
             IdempotencyLayer::new(store)
@@ -492,7 +498,11 @@ struct Answer {
 }
 
 async fn send(app: &Router, name: &str) -> Answer {
-    let request = Request::post(format!("/mutations/{name}"))
+    send_to(app, "mutations", name).await
+}
+
+async fn send_to(app: &Router, route: &str, name: &str) -> Answer {
+    let request = Request::post(format!("/{route}/{name}"))
         .header("idempotency-key", format!("key-{name}"))
         .body(Body::empty())
         .unwrap();
@@ -737,6 +747,7 @@ async fn a_synchronous_standby_loses_nothing_in_a_failover() {
     };
     let started = Instant::now();
     bounded(150, async {
+        cost_per_request(&bin).await;
         eprintln!("{HEADER}");
         let plain = run(&bin, true, false).await;
         report("synchronous standby", "primary killed", &plain);
@@ -764,4 +775,130 @@ async fn a_synchronous_standby_loses_nothing_in_a_failover() {
     })
     .await;
     eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+/// Keyed requests through the layer on one primary with its standby, the standby
+/// synchronous and not (switched with `ALTER SYSTEM` and a reload, in alternating
+/// rounds); prints the mean and p99 latency one at a time, and the throughput of 16
+/// clients at once.
+async fn cost_per_request(bin: &FsPath) {
+    // Asynchronous to begin with: a setting on the command line would win over
+    // `ALTER SYSTEM`. `synchronous_commit` is `on` by default.
+    let pair = Pair::start(bin, false);
+    let admin = sqlx::PgPool::connect(&pair.primary.url()).await.unwrap();
+    streaming(&admin, false).await;
+    let store = PostgresStore::connect(
+        &pair.primary.url(),
+        &PoolSettings::default().max_connections(16),
+    )
+    .await
+    .unwrap()
+    .migrate()
+    .await
+    .unwrap();
+    let app = app(store, Executions::default());
+    let synchronous = |on: bool| {
+        let admin = admin.clone();
+        async move {
+            let names = if on { "'*'" } else { "''" };
+            sqlx::query(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = {names}"
+            ))
+            .execute(&admin)
+            .await
+            .unwrap();
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&admin)
+                .await
+                .unwrap();
+            let wanted = if on { "sync" } else { "async" };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let state: Option<(String,)> =
+                    sqlx::query_as("SELECT sync_state FROM pg_stat_replication")
+                        .fetch_optional(&admin)
+                        .await
+                        .unwrap();
+                if state.is_some_and(|(state,)| state == wanted) {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the standby did not turn {wanted}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let one_at_a_time = |prefix: String| {
+        let app = app.clone();
+        async move {
+            let mut took = Vec::new();
+            for n in 0..300 {
+                let started = Instant::now();
+                let answer = send_to(&app, "quick", &format!("{prefix}{n}")).await;
+                took.push(started.elapsed());
+                assert_eq!(answer.status, StatusCode::CREATED);
+            }
+            took
+        }
+    };
+    let at_once = |prefix: String| {
+        let app = app.clone();
+        async move {
+            let started = Instant::now();
+            let clients = (0..16).map(|client| {
+                let (app, prefix) = (app.clone(), prefix.clone());
+                async move {
+                    for n in 0..100 {
+                        let name = format!("{prefix}{client}-{n}");
+                        let answer = send_to(&app, "quick", &name).await;
+                        assert_eq!(answer.status, StatusCode::CREATED);
+                    }
+                }
+            });
+            futures_util::future::join_all(clients).await;
+            1600.0 / started.elapsed().as_secs_f64()
+        }
+    };
+    let mut took = [Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..3 {
+        for (side, on) in [(0, false), (1, true)] {
+            synchronous(on).await;
+            took[side].extend(one_at_a_time(format!("t{round}-{side}-")).await);
+            rates[side].push(at_once(format!("r{round}-{side}-")).await);
+        }
+    }
+    let summary = |took: &mut Vec<Duration>| {
+        took.sort();
+        let mean = took.iter().sum::<Duration>() / took.len() as u32;
+        (mean, took[took.len() * 99 / 100])
+    };
+    let median = |rates: &mut Vec<f64>| {
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    let [took_async, took_sync] = &mut took;
+    let [rates_async, rates_sync] = &mut rates;
+    let ((mean_async, p99_async), (mean_sync, p99_sync)) =
+        (summary(took_async), summary(took_sync));
+    let (rate_async, rate_sync) = (median(rates_async), median(rates_sync));
+    eprintln!(
+        "keyed request (reserve, a handler that takes no time, finalize), one at a time, {} each:\n\
+         | PostgreSQL standby | mean | p99 | 16 clients at once (1,600 requests, median of 3 rounds) |\n\
+         |---|---|---|---|\n\
+         | asynchronous (default) | {:.2} ms | {:.2} ms | {:.0} requests/s |\n\
+         | synchronous | {:.2} ms | {:.2} ms | {:.0} requests/s ({:.2}x) |",
+        took_async.len(),
+        mean_async.as_secs_f64() * 1e3,
+        p99_async.as_secs_f64() * 1e3,
+        rate_async,
+        mean_sync.as_secs_f64() * 1e3,
+        p99_sync.as_secs_f64() * 1e3,
+        rate_sync,
+        rate_sync / rate_async,
+    );
+    admin.close().await;
+    drop(pair);
 }
