@@ -327,14 +327,12 @@ async fn run(acks: bool, lagging: bool) -> Counts {
             }
         });
     }
-    let disruption = tokio::task::spawn_blocking(move || {
-        let mut cluster = cluster;
-        std::thread::sleep(Duration::from_millis(1500));
-        let failover = fail_over(&mut cluster, lagging);
-        std::thread::sleep(Duration::from_secs(2));
-        (cluster, failover)
-    });
-    let (cluster, failover) = disruption.await.expect("the failover panicked");
+    // The failover blocks this worker thread (the clients run on the others); the
+    // cluster stays owned by this frame, so a panic anywhere kills its servers.
+    let mut cluster = cluster;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let failover = tokio::task::block_in_place(|| fail_over(&mut cluster, lagging));
+    tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     while let Some(client) = clients.join_next().await {
         client.expect("a client panicked");

@@ -621,10 +621,10 @@ async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
             }
         });
     }
-    let proxy = Arc::new(proxy);
-    let switch = proxy.clone();
-    let disruption = tokio::task::spawn_blocking(move || {
-        std::thread::sleep(Duration::from_millis(1500));
+    // The failover blocks this worker thread (the clients run on the others); the
+    // servers stay owned by this frame, so a panic anywhere kills them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (killed_at, promoted_after) = tokio::task::block_in_place(|| {
         if lagging {
             // Only the primary's own WAL sender (a process id can be reused).
             let postmaster = pair.primary.postmaster().expect("the primary's postmaster");
@@ -638,12 +638,10 @@ async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
         pair.primary.kill();
         let killed_at = Instant::now();
         pair.standby.promote();
-        switch.switch_to(pair.standby.port);
-        let promoted_after = killed_at.elapsed();
-        std::thread::sleep(Duration::from_secs(2));
-        (pair, killed_at, promoted_after)
+        proxy.switch_to(pair.standby.port);
+        (killed_at, killed_at.elapsed())
     });
-    let (pair, killed_at, promoted_after) = disruption.await.expect("the failover panicked");
+    tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, Ordering::Relaxed);
     while let Some(client) = clients.join_next().await {
         client.expect("a client panicked");
