@@ -318,7 +318,8 @@ async fn info_of_each_primary(
 }
 
 /// Refuses a server whose eviction policy may drop live records (unless the options
-/// accept it), and warns about one that loses records when it restarts.
+/// accept it), and warns about one that loses records when it restarts, and about one
+/// with fewer connected replicas than the options want to acknowledge each write.
 fn check_servers(info: &[(String, String)], options: &RedisOptions) -> Result<(), ConnectError> {
     for (node, info) in info {
         let policy = field(info, "maxmemory_policy").unwrap_or("noeviction");
@@ -335,6 +336,21 @@ fn check_servers(info: &[(String, String)], options: &RedisOptions) -> Result<()
                 "Redis may evict live idempotency records (accepted by accept_evicting_policy): \
                  an evicted record lets its mutation run again"
             );
+        }
+        if let Some(acks) = options.replica_acks {
+            let connected = field(info, "connected_slaves")
+                .and_then(|n| n.parse::<u32>().ok())
+                .unwrap_or(0);
+            if connected < acks.replicas {
+                tracing::warn!(
+                    node = %node,
+                    connected_replicas = connected,
+                    replica_acks = acks.replicas,
+                    "Redis has fewer connected replicas than RedisOptions::replica_acks asks to \
+                     acknowledge each write: every write of its records will fail (503) until \
+                     enough replicas are connected; add replicas, or ask for fewer acknowledgements"
+                );
+            }
         }
         if field(info, "aof_enabled") == Some("0") {
             tracing::warn!(

@@ -188,4 +188,57 @@ impl RedisConnection {
             answer => answer,
         }
     }
+
+    /// Runs `script` as [`run`](Self::run) does, followed on the same connection by
+    /// `WAIT replicas timeout_ms`, pipelined so that both go to the node the script runs
+    /// on (on a cluster, the primary of the keys' slot: `WAIT` names no key, so the
+    /// pipeline is routed by the script's). Answers the script's value and how many
+    /// replicas acknowledged every write this connection made up to then, the script's
+    /// included.
+    pub(crate) async fn run_acknowledged(
+        &self,
+        script: &Script,
+        keys: &[Vec<u8>],
+        args: impl Fn(&mut Cmd),
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> RedisResult<(Value, i64)> {
+        let pipeline = |verb: &str, script_ref: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script_ref).arg(keys.len());
+            for key in keys {
+                cmd.arg(&key[..]);
+            }
+            args(&mut cmd);
+            let mut pipeline = redis::pipe();
+            pipeline.add_command(cmd);
+            pipeline.cmd("WAIT").arg(replicas).arg(timeout_ms);
+            pipeline
+        };
+        let mut connection = self.clone();
+        let mut answers = connection
+            .req_packed_commands(&pipeline("EVALSHA", script.sha1()), 0, 2)
+            .await?;
+        if let Some(Value::ServerError(error)) = answers.first()
+            && error.kind() == Some(redis::ServerErrorKind::NoScript)
+        {
+            answers = connection
+                .req_packed_commands(&pipeline("EVAL", script.source()), 0, 2)
+                .await?;
+        }
+        let [answer, acknowledged]: [Value; 2] = answers.try_into().map_err(|_| {
+            redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "a script and WAIT did not answer two values",
+            ))
+        })?;
+        let answer = answer.extract_error()?;
+        match acknowledged.extract_error()? {
+            Value::Int(count) => Ok((answer, count)),
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "WAIT did not answer an integer",
+            ))),
+        }
+    }
 }

@@ -36,6 +36,17 @@ pub struct RedisOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) operation_timeout: Duration,
     pub(crate) accept_evicting_policy: bool,
+    pub(crate) replica_acks: Option<ReplicaAcks>,
+}
+
+/// How many replicas must acknowledge each write of the store before it counts as done,
+/// and how long to wait for them: see [`RedisOptions::replica_acks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaAcks {
+    /// Replicas (of the primary that ran the write) that must have it.
+    pub replicas: u32,
+    /// How long the primary waits for them (`WAIT`'s timeout), at least 1 ms.
+    pub timeout: Duration,
 }
 
 /// How long connecting to a server may take, by default: 2 seconds.
@@ -101,6 +112,7 @@ impl RedisOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             accept_evicting_policy: false,
+            replica_acks: None,
         }
     }
 
@@ -141,6 +153,54 @@ impl RedisOptions {
     /// `maxmemory`, or where an occasional double execution is acceptable.
     pub fn accept_evicting_policy(mut self, accept: bool) -> Self {
         self.accept_evicting_policy = accept;
+        self
+    }
+
+    /// Makes every write of the store (reserve, renew, finalize, release, take over,
+    /// evict) wait until `replicas` replicas of the primary that ran it have it, for at
+    /// most `timeout`: the script is followed by `WAIT replicas timeout` on the same
+    /// connection, pipelined, so on a cluster both go to the primary of the record's
+    /// slot. Off by default (replication is then asynchronous, and a failover can lose
+    /// what the primary had acknowledged: a lost reservation or answer lets its mutation
+    /// run again).
+    ///
+    /// A write that fewer replicas acknowledge in time **fails closed**: the operation
+    /// answers a store error, so a reservation is not granted (the layer answers 503 with
+    /// `Retry-After`, nothing runs, and the store releases the reservation it just made,
+    /// best effort); a finalize is retried by the layer like any failed finalize.
+    ///
+    /// What it buys: with one replica per primary and `replicas = 1`, the replica a
+    /// failover promotes holds every reservation and answer the store acknowledged, so a
+    /// killed primary runs no mutation twice (measured in `tests/failover.rs`). It does not
+    /// make a write durable against every failover: with several replicas per primary a
+    /// failover may promote one that did not acknowledge it (Redis Cluster prefers the
+    /// replica with the most data, which narrows but does not close that); ask for as
+    /// many replicas as a shard has to close it. Until a failed primary's replacement
+    /// replica has synced, a shard with too few replicas refuses keyed requests (503).
+    ///
+    /// What it costs: one more command per write, answered when the replicas have
+    /// acknowledged (a replication round trip); while it waits, later commands on the
+    /// same connection wait behind it (Redis answers a connection's commands in order).
+    /// See the figures in BENCHMARKS.md. `timeout` should stay well below
+    /// [`operation_timeout`](Self::operation_timeout), which bounds the whole operation.
+    ///
+    /// At connect the store warns (`tracing`) when a primary has fewer connected
+    /// replicas than `replicas`: every write would then fail.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_store_redis::RedisOptions;
+    ///
+    /// let options = RedisOptions::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?
+    ///     .replica_acks(1, Duration::from_millis(500));
+    /// # drop(options); Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replica_acks = (replicas > 0).then_some(ReplicaAcks {
+            replicas,
+            // `WAIT n 0` would block for ever.
+            timeout: timeout.max(Duration::from_millis(1)),
+        });
         self
     }
 }

@@ -55,6 +55,11 @@ impl Operation {
         }
     }
 
+    /// Whether the script may write (everything but load and inspect).
+    pub(crate) fn writes(self) -> bool {
+        !matches!(self, Operation::Load | Operation::Inspect)
+    }
+
     pub(crate) fn script(self) -> &'static Script {
         let scripts = &*SCRIPTS;
         match self {

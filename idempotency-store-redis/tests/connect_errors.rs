@@ -204,3 +204,111 @@ async fn cluster_options_on_a_plain_server_are_refused() {
         "{error}"
     );
 }
+
+/// Collects what the store logs, for the warnings it gives at connect.
+#[derive(Clone, Default)]
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logged {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// `replica_acks` on a server without replicas: a warning at connect, and every write
+/// fails closed (the reservation it made let go at once); once a replica is attached,
+/// writes go through.
+#[tokio::test]
+async fn replica_acks_without_replicas_warn_at_connect_and_fail_closed() {
+    if !redis_available() {
+        return;
+    }
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish(),
+    );
+    let server = RedisServer::start();
+    bounded(60, async {
+        let store = RedisStore::connect_with(
+            quick(RedisOptions::server(server.url())).replica_acks(1, Duration::from_millis(50)),
+        )
+        .await
+        .expect("a server without replicas is accepted, with a warning");
+        let warning = logged.text();
+        assert!(
+            warning.contains("fewer connected replicas than RedisOptions::replica_acks"),
+            "no warning at connect: {warning:?}"
+        );
+        assert!(warning.contains("connected_replicas=0"), "{warning}");
+
+        use idempotency_core::IdempotencyStore as _;
+        let id = common::id();
+        let error = store
+            .reserve(&id, &common::binding(), common::LONG, common::LONG)
+            .await
+            .expect_err("a reservation no replica acknowledged must fail");
+        let message = error.to_string();
+        assert!(
+            message.contains("acknowledged by 0 replica(s)"),
+            "{message}"
+        );
+        assert_eq!(
+            store.load(&id).await.unwrap(),
+            None,
+            "the unacknowledged reservation was not let go"
+        );
+
+        // A replica attached: the same writes go through, and the warning is gone.
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &server.port.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let before = logged.text().len();
+        let store = RedisStore::connect_with(
+            quick(RedisOptions::server(server.url())).replica_acks(1, Duration::from_millis(250)),
+        )
+        .await
+        .unwrap();
+        assert!(
+            !logged.text()[before..].contains("replica_acks"),
+            "a warning although a replica is connected"
+        );
+        let id = common::id();
+        assert!(matches!(
+            store
+                .reserve(&id, &common::binding(), common::LONG, common::LONG)
+                .await
+                .unwrap(),
+            idempotency_core::Reservation::Reserved(_)
+        ));
+        assert!(
+            replica
+                .cli(&["EXISTS", &String::from_utf8_lossy(&store.record_key(&id))])
+                .trim()
+                == "1",
+            "the acknowledged reservation is not on the replica"
+        );
+    })
+    .await;
+}

@@ -267,6 +267,68 @@ impl RedisCluster {
         cluster
     }
 
+    /// A Redis Cluster of three primaries with one replica each (six `redis-server`
+    /// processes, `--cluster-replicas 1`), whose nodes declare a silent peer failed after
+    /// `node_timeout_ms`, so that a killed primary's replica is promoted about that long
+    /// after. Returns when every replica's link to its primary is up.
+    pub fn start_with_replicas(node_timeout_ms: u64) -> Self {
+        let timeout = node_timeout_ms.to_string();
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    &timeout,
+                    // A replica that rejoins syncs at once, instead of after the default
+                    // 5 s wait for more replicas to share the transfer.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes.iter().map(RedisServer::address).collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = cluster.nodes.iter().all(|node| {
+                node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                    && node
+                        .cli(&["CLUSTER", "NODES"])
+                        .lines()
+                        .filter(|line| line.contains("master") && !line.contains("fail"))
+                        .count()
+                        == 3
+                    && {
+                        let info = node.cli(&["INFO", "replication"]);
+                        info.contains("role:master") || info.contains("master_link_status:up")
+                    }
+            });
+            if ready {
+                return cluster;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster with replicas did not form within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Waits until every node reports `cluster_state:ok` and knows all three primaries.
     pub fn wait_until_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -1,0 +1,902 @@
+//! Failover (issue 28): PostgreSQL with a streaming standby. The test makes two clusters
+//! of its own on free loopback ports from the installed binaries (`initdb` with
+//! `wal_level=replica`, trust for 127.0.0.1 including replication, `pg_basebackup -R`
+//! for the standby), runs keyed load through the layer from two service instances over
+//! `PostgresStore`, kills the primary (SIGKILL, its postmaster and every backend, as a
+//! machine dies), promotes the standby with `pg_ctl promote`, and switches the address
+//! the services use to it.
+//!
+//! The services reach the database through a TCP proxy in the test, switched to the new
+//! primary as a virtual IP, a DNS name or HAProxy/PgBouncer would be: sqlx 0.8 takes one
+//! host per URL and has no `target_session_attrs`, so a multi-host connection string is
+//! not an option for it.
+//!
+//! The client and the counts are those of the Redis failover test: each key sent until it
+//! gets an answer, as the Iceberg Java client sends it (the same key, up to six attempts,
+//! after `Retry-After` on 503, 409 and 429); the first answer of every fourth key lost on
+//! its way back; after the run every answered key sent once more, which must be a
+//! replay; executions counted by the handler, outside the database.
+//!
+//! Two disruptions: the plain kill, and the kill of a primary whose standby lags (the
+//! primary's WAL sender stopped with SIGSTOP 200 ms before, so that what the primary
+//! committed in those 200 ms never left it).
+//!
+//! - `asynchronous_standby_reports_what_a_failover_loses`: streaming replication as it
+//!   comes (asynchronous); the counts are printed, not asserted.
+//! - `a_synchronous_standby_loses_nothing_in_a_failover`: `synchronous_standby_names =
+//!   '*'` and `synchronous_commit = on`; no mutation may run twice and no answer may be
+//!   lost. Also prints what the synchronous standby costs per keyed request.
+//!
+//! ```text
+//! cargo test -p idempotency-store-sql --features postgres --test failover -- --nocapture --test-threads 1
+//! ```
+//!
+//! The PostgreSQL binaries are found in the newest `/usr/lib/postgresql/*/bin`, or in
+//! `IDEMPOTENCY_TEST_PG_BIN`. Without them the tests are skipped with a notice, except
+//! under `CI=true`, where that is a failure. As root, the servers run as the `postgres`
+//! user (PostgreSQL refuses root).
+#![cfg(feature = "postgres")]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path as FsPath, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idempotency_core::IdempotencyLayer;
+use idempotency_store_sql::{PoolSettings, PostgresStore};
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
+
+// ---- the servers ------------------------------------------------------------------------
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The directory of `initdb`, `pg_ctl`, `pg_basebackup`; `None` (skip) when missing,
+/// a panic under `CI=true`.
+fn postgres_bin() -> Option<PathBuf> {
+    let found = std::env::var_os("IDEMPOTENCY_TEST_PG_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+                .ok()?
+                .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
+                .filter(|bin| bin.join("initdb").exists())
+                .collect();
+            dirs.sort_by_key(|dir| {
+                dir.parent()
+                    .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+                    .unwrap_or(0)
+            });
+            dirs.pop()
+        })
+        .filter(|bin| bin.join("initdb").exists() && bin.join("pg_basebackup").exists());
+    if found.is_none() {
+        let message = "the PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup) were not \
+                       found in /usr/lib/postgresql/*/bin: install PostgreSQL (apt-get install \
+                       postgresql) or point IDEMPOTENCY_TEST_PG_BIN at them";
+        if in_ci() {
+            panic!("{message} (CI=true: this is a failure, not a skip)");
+        }
+        eprintln!("SKIPPED: {message}");
+    }
+    found
+}
+
+fn as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// Runs a PostgreSQL program, as the `postgres` user when we are root.
+fn pg(bin: &FsPath, program: &str, args: &[&str]) -> std::process::Output {
+    let path = bin.join(program);
+    let mut command = if as_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(&path);
+        command
+    } else {
+        Command::new(&path)
+    };
+    let output = command
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("run {program}: {error}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free port")
+}
+
+/// One PostgreSQL cluster (data directory and server); killed on drop.
+struct PgServer {
+    bin: PathBuf,
+    data: PathBuf,
+    port: u16,
+    killed: AtomicBool,
+}
+
+impl PgServer {
+    /// The server's settings on the command line: loopback only, no Unix socket,
+    /// replication on; `extra` adds `-c name=value` settings.
+    fn start(&self, extra: &[&str]) {
+        let mut options = format!(
+            "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories='' \
+             -c wal_level=replica -c max_wal_senders=5 -c max_connections=100 \
+             -c fsync=off",
+            self.port
+        );
+        for setting in extra {
+            options.push_str(" -c ");
+            options.push_str(setting);
+        }
+        let log = self.data.join("server.log");
+        pg(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &options,
+                "start",
+            ],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The postmaster's process id, from `postmaster.pid`.
+    fn postmaster(&self) -> Option<u32> {
+        std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// SIGKILL to the postmaster and every process it started: nothing is flushed,
+    /// nothing more is sent.
+    fn kill(&self) {
+        if self.killed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Only a live postgres process: a stale postmaster.pid may name another one.
+        let Some(postmaster) = self.postmaster().filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        }) else {
+            return;
+        };
+        let mut victims = children_of(postmaster);
+        victims.push(postmaster);
+        signal("KILL", &victims);
+    }
+
+    /// Promotes a standby and waits until it is a primary.
+    fn promote(&self) {
+        pg(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "promote",
+            ],
+        );
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.data.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- log of PostgreSQL on {} ----\n{}",
+                self.port,
+                self.log()
+            );
+        }
+        self.kill();
+    }
+}
+
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // pid (comm) state ppid …: the command may hold spaces, so read after ')'.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+fn signal(name: &str, pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    // A backend may exit between the listing and the signal: that is no error here.
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(pids.iter().map(u32::to_string))
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+/// A primary and a streaming standby made from it with `pg_basebackup -R`, in a
+/// temporary directory.
+struct Pair {
+    primary: PgServer,
+    standby: PgServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Pair {
+    fn start(bin: &FsPath, synchronous: bool) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let primary_data = dir.path().join("primary");
+        let standby_data = dir.path().join("standby");
+        for data in [&primary_data, &standby_data] {
+            std::fs::create_dir(data).unwrap();
+            // PostgreSQL refuses a data directory others may read.
+            std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        if as_root() {
+            // The postgres user must reach and own the data directories.
+            let status = Command::new("chmod")
+                .arg("755")
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(status.success());
+            let status = Command::new("chown")
+                .arg("postgres:")
+                .arg(&primary_data)
+                .arg(&standby_data)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        pg(
+            bin,
+            "initdb",
+            &[
+                "-D",
+                primary_data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ],
+        );
+        let primary = PgServer {
+            bin: bin.to_owned(),
+            data: primary_data,
+            port: free_port(),
+            killed: AtomicBool::new(false),
+        };
+        if synchronous {
+            primary.start(&["synchronous_standby_names='*'", "synchronous_commit=on"]);
+        } else {
+            primary.start(&[]);
+        }
+        pg(
+            bin,
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+                "-D",
+                standby_data.to_str().unwrap(),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+        );
+        let standby = PgServer {
+            bin: bin.to_owned(),
+            data: standby_data,
+            port: free_port(),
+            killed: AtomicBool::new(false),
+        };
+        // The standby's own settings say nothing of synchronous standbys: once promoted
+        // it has none, and would otherwise wait for ever on every commit.
+        standby.start(&[]);
+        Self {
+            primary,
+            standby,
+            _dir: dir,
+        }
+    }
+}
+
+/// Waits until the primary streams to the standby (synchronously, if asked); answers
+/// the WAL sender's process id.
+async fn streaming(primary: &sqlx::PgPool, synchronous: bool) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row: Option<(i32, String)> = sqlx::query_as(
+            "SELECT pid, sync_state FROM pg_stat_replication WHERE state = 'streaming'",
+        )
+        .fetch_optional(primary)
+        .await
+        .unwrap();
+        if let Some((pid, state)) = row
+            && (!synchronous || state == "sync")
+        {
+            return pid as u32;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not stream within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---- the proxy the services connect through ----------------------------------------------
+
+/// A TCP proxy whose upstream the test switches, as a virtual IP moves; a switch also
+/// cuts every connection made before it.
+struct Proxy {
+    port: u16,
+    upstream: Arc<Mutex<(SocketAddr, u64)>>,
+}
+
+impl Proxy {
+    async fn start(upstream: u16) -> (Self, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let shared = Arc::new(Mutex::new((
+            SocketAddr::from(([127, 0, 0, 1], upstream)),
+            0u64,
+        )));
+        let target = shared.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let (address, generation) = *target.lock().unwrap();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(address).await else {
+                        return;
+                    };
+                    let switched = async {
+                        loop {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            if target.lock().unwrap().1 != generation {
+                                return;
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        () = switched => {}
+                    }
+                });
+            }
+        });
+        (
+            Self {
+                port,
+                upstream: shared,
+            },
+            task,
+        )
+    }
+
+    fn switch_to(&self, port: u16) {
+        let mut upstream = self.upstream.lock().unwrap();
+        *upstream = (SocketAddr::from(([127, 0, 0, 1], port)), upstream.1 + 1);
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+// ---- the service and its clients -------------------------------------------------------
+
+#[derive(Clone, Default)]
+struct Executions(Arc<Mutex<HashMap<String, u32>>>);
+
+async fn mutate(
+    State(executions): State<Executions>,
+    Path(name): Path<String>,
+) -> (StatusCode, String) {
+    *executions
+        .0
+        .lock()
+        .unwrap()
+        .entry(name.clone())
+        .or_default() += 1;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    (StatusCode::CREATED, format!("created {name}"))
+}
+
+/// A mutation that takes no time, for measuring what the store adds.
+async fn quick(Path(name): Path<String>) -> (StatusCode, String) {
+    (StatusCode::CREATED, format!("created {name}"))
+}
+
+fn app(store: PostgresStore, executions: Executions) -> Router {
+    Router::new()
+        .route("/mutations/{name}", post(mutate))
+        .route("/quick/{name}", post(quick))
+        .with_state(executions)
+        .layer(
+            IdempotencyLayer::new(store)
+                .with_lease(Duration::from_secs(3))
+                .with_in_flight_wait(Duration::from_secs(2))
+                .with_finalize_retry_for(Duration::from_secs(10)),
+        )
+}
+
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    retry_after: Option<Duration>,
+    body: String,
+}
+
+async fn send(app: &Router, name: &str) -> Answer {
+    send_to(app, "mutations", name).await
+}
+
+async fn send_to(app: &Router, route: &str, name: &str) -> Answer {
+    let request = Request::post(format!("/{route}/{name}"))
+        .header("idempotency-key", format!("key-{name}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|value| value.to_str().ok()?.parse().ok())
+        .map(Duration::from_secs);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        replayed,
+        retry_after,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+#[derive(Default)]
+struct Seen {
+    answered: Mutex<Vec<String>>,
+    gave_up: AtomicUsize,
+    attempts: AtomicUsize,
+    refused: AtomicUsize,
+    last_failure: Mutex<Option<Instant>>,
+}
+
+const ATTEMPTS: usize = 6;
+
+/// Sends mutation `name` until it is answered, like the Iceberg Java client (see the
+/// module docs).
+async fn send_until_answered(apps: &[Router; 2], n: usize, seen: &Seen) {
+    let name = format!("m{n}");
+    let mut lose_answer = n.is_multiple_of(4);
+    let mut backoff = Duration::from_millis(100);
+    for attempt in 0..ATTEMPTS {
+        seen.attempts.fetch_add(1, Ordering::Relaxed);
+        let answer = send(&apps[(n + attempt) % 2], &name).await;
+        match answer.status {
+            status if status.is_success() => {
+                assert_eq!(answer.body, format!("created {name}"), "a wrong answer");
+                if lose_answer {
+                    lose_answer = false;
+                    tokio::time::sleep(backoff).await;
+                } else {
+                    seen.answered.lock().unwrap().push(name);
+                    return;
+                }
+            }
+            StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::CONFLICT
+            | StatusCode::TOO_MANY_REQUESTS => {
+                seen.refused.fetch_add(1, Ordering::Relaxed);
+                *seen.last_failure.lock().unwrap() = Some(Instant::now());
+                assert!(
+                    answer.retry_after.is_some(),
+                    "{} without Retry-After",
+                    answer.status
+                );
+                tokio::time::sleep(answer.retry_after.unwrap_or(backoff)).await;
+            }
+            other => panic!("{name}: unexpected status {other}: {}", answer.body),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    seen.gave_up.fetch_add(1, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+struct Counts {
+    keys: usize,
+    executed_twice: usize,
+    answers_lost: usize,
+    failed_for_good: usize,
+    refused: usize,
+    attempts: usize,
+    promoted_after: Duration,
+    last_failure_after_kill: Option<Duration>,
+}
+
+/// Keyed load from 24 clients over two service instances through a failover, then every
+/// answered key once more; counts.
+async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
+    let pair = Pair::start(bin, synchronous);
+    let admin = sqlx::PgPool::connect(&pair.primary.url()).await.unwrap();
+    let wal_sender = streaming(&admin, synchronous).await;
+    admin.close().await;
+    let (proxy, proxy_task) = Proxy::start(pair.primary.port).await;
+    let settings = PoolSettings::default()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(1));
+    let executions = Executions::default();
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let store = PostgresStore::connect(&proxy.url(), &settings)
+            .await
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap();
+        apps.push(app(store, executions.clone()));
+    }
+    let apps: Arc<[Router; 2]> = Arc::new(apps.try_into().ok().unwrap());
+    let seen = Arc::new(Seen::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..24 {
+        let (apps, seen, stop, next) = (apps.clone(), seen.clone(), stop.clone(), next.clone());
+        clients.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                send_until_answered(&apps, n, &seen).await;
+            }
+        });
+    }
+    // The failover blocks this worker thread (the clients run on the others); the
+    // servers stay owned by this frame, so a panic anywhere kills them.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (killed_at, promoted_after) = tokio::task::block_in_place(|| {
+        if lagging {
+            // Only the primary's own WAL sender (a process id can be reused).
+            let postmaster = pair.primary.postmaster().expect("the primary's postmaster");
+            assert!(
+                children_of(postmaster).contains(&wal_sender),
+                "the WAL sender {wal_sender} is no longer the primary's"
+            );
+            signal("STOP", &[wal_sender]);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        pair.primary.kill();
+        let killed_at = Instant::now();
+        pair.standby.promote();
+        proxy.switch_to(pair.standby.port);
+        (killed_at, killed_at.elapsed())
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    while let Some(client) = clients.join_next().await {
+        client.expect("a client panicked");
+    }
+
+    let answered = seen.answered.lock().unwrap().clone();
+    let mut answers_lost = 0;
+    for name in &answered {
+        let mut answer = send(&apps[1], name).await;
+        for _ in 0..20 {
+            if answer.status.is_success() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            answer = send(&apps[0], name).await;
+        }
+        assert!(
+            answer.status.is_success(),
+            "{name} answers {}",
+            answer.status
+        );
+        if !answer.replayed {
+            answers_lost += 1;
+        }
+    }
+    let executed_twice = executions
+        .0
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|n| **n > 1)
+        .count();
+    let last_failure = *seen.last_failure.lock().unwrap();
+    drop(apps);
+    proxy_task.abort();
+    drop(pair);
+    Counts {
+        keys: next.load(Ordering::Relaxed),
+        executed_twice,
+        answers_lost,
+        failed_for_good: seen.gave_up.load(Ordering::Relaxed),
+        refused: seen.refused.load(Ordering::Relaxed),
+        attempts: seen.attempts.load(Ordering::Relaxed),
+        promoted_after,
+        last_failure_after_kill: last_failure.and_then(|at| at.checked_duration_since(killed_at)),
+    }
+}
+
+const HEADER: &str = "| PostgreSQL | disruption | keys | attempts | executed twice | answers lost | failed for good | 503/409 answers | promoted and switched after | last refusal after the kill |\n|---|---|---|---|---|---|---|---|---|---|";
+
+fn report(configuration: &str, disruption: &str, counts: &Counts) {
+    eprintln!(
+        "| {configuration} | {disruption} | {} | {} | {} | {} | {} | {} | {:.1} s | {} |",
+        counts.keys,
+        counts.attempts,
+        counts.executed_twice,
+        counts.answers_lost,
+        counts.failed_for_good,
+        counts.refused,
+        counts.promoted_after.as_secs_f64(),
+        counts
+            .last_failure_after_kill
+            .map_or("none".to_owned(), |d| format!("{:.1} s", d.as_secs_f64())),
+    );
+}
+
+async fn bounded<T>(seconds: u64, test: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(seconds), test)
+        .await
+        .unwrap_or_else(|_| panic!("the test did not finish within {seconds} s"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asynchronous_standby_reports_what_a_failover_loses() {
+    let Some(bin) = postgres_bin() else {
+        return;
+    };
+    let started = Instant::now();
+    bounded(150, async {
+        eprintln!("{HEADER}");
+        let plain = run(&bin, false, false).await;
+        report("asynchronous standby (default)", "primary killed", &plain);
+        let lagging = run(&bin, false, true).await;
+        report(
+            "asynchronous standby (default)",
+            "primary killed, standby 200 ms behind",
+            &lagging,
+        );
+        for counts in [&plain, &lagging] {
+            assert!(counts.keys > 100, "the load did not run: {counts:?}");
+        }
+    })
+    .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_synchronous_standby_loses_nothing_in_a_failover() {
+    let Some(bin) = postgres_bin() else {
+        return;
+    };
+    let started = Instant::now();
+    bounded(150, async {
+        cost_per_request(&bin).await;
+        eprintln!("{HEADER}");
+        let plain = run(&bin, true, false).await;
+        report("synchronous standby", "primary killed", &plain);
+        let lagging = run(&bin, true, true).await;
+        report(
+            "synchronous standby",
+            "primary killed, standby 200 ms behind",
+            &lagging,
+        );
+        for counts in [&plain, &lagging] {
+            assert!(counts.keys > 100, "the load did not run: {counts:?}");
+            assert_eq!(
+                counts.executed_twice, 0,
+                "with a synchronous standby a mutation ran twice: {counts:?}"
+            );
+            assert_eq!(
+                counts.answers_lost, 0,
+                "with a synchronous standby an answer was lost: {counts:?}"
+            );
+            assert!(
+                counts.refused > 0,
+                "no request met the failover: the test tested nothing: {counts:?}"
+            );
+        }
+    })
+    .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+/// Keyed requests through the layer on one primary with its standby, the standby
+/// synchronous and not (switched with `ALTER SYSTEM` and a reload, in alternating
+/// rounds); prints the mean and p99 latency one at a time, and the throughput of 16
+/// clients at once.
+async fn cost_per_request(bin: &FsPath) {
+    // Asynchronous to begin with: a setting on the command line would win over
+    // `ALTER SYSTEM`. `synchronous_commit` is `on` by default.
+    let pair = Pair::start(bin, false);
+    let admin = sqlx::PgPool::connect(&pair.primary.url()).await.unwrap();
+    streaming(&admin, false).await;
+    let store = PostgresStore::connect(
+        &pair.primary.url(),
+        &PoolSettings::default().max_connections(16),
+    )
+    .await
+    .unwrap()
+    .migrate()
+    .await
+    .unwrap();
+    let app = app(store, Executions::default());
+    let synchronous = |on: bool| {
+        let admin = admin.clone();
+        async move {
+            let names = if on { "'*'" } else { "''" };
+            sqlx::query(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = {names}"
+            ))
+            .execute(&admin)
+            .await
+            .unwrap();
+            sqlx::query("SELECT pg_reload_conf()")
+                .execute(&admin)
+                .await
+                .unwrap();
+            let wanted = if on { "sync" } else { "async" };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let state: Option<(String,)> =
+                    sqlx::query_as("SELECT sync_state FROM pg_stat_replication")
+                        .fetch_optional(&admin)
+                        .await
+                        .unwrap();
+                if state.is_some_and(|(state,)| state == wanted) {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the standby did not turn {wanted}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let one_at_a_time = |prefix: String| {
+        let app = app.clone();
+        async move {
+            let mut took = Vec::new();
+            for n in 0..300 {
+                let started = Instant::now();
+                let answer = send_to(&app, "quick", &format!("{prefix}{n}")).await;
+                took.push(started.elapsed());
+                assert_eq!(answer.status, StatusCode::CREATED);
+            }
+            took
+        }
+    };
+    let at_once = |prefix: String| {
+        let app = app.clone();
+        async move {
+            let started = Instant::now();
+            let clients = (0..16).map(|client| {
+                let (app, prefix) = (app.clone(), prefix.clone());
+                async move {
+                    for n in 0..100 {
+                        let name = format!("{prefix}{client}-{n}");
+                        let answer = send_to(&app, "quick", &name).await;
+                        assert_eq!(answer.status, StatusCode::CREATED);
+                    }
+                }
+            });
+            futures_util::future::join_all(clients).await;
+            1600.0 / started.elapsed().as_secs_f64()
+        }
+    };
+    let mut took = [Vec::new(), Vec::new()];
+    let mut rates = [Vec::new(), Vec::new()];
+    for round in 0..3 {
+        for (side, on) in [(0, false), (1, true)] {
+            synchronous(on).await;
+            took[side].extend(one_at_a_time(format!("t{round}-{side}-")).await);
+            rates[side].push(at_once(format!("r{round}-{side}-")).await);
+        }
+    }
+    let summary = |took: &mut Vec<Duration>| {
+        took.sort();
+        let mean = took.iter().sum::<Duration>() / took.len() as u32;
+        (mean, took[took.len() * 99 / 100])
+    };
+    let median = |rates: &mut Vec<f64>| {
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    let [took_async, took_sync] = &mut took;
+    let [rates_async, rates_sync] = &mut rates;
+    let ((mean_async, p99_async), (mean_sync, p99_sync)) =
+        (summary(took_async), summary(took_sync));
+    let (rate_async, rate_sync) = (median(rates_async), median(rates_sync));
+    eprintln!(
+        "keyed request (reserve, a handler that takes no time, finalize), one at a time, {} each:\n\
+         | PostgreSQL standby | mean | p99 | 16 clients at once (1,600 requests, median of 3 rounds) |\n\
+         |---|---|---|---|\n\
+         | asynchronous (default) | {:.2} ms | {:.2} ms | {:.0} requests/s |\n\
+         | synchronous | {:.2} ms | {:.2} ms | {:.0} requests/s ({:.2}x) |",
+        took_async.len(),
+        mean_async.as_secs_f64() * 1e3,
+        p99_async.as_secs_f64() * 1e3,
+        rate_async,
+        mean_sync.as_secs_f64() * 1e3,
+        p99_sync.as_secs_f64() * 1e3,
+        rate_sync,
+        rate_sync / rate_async,
+    );
+    admin.close().await;
+    drop(pair);
+}
