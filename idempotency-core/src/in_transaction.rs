@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode, Version, response};
+use http::{HeaderMap, Request, Response, StatusCode, Version, header, response};
 use http_body::Body;
 
 use crate::bodies::Bodies;
@@ -330,7 +330,7 @@ pub(crate) fn finalized_answer<B: Bodies>(
         return None;
     }
     let unchanged = mark.status == parts.status
-        && mark.headers == parts.headers
+        && same_apart_from_framing(&mark.headers, &parts.headers)
         && matches!(body, Answered::Whole(bytes, _) if *bytes == mark.body);
     if unchanged {
         tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = mark.status.as_u16(), "idempotency: the handler stored the response in its own transaction");
@@ -346,4 +346,18 @@ pub(crate) fn finalized_answer<B: Bodies>(
         parts,
         B::made(mark.body, mark.trailers),
     ))
+}
+
+/// Whether two header maps hold the same fields, `Content-Length` aside: a router on the
+/// way out adds it from the body's size (axum does), which changes nothing of the answer.
+fn same_apart_from_framing(a: &HeaderMap, b: &HeaderMap) -> bool {
+    let fields = |map: &HeaderMap| {
+        map.keys()
+            .filter(|name| **name != header::CONTENT_LENGTH)
+            .count()
+    };
+    fields(a) == fields(b)
+        && a.keys()
+            .filter(|name| **name != header::CONTENT_LENGTH)
+            .all(|name| a.get_all(name).iter().eq(b.get_all(name).iter()))
 }

@@ -431,12 +431,12 @@ impl RedisStore {
     pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
         let (link, board) = connect::open(&options).await?;
         let target = match &options.target {
-            Target::Server(url) => connect::redact(url),
+            Target::Server(url) => crate::options::redact(url),
             Target::Cluster(nodes) => format!(
                 "cluster {}",
                 nodes
                     .iter()
-                    .map(|n| connect::redact(n))
+                    .map(|n| crate::options::redact(n))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

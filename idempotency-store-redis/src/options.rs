@@ -217,15 +217,37 @@ pub struct UnsupportedUrl {
 
 impl UnsupportedUrl {
     fn new(url: &str) -> Self {
-        Self {
-            url: crate::connect::redact(url),
+        Self { url: redact(url) }
+    }
+}
+
+/// `url` with its password replaced by `***`, for errors and logs.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let credentials = &url[scheme_end + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => format!("{}***{}", &url[..scheme_end + 3], &url[at..]),
+            }
         }
+        _ => url.to_owned(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("redis://app:hunter2@h:6379/0"),
+            "redis://app:***@h:6379/0"
+        );
+        assert_eq!(redact("redis://hunter2@h:6379"), "redis://***@h:6379");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
 
     #[test]
     fn cluster_urls_share_credentials_path_and_query() {
