@@ -195,6 +195,7 @@ mod outcome;
 mod owner;
 mod policy;
 mod profile;
+mod purge;
 mod rejection;
 mod service;
 mod store;
@@ -214,13 +215,14 @@ pub use policy::{
     AllMutations, CredentialScope, ExtensionScope, RouteFilter, ScopeExtractor, SingleScope,
 };
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
+pub use purge::{PURGE_BATCH_TIME, PURGE_REST_FACTOR, purge_all_expired, spawn_purge_task};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, InnerBodies, WrappedBodies};
 pub use store::{
-    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_BATCH_TIME,
-    PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, ScopeQuota, StoreError,
-    StoredResponse, is_settled, purge_all_expired, spawn_purge_task, wait_by_polling,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord,
+    IdempotencyStore, InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership,
+    PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation, ScopeQuota, StoreError,
+    StoredResponse, is_settled, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

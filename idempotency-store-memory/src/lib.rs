@@ -55,8 +55,8 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    ScopeQuota, StoreError, StoredResponse, async_trait,
+    InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
+    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -881,13 +881,10 @@ impl IdempotencyStore for MemoryStore {
         }
         Ok(Some(token))
     }
+}
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
-        Ok(Purged::Deleted(
-            self.drop_expired(Instant::now(), batch_size) as u64,
-        ))
-    }
-
+#[async_trait]
+impl RecordAdmin for MemoryStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         let clock = self.shared.epoch.clock();
         let (hash, mut shard) = self.shard_of(id);
@@ -916,5 +913,14 @@ impl IdempotencyStore for MemoryStore {
         slot.record.wake_waiters();
         self.forget(&slot.record);
         Ok(Eviction::Evicted(inspected))
+    }
+}
+
+#[async_trait]
+impl PurgeExpired for MemoryStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        Ok(Purged::Deleted(
+            self.drop_expired(Instant::now(), batch_size) as u64,
+        ))
     }
 }

@@ -293,8 +293,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    ScopeQuota, StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
+    InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
+    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, async_trait, is_settled,
+    wait_by_polling,
 };
 use redis::{Cmd, RedisError, Value};
 use tokio::sync::broadcast;
@@ -679,7 +680,10 @@ impl IdempotencyStore for RedisStore {
             .await?;
         Ok((outcome == Ownership::Held).then_some(token))
     }
+}
 
+#[async_trait]
+impl RecordAdmin for RedisStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         match self.run(Operation::Inspect, id, |_| {}).await? {
             Value::Nil => Ok(None),
@@ -710,7 +714,10 @@ impl IdempotencyStore for RedisStore {
             _ => Err(unexpected(Operation::Evict, &verdict)),
         }
     }
+}
 
+#[async_trait]
+impl PurgeExpired for RedisStore {
     /// Records expire natively (the key's TTL ends with the record's life, and the server
     /// deletes it), so there is nothing to purge: deletes nothing and says so.
     async fn purge_expired(&self, _batch_size: usize) -> Result<Purged, StoreError> {
