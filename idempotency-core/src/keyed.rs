@@ -134,20 +134,12 @@ where
     let mut wait_until = None;
     for _ in 0..MAX_ATTEMPTS {
         let (lease, lifetime) = (settings.lease(), settings.kept_for());
-        let at_once = metrics::store_call_now(&settings, StoreCall::Reserve, || {
-            settings.store.reserve_now(&id, &binding, lease, lifetime)
-        });
-        let reservation = match at_once {
-            Some(answer) => answer,
-            None => {
-                metrics::store_call(
-                    &settings,
-                    StoreCall::Reserve,
-                    settings.store.reserve(&id, &binding, lease, lifetime),
-                )
-                .await
-            }
-        };
+        let reservation = metrics::store_call(
+            &settings,
+            StoreCall::Reserve,
+            settings.store.reserve(&id, &binding, lease, lifetime),
+        )
+        .await;
         let record = match reservation {
             Ok(Reservation::Reserved(token)) => {
                 tracing::debug!(outcome = "reserved", key = %settings.log_key(&id), "idempotency: reserved the key");

@@ -213,24 +213,6 @@ pub(crate) async fn store_call<T>(
     result
 }
 
-/// [`store_call`] for a store that answers at once ([`IdempotencyStore::reserve_now`]
-/// and the like): `None`, and nothing recorded, when the store has to be awaited.
-///
-/// [`IdempotencyStore::reserve_now`]: crate::IdempotencyStore::reserve_now
-pub(crate) fn store_call_now<T>(
-    settings: &Settings,
-    call: StoreCall,
-    operation: impl FnOnce() -> Option<Result<T, StoreError>>,
-) -> Option<Result<T, StoreError>> {
-    if !settings.metrics {
-        return operation();
-    }
-    let started = Instant::now();
-    let result = operation()?;
-    store_duration(call, result.is_ok(), started.elapsed());
-    Some(result)
-}
-
 pub(crate) fn store_duration(call: StoreCall, ok: bool, took: Duration) {
     ::metrics::with_recorder(|recorder| {
         recorder

@@ -507,20 +507,12 @@ async fn finalize(
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {
-        let at_once = metrics::store_call_now(settings, StoreCall::Finalize, || {
-            settings.store.finalize_now(id, token, stored)
-        });
-        let finalized = match at_once {
-            Some(answer) => answer,
-            None => {
-                metrics::store_call(
-                    settings,
-                    StoreCall::Finalize,
-                    settings.store.finalize(id, token, stored),
-                )
-                .await
-            }
-        };
+        let finalized = metrics::store_call(
+            settings,
+            StoreCall::Finalize,
+            settings.store.finalize(id, token, stored),
+        )
+        .await;
         match finalized {
             Ok(Ownership::Held) => {
                 tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
