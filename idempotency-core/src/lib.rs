@@ -146,10 +146,22 @@
 //!
 //! `idempotency-store-memory` keeps records in process (development, tests, one node).
 //! `idempotency-store-sql` keeps them in PostgreSQL, MySQL/MariaDB or SQLite, shared by
-//! replicas and durable across crashes. Any type implementing [`IdempotencyStore`] works
-//! (its docs list the rules a store keeps); the `conformance` suite (feature
-//! `conformance`) checks it, and this crate re-exports what a store needs
-//! ([`async_trait`](macro@async_trait), [`Bytes`]).
+//! replicas and durable across crashes. `idempotency-store-redis` keeps them in Redis or
+//! Valkey. A store of your own implements three traits, one for each caller:
+//!
+//! - [`IdempotencyStore`], the request path: what the layer calls (reserve, load, wait,
+//!   renew, finalize, release, take over). Its docs list the rules a store keeps. It is
+//!   all the layer holds (`Arc<dyn IdempotencyStore>`).
+//! - [`RecordAdmin`], for operators: [inspect](RecordAdmin::inspect) a record and
+//!   [evict](RecordAdmin::evict) one, from an admin endpoint or a tool.
+//! - [`PurgeExpired`], for maintenance: delete expired records, which
+//!   [`spawn_purge_task`] and [`purge_all_expired`] call in paced batches.
+//!
+//! A type with all three is a [`FullStore`]: what code that needs more than the request
+//! path holds (`Arc<dyn FullStore>`, which goes wherever one of the three is asked for).
+//! The `conformance` suite (feature `conformance`) checks a store against all three, and
+//! this crate re-exports what a store needs ([`async_trait`](macro@async_trait),
+//! [`Bytes`]).
 //!
 //! # Defaults
 //!

@@ -1,4 +1,6 @@
-//! A single-process [`IdempotencyStore`] for development, tests and single-node services.
+//! A single-process store for development, tests and single-node services: [`MemoryStore`]
+//! implements the request path ([`IdempotencyStore`]), the operators' [`RecordAdmin`] and
+//! maintenance's [`PurgeExpired`], so it is a [`FullStore`](idempotency_core::FullStore).
 //!
 //! Records live in hash tables behind mutexes, sharded by key so that requests on
 //! different keys rarely wait for each other and a growing table pauses only its own

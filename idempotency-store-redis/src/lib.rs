@@ -1,5 +1,7 @@
-//! A Redis / Valkey [`IdempotencyStore`] for `idempotency-core`, on a single server or a
-//! Redis Cluster.
+//! A Redis / Valkey store for `idempotency-core`, on a single server or a Redis Cluster:
+//! [`RedisStore`] implements the request path ([`IdempotencyStore`]), the operators'
+//! [`RecordAdmin`] and maintenance's [`PurgeExpired`], so it is a
+//! [`FullStore`](idempotency_core::FullStore).
 //!
 //! For teams whose shared state already lives in Redis: every replica of a service that
 //! points at the same server (or cluster) sees every key, leases and expiry run on the
@@ -112,7 +114,7 @@
 //! never reuses the token of the expired record it replaces.
 //!
 //! **Expiry** is native: the key's TTL ends with the record's lifetime, and the server
-//! deletes it then. [`IdempotencyStore::purge_expired`] therefore deletes nothing and
+//! deletes it then. [`PurgeExpired::purge_expired`] therefore deletes nothing and
 //! answers [`Purged::ByBackend`]; there is no purge task to run (`spawn_purge_task` ends
 //! after its first round on this store).
 //!

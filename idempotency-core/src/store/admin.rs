@@ -112,7 +112,7 @@ pub enum Eviction {
 ///
 /// It extends [`IdempotencyStore`] (an operator's tool reads and deletes the records the
 /// request path writes); a store implements it beside that trait and [`PurgeExpired`],
-/// and holds it as `Arc<dyn RecordAdmin>` or [`Arc<dyn FullStore>`](FullStore) where
+/// and holds it as `Arc<dyn RecordAdmin>` or [`Arc<dyn FullStore>`](super::FullStore) where
 /// operators need it.
 ///
 /// # The rules
@@ -139,7 +139,7 @@ pub trait RecordAdmin: IdempotencyStore {
     /// status, and the times by the store's clock, but not the stored headers or body
     /// (see [`InspectedRecord`]). The layer never calls it.
     ///
-    /// The default derives it from [`load`](Self::load), which knows no times: they are
+    /// The default derives it from [`load`](IdempotencyStore::load), which knows no times: they are
     /// `None`. Every store in this workspace overrides it, and the conformance suite's
     /// [`inspect_shows_state_and_times_without_the_body`](crate::conformance::inspect_shows_state_and_times_without_the_body)
     /// check requires the times, so a store that passes the suite reports them.

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use super::record::StoreError;
 use super::request::IdempotencyStore;
 
-/// What [`IdempotencyStore::purge_expired`] did.
+/// What [`PurgeExpired::purge_expired`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Purged {
