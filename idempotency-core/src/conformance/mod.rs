@@ -17,14 +17,18 @@
 //! # }
 //! ```
 //!
-//! Each check is also a public `async fn` taking the store as `&Arc<dyn FullStore>`,
-//! so a backend can run them one by one. [`model`] compares random sequences of
+//! Each check is also a public `async fn` taking the store as `&Arc<dyn FullStore>`
+//! (`Arc::new(my_store)` coerces to it), so a backend can run them one by one. Most
+//! exercise the request path alone; the purge checks use [`PurgeExpired`] too, and
+//! [`inspect_shows_state_and_times_without_the_body`] and the `evict_*` checks
+//! [`RecordAdmin`]. [`model`] compares random sequences of
 //! operations from several owners with a reference model. Checks panic with a message
 //! that says what the store did wrong. They use random keys and scopes, so they can run
 //! against a shared database, in parallel, and repeatedly. Timing checks use leases and
 //! lifetimes of a few hundred milliseconds and tolerate a slow machine.
 //!
-//! The rules they check are written on the [store trait](crate::IdempotencyStore#the-rules-every-store-keeps).
+//! The rules they check are written on the [request path's trait](crate::IdempotencyStore#the-rules-every-store-keeps)
+//! and on [`RecordAdmin`](crate::RecordAdmin#the-rules).
 
 pub mod model;
 mod multi_node;
