@@ -357,6 +357,21 @@ mod tests {
         assert!(StoredResponse::decode_trailers(b"").unwrap().is_empty());
     }
 
+    /// The hash the layer's logs have always shown (SHA-256 over the scope's length as 8
+    /// big-endian bytes, the scope and the key; the first 6 bytes in hex), pinned so that
+    /// moving it cannot change a log line: the values were computed outside Rust.
+    #[test]
+    fn log_hash_is_the_layers_log_key() {
+        for (scope, key, hash) in [
+            ("tenant-a", "k-1", "1f833c551835"),
+            ("", "k-1", "2ec7010d70b2"),
+            ("a:b", "c", "59582b2d751a"),
+            ("a", "b:c", "27f10c870d17"),
+        ] {
+            assert_eq!(RecordId::new(scope, key).log_hash().to_string(), hash);
+        }
+    }
+
     #[test]
     fn corrupt_header_encoding_is_reported() {
         let error = StoredResponse::decode_headers(b"no-colon-here\n").unwrap_err();
