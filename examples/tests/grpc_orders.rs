@@ -653,9 +653,10 @@ async fn with_records_in_redis_two_replicas_run_a_keyed_call_once() {
         assert_eq!(items(&orders), [(1, "book")], "one order");
     }
 
-    // The record is a hash in Redis (default key prefix, default scope), holding the
-    // answer; the database has the orders table and no idempotency table.
-    let record = format!("idempotency:{{0::{key}}}");
+    // The record is a hash in Redis (default key prefix; the scope is the tenant the
+    // server's authentication found: `anonymous` for a call without credentials),
+    // holding the answer; the database has the orders table and no idempotency table.
+    let record = format!("idempotency:{{9:anonymous:{key}}}");
     assert_eq!(
         redis_cli(&redis, &["HGET", &record, "response_status"]).trim(),
         "200",

@@ -1,5 +1,5 @@
-//! A store of your own: the skeleton of an [`IdempotencyStore`] over a `HashMap`, and the
-//! public conformance suite run against it. Copy it, keep the rules, and put your
+//! A store of your own: the skeleton of a store over a `HashMap`, and the public
+//! conformance suite run against it. Copy it, keep the rules, and put your
 //! backend where the map is; the suite tells you whether you kept them.
 //!
 //! ```text
@@ -7,9 +7,14 @@
 //! ```
 //!
 //! Everything comes from `idempotency-core` alone (it re-exports `async_trait` and
-//! `Bytes`). The rules are written on the [`IdempotencyStore`] trait: one clock, a
-//! record in flight under a live lease never expires, tokens are never reused, the
-//! fenced operations act only for the token that owns the record.
+//! `Bytes`). A store implements three traits, one for each caller: [`IdempotencyStore`]
+//! (the request path: what the layer calls), [`RecordAdmin`] (operators: inspect, evict)
+//! and [`PurgeExpired`] (maintenance: delete expired records); a type with all three is a
+//! [`FullStore`](idempotency_core::FullStore), which is what the suite runs against. The
+//! rules are written on the [`IdempotencyStore`] trait: one clock, a record in flight
+//! under a live lease never expires, tokens are never reused, the fenced operations act
+//! only for the token that owns the record; and on [`RecordAdmin`] for the operators'
+//! two.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -17,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use idempotency_core::{
-    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    StoreError, StoredResponse, async_trait,
+    Binding, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord, IdempotencyStore,
+    InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
+    RecordState, Reservation, StoreError, StoredResponse, async_trait,
 };
 use tokio::time::Instant;
 
@@ -212,22 +217,12 @@ impl IdempotencyStore for MapStore {
             _ => Ok(None),
         }
     }
+    // `wait` keeps its default, which polls `load`; a store that can notify waiters
+    // (LISTEN/NOTIFY, keyspace events) should override it.
+}
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
-        let now = Instant::now();
-        let mut records = self.records();
-        let expired: Vec<RecordId> = records
-            .iter()
-            .filter(|(_, record)| !record.is_live(now))
-            .map(|(id, _)| id.clone())
-            .take(batch_size)
-            .collect();
-        for id in &expired {
-            records.remove(id);
-        }
-        Ok(Purged::Deleted(expired.len() as u64))
-    }
-
+#[async_trait]
+impl RecordAdmin for MapStore {
     // For operators: read a record without its answer, and delete one on their order.
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         let now = Instant::now();
@@ -254,12 +249,28 @@ impl IdempotencyStore for MapStore {
         records.remove(id);
         Ok(Eviction::Evicted(inspected))
     }
-    // `wait` keeps its default, which polls `load`; a store that can notify waiters
-    // (LISTEN/NOTIFY, keyspace events) should override it.
+}
+
+#[async_trait]
+impl PurgeExpired for MapStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        let now = Instant::now();
+        let mut records = self.records();
+        let expired: Vec<RecordId> = records
+            .iter()
+            .filter(|(_, record)| !record.is_live(now))
+            .map(|(id, _)| id.clone())
+            .take(batch_size)
+            .collect();
+        for id in &expired {
+            records.remove(id);
+        }
+        Ok(Purged::Deleted(expired.len() as u64))
+    }
 }
 
 async fn check() {
-    let store: Arc<dyn IdempotencyStore> = Arc::new(MapStore::default());
+    let store: Arc<dyn FullStore> = Arc::new(MapStore::default());
     idempotency_core::conformance::run_all(&store).await;
     // A store shared by several processes also runs the multi-node checks, with two
     // handles on one backend; two handles on one map stand in for them here.

@@ -9,14 +9,14 @@
 //! # async fn demo() -> Result<(), idempotency_core::config::ConfigError> {
 //! use std::collections::HashMap;
 //! use std::sync::Arc;
-//! use idempotency_core::IdempotencyStore;
+//! use idempotency_core::FullStore;
 //! use idempotency_core::config::{IdempotencyConfig, StoreType};
 //! use idempotency_store_memory::MemoryStore;
 //!
 //! let properties = HashMap::from([("idempotency-enabled", "true"), ("idempotency-key-lifetime", "PT1H")]);
 //! let config = IdempotencyConfig::from_properties(properties)?;
 //! if config.enabled {
-//!     let store: Arc<dyn IdempotencyStore> = match config.store_type {
+//!     let store: Arc<dyn FullStore> = match config.store_type {
 //!         StoreType::Memory => Arc::new(MemoryStore::from_config(&config)),
 //!         // StoreType::Sql => idempotency_store_sql::open(&config).await?,
 //!         _ => unimplemented!("open the other stores with their crates"),
@@ -54,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::iso8601::{format_duration, parse_duration};
-use crate::{IdempotencyLayer, IdempotencyStore, ScopeQuota, StoreError};
+use crate::{IdempotencyLayer, IdempotencyStore, PurgeExpired, ScopeQuota, StoreError};
 
 /// `idempotency-enabled`
 pub const ENABLED: &str = "idempotency-enabled";
@@ -457,7 +457,7 @@ impl IdempotencyConfig {
     /// run inside a tokio runtime), in batches of [`PURGE_BATCH_SIZE`].
     pub fn spawn_purge_task(
         &self,
-        store: Arc<dyn IdempotencyStore>,
+        store: Arc<dyn PurgeExpired>,
     ) -> Option<tokio::task::JoinHandle<()>> {
         self.purge_interval
             .map(|interval| crate::spawn_purge_task(store, interval, PURGE_BATCH_SIZE))

@@ -154,10 +154,22 @@
 //!
 //! `idempotency-store-memory` keeps records in process (development, tests, one node).
 //! `idempotency-store-sql` keeps them in PostgreSQL, MySQL/MariaDB or SQLite, shared by
-//! replicas and durable across crashes. Any type implementing [`IdempotencyStore`] works
-//! (its docs list the rules a store keeps); the `conformance` suite (feature
-//! `conformance`) checks it, and this crate re-exports what a store needs
-//! ([`async_trait`](macro@async_trait), [`Bytes`]).
+//! replicas and durable across crashes. `idempotency-store-redis` keeps them in Redis or
+//! Valkey. A store of your own implements three traits, one for each caller:
+//!
+//! - [`IdempotencyStore`], the request path: what the layer calls (reserve, load, wait,
+//!   renew, finalize, release, take over). Its docs list the rules a store keeps. It is
+//!   all the layer holds (`Arc<dyn IdempotencyStore>`).
+//! - [`RecordAdmin`], for operators: [inspect](RecordAdmin::inspect) a record and
+//!   [evict](RecordAdmin::evict) one, from an admin endpoint or a tool.
+//! - [`PurgeExpired`], for maintenance: delete expired records, which
+//!   [`spawn_purge_task`] and [`purge_all_expired`] call in paced batches.
+//!
+//! A type with all three is a [`FullStore`]: what code that needs more than the request
+//! path holds (`Arc<dyn FullStore>`, which goes wherever one of the three is asked for).
+//! The `conformance` suite (feature `conformance`) checks a store against all three, and
+//! this crate re-exports what a store needs ([`async_trait`](macro@async_trait),
+//! [`Bytes`]).
 //!
 //! # Defaults
 //!
@@ -201,6 +213,7 @@ mod key;
 mod outcome;
 mod policy;
 mod profile;
+mod purge;
 mod rejection;
 mod store;
 // What a layer was configured with, and what it measures.
@@ -242,6 +255,7 @@ pub use policy::{
     AllMutations, CredentialScope, ExtensionScope, RouteFilter, ScopeExtractor, SingleScope,
 };
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
+pub use purge::{PURGE_BATCH_TIME, PURGE_REST_FACTOR, purge_all_expired, spawn_purge_task};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use service::{Idempotency, InnerBodies, WrappedBodies};
 pub use settings::{
@@ -249,10 +263,10 @@ pub use settings::{
     DEFAULT_MAX_RESPONSE_BODY, DEFAULT_MEMORY_BUDGET, DEFAULT_REQUEST_BODY_TIMEOUT,
 };
 pub use store::{
-    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership, PURGE_BATCH_TIME,
-    PURGE_REST_FACTOR, Purged, RecordId, RecordState, Reservation, ScopeQuota, StoreError,
-    StoredResponse, is_settled, purge_all_expired, spawn_purge_task, wait_by_polling,
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord,
+    IdempotencyStore, InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership,
+    PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation, ScopeQuota, StoreError,
+    StoredResponse, is_settled, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

@@ -14,7 +14,7 @@ use crate::key::KeyFormat;
 use crate::policy::{RouteFilter, ScopeExtractor};
 use crate::profile::{Profile, RequestHead};
 use crate::rejection::{ErrorRenderer, Rejection};
-use crate::store::{IdempotencyStore, RecordId};
+use crate::store::{IdempotencyStore, LogHash, RecordId};
 
 /// How long a record is kept, from its first submission, by default: 30 minutes.
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -100,8 +100,8 @@ impl Settings {
 
     /// A key as logs show it: a short hash of scope and key, never the key itself (a key
     /// is what collects a response, and a client-chosen string must not forge log fields).
-    pub(crate) fn log_key<'a>(&self, id: &'a RecordId) -> LogKey<'a> {
-        LogKey(id)
+    pub(crate) fn log_key<'a>(&self, id: &'a RecordId) -> LogHash<'a> {
+        LogHash(id)
     }
 
     /// The lease the owner holds: never longer than the time a record is kept, so that a
@@ -109,24 +109,6 @@ impl Settings {
     /// lease it granted ends).
     pub(crate) fn lease(&self) -> Duration {
         self.lease.min(self.kept_for()).max(MIN_LEASE)
-    }
-}
-
-/// See [`Settings::log_key`].
-pub(crate) struct LogKey<'a>(pub(crate) &'a RecordId);
-
-impl std::fmt::Display for LogKey<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use sha2::{Digest, Sha256};
-        let mut hasher = Sha256::new();
-        hasher.update((self.0.scope.len() as u64).to_be_bytes());
-        hasher.update(self.0.scope.as_bytes());
-        hasher.update(self.0.key.as_bytes());
-        let digest = hasher.finalize();
-        for byte in &digest[..6] {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
     }
 }
 

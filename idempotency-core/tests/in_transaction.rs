@@ -18,8 +18,8 @@ use axum::{Extension, Router};
 use http_body_util::BodyExt;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyLayer, IdempotencyRecord, IdempotencyStore, Outcome,
-    Ownership, Purged, RecordId, RecordState, Reservation, ReservationHandle, StoreError,
-    StoredResponse,
+    Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation,
+    ReservationHandle, StoreError, StoredResponse,
 };
 use idempotency_store_memory::MemoryStore;
 use serde_json::{Value, json};
@@ -74,6 +74,13 @@ impl IdempotencyStore for CountingStore {
     ) -> Result<Option<FencingToken>, StoreError> {
         self.inner.take_over(id, lapsed, lease).await
     }
+}
+
+#[async_trait]
+impl RecordAdmin for CountingStore {}
+
+#[async_trait]
+impl PurgeExpired for CountingStore {
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         self.inner.purge_expired(batch_size).await
     }

@@ -15,8 +15,8 @@ use axum::routing::{get, post};
 use http_body_util::BodyExt;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyLayer, IdempotencyRecord, IdempotencyStore, Outcome,
-    Ownership, Purged, RecordId, RecordState, Reservation, ReservationHandle, StoreError,
-    StoredResponse,
+    Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation,
+    ReservationHandle, StoreError, StoredResponse,
 };
 use idempotency_store_memory::MemoryStore;
 use tower::ServiceExt;
@@ -787,6 +787,13 @@ impl IdempotencyStore for FailingStore {
         self.check()?;
         self.inner.take_over(id, lapsed, lease).await
     }
+}
+
+#[async_trait]
+impl RecordAdmin for FailingStore {}
+
+#[async_trait]
+impl PurgeExpired for FailingStore {
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         self.check()?;
         self.inner.purge_expired(batch_size).await

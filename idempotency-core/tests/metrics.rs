@@ -21,7 +21,9 @@ use idempotency_core::metrics::{
     OPERATION, OUTCOME, RECORDS_PURGED, REJECTION, REQUESTS, STORE_DURATION, STORE_RESULT,
     WAIT_DURATION,
 };
-use idempotency_core::{IdempotencyLayer, IdempotencyStore, purge_all_expired};
+use idempotency_core::{
+    IdempotencyLayer, IdempotencyStore, PurgeExpired, RecordAdmin, purge_all_expired,
+};
 use idempotency_store_memory::MemoryStore;
 use metrics::{
     Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
@@ -318,6 +320,13 @@ impl IdempotencyStore for Unreachable {
     ) -> Result<Option<idempotency_core::FencingToken>, idempotency_core::StoreError> {
         Err(down())
     }
+}
+
+#[idempotency_core::async_trait]
+impl RecordAdmin for Unreachable {}
+
+#[idempotency_core::async_trait]
+impl PurgeExpired for Unreachable {
     async fn purge_expired(
         &self,
         _: usize,
@@ -342,7 +351,7 @@ async fn a_store_without_inspect_or_evict_gets_the_defaults() {
     let message = error.to_string();
     assert!(
         matches!(error, idempotency_core::StoreError::Unsupported { .. })
-            && message.contains("IdempotencyStore::evict"),
+            && message.contains("RecordAdmin::evict"),
         "{message}"
     );
     // inspect falls back to load, whose error it passes on.

@@ -1,4 +1,6 @@
-//! A single-process [`IdempotencyStore`] for development, tests and single-node services.
+//! A single-process store for development, tests and single-node services: [`MemoryStore`]
+//! implements the request path ([`IdempotencyStore`]), the operators' [`RecordAdmin`] and
+//! maintenance's [`PurgeExpired`], so it is a [`FullStore`](idempotency_core::FullStore).
 //!
 //! Records live in hash tables behind mutexes, sharded by key so that requests on
 //! different keys rarely wait for each other and a growing table pauses only its own
@@ -55,8 +57,8 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    ScopeQuota, StoreError, StoredResponse, async_trait,
+    InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
+    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -742,25 +744,6 @@ impl IdempotencyStore for MemoryStore {
         self.reserve_record(id, binding, lease, lifetime)
     }
 
-    fn reserve_now(
-        &self,
-        id: &RecordId,
-        binding: &Binding,
-        lease: Duration,
-        lifetime: Duration,
-    ) -> Option<Result<Reservation, StoreError>> {
-        Some(self.reserve_record(id, binding, lease, lifetime))
-    }
-
-    fn finalize_now(
-        &self,
-        id: &RecordId,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Option<Result<Ownership, StoreError>> {
-        Some(self.finalize_record(id, token, response))
-    }
-
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = Instant::now();
         let (hash, mut shard) = self.shard_of(id);
@@ -881,13 +864,10 @@ impl IdempotencyStore for MemoryStore {
         }
         Ok(Some(token))
     }
+}
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
-        Ok(Purged::Deleted(
-            self.drop_expired(Instant::now(), batch_size) as u64,
-        ))
-    }
-
+#[async_trait]
+impl RecordAdmin for MemoryStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         let clock = self.shared.epoch.clock();
         let (hash, mut shard) = self.shard_of(id);
@@ -916,5 +896,14 @@ impl IdempotencyStore for MemoryStore {
         slot.record.wake_waiters();
         self.forget(&slot.record);
         Ok(Eviction::Evicted(inspected))
+    }
+}
+
+#[async_trait]
+impl PurgeExpired for MemoryStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        Ok(Purged::Deleted(
+            self.drop_expired(Instant::now(), batch_size) as u64,
+        ))
     }
 }

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::{Binding, IdempotencyStore, RecordId, Reservation, StoreError};
+use idempotency_core::{Binding, FullStore, IdempotencyStore, RecordId, Reservation, StoreError};
 use idempotency_store_memory::MemoryStore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_the_conformance_suite() {
-    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn FullStore> = Arc::new(MemoryStore::new());
     idempotency_core::conformance::run_all(&store).await;
 }
 
@@ -78,7 +78,7 @@ async fn full_store_makes_room_by_dropping_expired_records() {
 
 #[tokio::test]
 async fn matches_the_reference_model_on_random_sequences() {
-    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn FullStore> = Arc::new(MemoryStore::new());
     idempotency_core::conformance::model::check_random_sequences(&store, 1_000, 300, 80).await;
 }
 
@@ -120,7 +120,7 @@ async fn builds_from_the_properties_configuration() {
         ("idempotency-max-entries", "10"),
     ])
     .unwrap();
-    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::from_config(&config));
+    let store: Arc<dyn FullStore> = Arc::new(MemoryStore::from_config(&config));
     assert!(config.spawn_purge_task(store.clone()).is_none());
     let layer = config.layer(store.clone());
     assert_eq!(layer.lifetime(), Duration::from_secs(7200));
@@ -279,7 +279,7 @@ async fn a_full_store_says_when_room_will_be_free() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn enforces_a_scope_quota_under_concurrency() {
-    let store: Arc<dyn IdempotencyStore> = Arc::new(
+    let store: Arc<dyn FullStore> = Arc::new(
         MemoryStore::new()
             .with_scope_quota(idempotency_core::ScopeQuota::default().with_max_records(5)),
     );

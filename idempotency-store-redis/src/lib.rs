@@ -1,5 +1,7 @@
-//! A Redis / Valkey [`IdempotencyStore`] for `idempotency-core`, on a single server or a
-//! Redis Cluster.
+//! A Redis / Valkey store for `idempotency-core`, on a single server or a Redis Cluster:
+//! [`RedisStore`] implements the request path ([`IdempotencyStore`]), the operators'
+//! [`RecordAdmin`] and maintenance's [`PurgeExpired`], so it is a
+//! [`FullStore`](idempotency_core::FullStore).
 //!
 //! For teams whose shared state already lives in Redis: every replica of a service that
 //! points at the same server (or cluster) sees every key, leases and expiry run on the
@@ -112,7 +114,7 @@
 //! never reuses the token of the expired record it replaces.
 //!
 //! **Expiry** is native: the key's TTL ends with the record's lifetime, and the server
-//! deletes it then. [`IdempotencyStore::purge_expired`] therefore deletes nothing and
+//! deletes it then. [`PurgeExpired::purge_expired`] therefore deletes nothing and
 //! answers [`Purged::ByBackend`]; there is no purge task to run (`spawn_purge_task` ends
 //! after its first round on this store).
 //!
@@ -363,8 +365,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, InspectedState, Ownership, Purged, RecordId, RecordState, Reservation,
-    ScopeQuota, StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
+    InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
+    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, async_trait, is_settled,
+    wait_by_polling,
 };
 use redis::{Cmd, RedisError, Value};
 use tokio::sync::broadcast;
@@ -856,7 +859,10 @@ impl IdempotencyStore for RedisStore {
         }
         Ok((outcome == Ownership::Held).then_some(token))
     }
+}
 
+#[async_trait]
+impl RecordAdmin for RedisStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         match self.run(Operation::Inspect, id, |_| {}).await? {
             Value::Nil => Ok(None),
@@ -887,7 +893,10 @@ impl IdempotencyStore for RedisStore {
             _ => Err(unexpected(Operation::Evict, &verdict)),
         }
     }
+}
 
+#[async_trait]
+impl PurgeExpired for RedisStore {
     /// Records expire natively (the key's TTL ends with the record's life, and the server
     /// deletes it), so there is nothing to purge: deletes nothing and says so.
     async fn purge_expired(&self, _batch_size: usize) -> Result<Purged, StoreError> {

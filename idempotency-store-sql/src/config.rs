@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idempotency_core::IdempotencyStore;
+use idempotency_core::FullStore;
 use idempotency_core::config::{
     ConfigError, DATABASE_URL, IdempotencyConfig, SqlBackend, StoreType,
 };
@@ -28,7 +28,7 @@ use crate::common::PoolSettings;
 /// let layer = config.iceberg_layer(store);
 /// # drop(layer); Ok(()) }
 /// ```
-pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn IdempotencyStore>, ConfigError> {
+pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, ConfigError> {
     if config.store_type != StoreType::Sql {
         return Err(ConfigError::NotApplicable {
             key: idempotency_core::config::STORE_TYPE,

@@ -1,6 +1,10 @@
-//! SQL [`IdempotencyStore`]s for `idempotency-core`: PostgreSQL, MySQL 8 / MariaDB 10.6+,
-//! and SQLite, each written for its database (one struct per backend, each behind a
-//! cargo feature: `postgres`, `mysql`, `sqlite`; `sqlite` is on by default).
+//! SQL stores for `idempotency-core`: PostgreSQL, MySQL 8 / MariaDB 10.6+, and SQLite, each
+//! written for its database (one struct per backend, each behind a cargo feature:
+//! `postgres`, `mysql`, `sqlite`; `sqlite` is on by default). Each implements the request
+//! path ([`IdempotencyStore`]), the operators'
+//! [`RecordAdmin`](idempotency_core::RecordAdmin) and maintenance's
+//! [`PurgeExpired`](idempotency_core::PurgeExpired), so it is a
+//! [`FullStore`](idempotency_core::FullStore).
 //!
 //! # Which store
 //!

@@ -9,8 +9,8 @@ use http::Response;
 use http_body::Body;
 use idempotency_core::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
-    StoreError, StoredResponse, async_trait,
+    InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
+    ReservationHandle, ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
 use sqlx::{Connection, Row};
@@ -867,15 +867,10 @@ impl IdempotencyStore for MySqlStore {
         .map_err(backend)?;
         Ok((ownership(done.rows_affected()) == Ownership::Held).then_some(token))
     }
+}
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
-        let limit = u64::try_from(batch_size).unwrap_or(u64::MAX);
-        let done = retry_deadlocks(|| sqlx::query(&self.sql.purge).bind(limit).execute(&self.pool))
-            .await
-            .map_err(backend)?;
-        Ok(Purged::Deleted(done.rows_affected()))
-    }
-
+#[async_trait]
+impl RecordAdmin for MySqlStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         self.inspect_raw(id)
             .await?
@@ -907,6 +902,17 @@ impl IdempotencyStore for MySqlStore {
             }
         }
         Err(too_many_races("evict"))
+    }
+}
+
+#[async_trait]
+impl PurgeExpired for MySqlStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        let limit = u64::try_from(batch_size).unwrap_or(u64::MAX);
+        let done = retry_deadlocks(|| sqlx::query(&self.sql.purge).bind(limit).execute(&self.pool))
+            .await
+            .map_err(backend)?;
+        Ok(Purged::Deleted(done.rows_affected()))
     }
 }
 
@@ -981,7 +987,7 @@ mod tests {
         store.flavor.set(Flavor::MySql).unwrap();
         let store = store.migrate().await.unwrap();
         assert!(!store.sql(Operation::Reserve).contains("RETURNING"));
-        let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
+        let shared: Arc<dyn idempotency_core::FullStore> = Arc::new(store.clone());
         idempotency_core::conformance::run_all(&shared).await;
         drop_table(&store).await;
     }

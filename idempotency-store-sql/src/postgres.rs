@@ -8,8 +8,9 @@ use http::Response;
 use http_body::Body;
 use idempotency_core::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
-    StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
+    InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
+    ReservationHandle, ScopeQuota, StoreError, StoredResponse, async_trait, is_settled,
+    wait_by_polling,
 };
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgRow};
@@ -753,17 +754,10 @@ impl IdempotencyStore for PostgresStore {
             .await?;
         Ok((outcome == Ownership::Held).then_some(token))
     }
+}
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let done = sqlx::query(&self.sql.purge)
-            .bind(limit)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
-        Ok(Purged::Deleted(done.rows_affected()))
-    }
-
+#[async_trait]
+impl RecordAdmin for PostgresStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         self.inspect_raw(id)
             .await?
@@ -793,6 +787,19 @@ impl IdempotencyStore for PostgresStore {
             }
         }
         Err(too_many_races("evict"))
+    }
+}
+
+#[async_trait]
+impl PurgeExpired for PostgresStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let done = sqlx::query(&self.sql.purge)
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(Purged::Deleted(done.rows_affected()))
     }
 }
 

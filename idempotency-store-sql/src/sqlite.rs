@@ -9,8 +9,8 @@ use http::Response;
 use http_body::Body;
 use idempotency_core::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
-    InspectedRecord, Ownership, Purged, RecordId, Reservation, ReservationHandle, ScopeQuota,
-    StoreError, StoredResponse, async_trait,
+    InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
+    ReservationHandle, ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
@@ -539,13 +539,10 @@ impl IdempotencyStore for SqliteStore {
             .await?;
         Ok((outcome == Ownership::Held).then_some(token))
     }
+}
 
-    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let deleted = self.write(Write::Purge { limit }).await?.rows();
-        Ok(Purged::Deleted(deleted))
-    }
-
+#[async_trait]
+impl RecordAdmin for SqliteStore {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         self.inspect_raw(id)
             .await?
@@ -572,6 +569,15 @@ impl IdempotencyStore for SqliteStore {
             }
         }
         Err(too_many_races("evict"))
+    }
+}
+
+#[async_trait]
+impl PurgeExpired for SqliteStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let deleted = self.write(Write::Purge { limit }).await?.rows();
+        Ok(Purged::Deleted(deleted))
     }
 }
 

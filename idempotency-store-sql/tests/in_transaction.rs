@@ -26,9 +26,9 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use http_body_util::BodyExt;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyLayer, IdempotencyRecord, IdempotencyStore, Outcome,
-    Ownership, Purged, RecordId, RecordState, Reservation, ReservationHandle, StoreError,
-    StoredResponse,
+    Binding, FencingToken, FullStore, IdempotencyLayer, IdempotencyRecord, IdempotencyStore,
+    Outcome, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation,
+    ReservationHandle, StoreError, StoredResponse,
 };
 use idempotency_store_sql::{
     AnyFinalizer, FinalizeError, MySqlStore, PoolSettings, PostgresStore, SqliteStore,
@@ -161,7 +161,7 @@ impl Database {
 }
 
 impl Store {
-    fn shared(&self) -> Arc<dyn IdempotencyStore> {
+    fn shared(&self) -> Arc<dyn FullStore> {
         match self {
             Self::Postgres(store) => Arc::new(store.clone()),
             Self::MariaDb(store) => Arc::new(store.clone()),
@@ -196,7 +196,7 @@ impl Store {
 
 /// The store, counting the finalizes the layer itself sends.
 struct Counting {
-    inner: Arc<dyn IdempotencyStore>,
+    inner: Arc<dyn FullStore>,
     finalizes: AtomicUsize,
 }
 
@@ -249,6 +249,13 @@ impl IdempotencyStore for Counting {
     ) -> Result<Option<FencingToken>, StoreError> {
         self.inner.take_over(id, lapsed, lease).await
     }
+}
+
+#[async_trait]
+impl RecordAdmin for Counting {}
+
+#[async_trait]
+impl PurgeExpired for Counting {
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         self.inner.purge_expired(batch_size).await
     }

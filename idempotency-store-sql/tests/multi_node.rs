@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{
-    IdempotencyLayer, IdempotencyStore, Outcome, Ownership, RecordId, RecordState, RejectionKind,
-    StoredResponse,
+    FullStore, IdempotencyLayer, IdempotencyStore, Outcome, Ownership, RecordId, RecordState,
+    RejectionKind, StoredResponse,
 };
 use idempotency_store_sql::PoolSettings;
 use tower::ServiceExt;
@@ -52,10 +52,10 @@ impl Backend {
     }
 
     /// One replica's store: a pool of its own on the shared table, migrated.
-    async fn replica(self, table: &str) -> Option<Arc<dyn IdempotencyStore>> {
+    async fn replica(self, table: &str) -> Option<Arc<dyn FullStore>> {
         let (url, env) = self.url();
         let settings = PoolSettings::default().max_connections(8);
-        let opened: Result<Arc<dyn IdempotencyStore>, _> = match self {
+        let opened: Result<Arc<dyn FullStore>, _> = match self {
             #[cfg(feature = "postgres")]
             Self::Postgres => {
                 match idempotency_store_sql::PostgresStore::connect(&url, &settings).await {

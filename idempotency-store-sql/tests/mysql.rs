@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::IdempotencyStore;
+use idempotency_core::{FullStore, IdempotencyStore};
 use idempotency_store_sql::{MySqlStore, PoolSettings};
 
 const ENV: &str = "IDEMPOTENCY_TEST_MYSQL_URL";
@@ -148,7 +148,7 @@ async fn two_nodes_share_keys_leases_and_takeovers() {
     let Some(a) = node(&table).await else { return };
     let Some(b) = node(&table).await else { return };
     let a = a.migrate().await.expect("migrate");
-    let (a_dyn, b_dyn): (Arc<dyn IdempotencyStore>, Arc<dyn IdempotencyStore>) =
+    let (a_dyn, b_dyn): (Arc<dyn FullStore>, Arc<dyn FullStore>) =
         (Arc::new(a.clone()), Arc::new(b));
     idempotency_core::conformance::run_multi_node(&a_dyn, &b_dyn).await;
     drop_table(&a).await;
@@ -157,7 +157,7 @@ async fn two_nodes_share_keys_leases_and_takeovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_purge_at_once() {
     let table = common::unique_table();
-    let mut nodes: Vec<Arc<dyn IdempotencyStore>> = Vec::new();
+    let mut nodes: Vec<Arc<dyn FullStore>> = Vec::new();
     let Some(first) = node(&table).await else {
         return;
     };
@@ -311,7 +311,7 @@ async fn enforces_a_scope_quota_across_two_nodes() {
     let Some(b) = node(&table).await else { return };
     let a = a.migrate().await.expect("migrate");
     let quota = ScopeQuota::default().with_max_records(5);
-    let one: Arc<dyn IdempotencyStore> = Arc::new(a.clone().with_scope_quota(quota));
+    let one: Arc<dyn FullStore> = Arc::new(a.clone().with_scope_quota(quota));
     idempotency_core::conformance::scope_quota_holds_under_concurrency(&one, 5).await;
     let racing = Arc::new(a.clone().with_scope_quota(quota));
     let other = Arc::new(b.with_scope_quota(quota));

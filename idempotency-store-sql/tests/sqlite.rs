@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::IdempotencyStore;
+use idempotency_core::{FullStore, IdempotencyStore};
 use idempotency_store_sql::{PoolSettings, SqliteStore};
 
 /// A "node": a store with a pool of its own on the database file at `path`.
@@ -120,7 +120,7 @@ async fn two_pools_share_keys_leases_and_takeovers() {
     let (_dir, path) = temp_db();
     let a = migrated(&path).await;
     let b = node(&path, "records").await;
-    let (a, b): (Arc<dyn IdempotencyStore>, Arc<dyn IdempotencyStore>) = (Arc::new(a), Arc::new(b));
+    let (a, b): (Arc<dyn FullStore>, Arc<dyn FullStore>) = (Arc::new(a), Arc::new(b));
     idempotency_core::conformance::run_multi_node(&a, &b).await;
 }
 
@@ -128,7 +128,7 @@ async fn two_pools_share_keys_leases_and_takeovers() {
 async fn three_pools_purge_at_once() {
     let (_dir, path) = temp_db();
     let first = migrated(&path).await;
-    let mut nodes: Vec<Arc<dyn IdempotencyStore>> = vec![Arc::new(first)];
+    let mut nodes: Vec<Arc<dyn FullStore>> = vec![Arc::new(first)];
     for _ in 0..2 {
         nodes.push(Arc::new(node(&path, "records").await));
     }
@@ -233,7 +233,7 @@ async fn enforces_a_scope_quota_across_two_pools() {
     let (_dir, path) = temp_db();
     let quota = ScopeQuota::default().with_max_records(5);
     let a = migrated(&path).await;
-    let one: Arc<dyn IdempotencyStore> = Arc::new(a.clone().with_scope_quota(quota));
+    let one: Arc<dyn FullStore> = Arc::new(a.clone().with_scope_quota(quota));
     idempotency_core::conformance::scope_quota_holds_under_concurrency(&one, 5).await;
     let racing = Arc::new(a.with_scope_quota(quota));
     let other = Arc::new(node(&path, "records").await.with_scope_quota(quota));

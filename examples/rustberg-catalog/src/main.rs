@@ -144,7 +144,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     })?
     .migrate()
     .await?;
-    let store: Arc<dyn IdempotencyStore> = Arc::new(store);
+    let store = Arc::new(store);
     spawn_purge_task(store.clone(), PURGE_INTERVAL, 500);
 
     let layer = idempotency_layer(store, &args);

@@ -1,4 +1,6 @@
-//! A conformance suite for [`IdempotencyStore`] implementations.
+//! A conformance suite for store implementations: the request path
+//! ([`IdempotencyStore`]), the operators' [`RecordAdmin`] and maintenance's
+//! [`PurgeExpired`], together a [`FullStore`].
 //!
 //! Every store in this workspace runs it, and so can yours: enable the `conformance`
 //! feature in your dev-dependencies and call [`run_all`] from a test with a fresh store
@@ -8,21 +10,25 @@
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # use idempotency_core::IdempotencyStore;
-//! # async fn example(store: Arc<dyn IdempotencyStore>, second_handle: Arc<dyn IdempotencyStore>) {
+//! # use idempotency_core::FullStore;
+//! # async fn example(store: Arc<dyn FullStore>, second_handle: Arc<dyn FullStore>) {
 //! idempotency_core::conformance::run_all(&store).await;
 //! idempotency_core::conformance::run_multi_node(&store, &second_handle).await;
 //! # }
 //! ```
 //!
-//! Each check is also a public `async fn` taking the store as `&Arc<dyn IdempotencyStore>`,
-//! so a backend can run them one by one. [`model`] compares random sequences of
+//! Each check is also a public `async fn` taking the store as `&Arc<dyn FullStore>`
+//! (`Arc::new(my_store)` coerces to it), so a backend can run them one by one. Most
+//! exercise the request path alone; the purge checks use [`PurgeExpired`] too, and
+//! [`inspect_shows_state_and_times_without_the_body`] and the `evict_*` checks
+//! [`RecordAdmin`]. [`model`] compares random sequences of
 //! operations from several owners with a reference model. Checks panic with a message
 //! that says what the store did wrong. They use random keys and scopes, so they can run
 //! against a shared database, in parallel, and repeatedly. Timing checks use leases and
 //! lifetimes of a few hundred milliseconds and tolerate a slow machine.
 //!
-//! The rules they check are written on the [store trait](crate::IdempotencyStore#the-rules-every-store-keeps).
+//! The rules they check are written on the [request path's trait](crate::IdempotencyStore#the-rules-every-store-keeps)
+//! and on [`RecordAdmin`](crate::RecordAdmin#the-rules).
 
 pub mod model;
 mod multi_node;
@@ -44,16 +50,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
+use crate::purge::purge_all_expired;
 use crate::store::{
-    Binding, FencingToken, IdempotencyStore, Ownership, Purged, RecordId, RecordState, Reservation,
-    StoredResponse, purge_all_expired,
+    Binding, FencingToken, FullStore, IdempotencyStore, Ownership, Purged, RecordId, RecordState,
+    Reservation, StoredResponse,
 };
+#[cfg(doc)]
+use crate::store::{PurgeExpired, RecordAdmin};
 
 const LONG: Duration = Duration::from_secs(60);
 const SHORT: Duration = Duration::from_millis(300);
 
 /// Runs every single-store check in this module and the [`model`], one after another.
-pub async fn run_all(store: &Arc<dyn IdempotencyStore>) {
+pub async fn run_all(store: &Arc<dyn FullStore>) {
     concurrent_reserves_from_tasks(store).await;
     reserve_then_load(store).await;
     concurrent_reserves_have_one_winner(store).await;
@@ -142,7 +151,7 @@ async fn reserve_new(
 }
 
 /// A reserved key is in flight under a live lease and keeps its binding.
-pub async fn reserve_then_load(store: &Arc<dyn IdempotencyStore>) {
+pub async fn reserve_then_load(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     assert!(
@@ -175,7 +184,7 @@ pub async fn reserve_then_load(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// Many tasks reserving one key at once: exactly one wins, all others see its record.
-pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn IdempotencyStore>) {
+pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     // Joined futures on one task: the store's own I/O interleaves. The variant with
     // spawned tasks on several threads is `concurrent_reserves_from_tasks`.
@@ -208,7 +217,7 @@ pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn IdempotencyStor
 }
 
 /// A finalized record is replayed exactly as stored, and a retry cannot reserve it.
-pub async fn finalize_then_replay(store: &Arc<dyn IdempotencyStore>) {
+pub async fn finalize_then_replay(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -244,7 +253,7 @@ pub async fn finalize_then_replay(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// Finalize with a token that does not own the record changes nothing.
-pub async fn finalize_is_fenced(store: &Arc<dyn IdempotencyStore>) {
+pub async fn finalize_is_fenced(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -272,7 +281,7 @@ pub async fn finalize_is_fenced(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// Release deletes the reservation; the key can then be reserved again.
-pub async fn release_frees_the_key(store: &Arc<dyn IdempotencyStore>) {
+pub async fn release_frees_the_key(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -294,7 +303,7 @@ pub async fn release_frees_the_key(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// Release with a foreign token, or of a completed record, changes nothing.
-pub async fn release_is_fenced(store: &Arc<dyn IdempotencyStore>) {
+pub async fn release_is_fenced(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -317,7 +326,7 @@ pub async fn release_is_fenced(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// Renew keeps a short lease from lapsing; a foreign token cannot renew.
-pub async fn renew_extends_the_lease(store: &Arc<dyn IdempotencyStore>) {
+pub async fn renew_extends_the_lease(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
@@ -342,7 +351,7 @@ pub async fn renew_extends_the_lease(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// After the lease lapses, exactly one of many takeovers wins; the old owner is fenced out.
-pub async fn lapsed_lease_is_taken_over_once(store: &Arc<dyn IdempotencyStore>) {
+pub async fn lapsed_lease_is_taken_over_once(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let old = reserve_new(store, &id, SHORT, LONG).await;
@@ -383,7 +392,7 @@ pub async fn lapsed_lease_is_taken_over_once(store: &Arc<dyn IdempotencyStore>) 
 }
 
 /// A record under a live lease cannot be taken over.
-pub async fn live_lease_is_not_taken_over(store: &Arc<dyn IdempotencyStore>) {
+pub async fn live_lease_is_not_taken_over(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -396,7 +405,7 @@ pub async fn live_lease_is_not_taken_over(store: &Arc<dyn IdempotencyStore>) {
 }
 
 /// A completed record cannot be taken over, even long after its lease would have lapsed.
-pub async fn completed_record_is_not_taken_over(store: &Arc<dyn IdempotencyStore>) {
+pub async fn completed_record_is_not_taken_over(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
@@ -410,7 +419,7 @@ pub async fn completed_record_is_not_taken_over(store: &Arc<dyn IdempotencyStore
 
 /// A record past its lifetime (and its last lease) is absent to load and reserve, and
 /// fences its old owner.
-pub async fn expired_record_counts_as_absent(store: &Arc<dyn IdempotencyStore>) {
+pub async fn expired_record_counts_as_absent(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, SHORT).await;
@@ -439,7 +448,7 @@ pub async fn expired_record_counts_as_absent(store: &Arc<dyn IdempotencyStore>) 
 }
 
 /// Purge deletes expired records in batches no larger than asked, and nothing live.
-pub async fn purge_removes_expired_in_batches(store: &Arc<dyn IdempotencyStore>) {
+pub async fn purge_removes_expired_in_batches(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let scope = format!("purge-{}", uuid::Uuid::new_v4());
     let expiring: Vec<RecordId> = (0..25)
@@ -510,7 +519,7 @@ async fn wait_in_background(
 }
 
 /// A waiter wakes up with the response when the owner finalizes.
-pub async fn wait_returns_when_the_owner_finalizes(store: &Arc<dyn IdempotencyStore>) {
+pub async fn wait_returns_when_the_owner_finalizes(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -528,7 +537,7 @@ pub async fn wait_returns_when_the_owner_finalizes(store: &Arc<dyn IdempotencySt
 }
 
 /// A waiter wakes up with `None` when the owner releases.
-pub async fn wait_returns_when_the_owner_releases(store: &Arc<dyn IdempotencyStore>) {
+pub async fn wait_returns_when_the_owner_releases(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -540,7 +549,7 @@ pub async fn wait_returns_when_the_owner_releases(store: &Arc<dyn IdempotencySto
 }
 
 /// A waiter wakes up when the owner's lease lapses, seeing it lapsed.
-pub async fn wait_returns_when_the_lease_lapses(store: &Arc<dyn IdempotencyStore>) {
+pub async fn wait_returns_when_the_lease_lapses(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
@@ -555,7 +564,7 @@ pub async fn wait_returns_when_the_lease_lapses(store: &Arc<dyn IdempotencyStore
 }
 
 /// A waiter returns the in-flight record when its timeout passes first.
-pub async fn wait_gives_up_after_the_timeout(store: &Arc<dyn IdempotencyStore>) {
+pub async fn wait_gives_up_after_the_timeout(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -579,7 +588,7 @@ pub async fn wait_gives_up_after_the_timeout(store: &Arc<dyn IdempotencyStore>) 
 }
 
 /// A 6 MiB binary body (real Iceberg metadata can be this large) round-trips byte for byte.
-pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn IdempotencyStore>) {
+pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -617,7 +626,7 @@ pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn IdempotencyStore>) 
 }
 
 /// One key in many scopes is many independent records, reserved concurrently.
-pub async fn scopes_are_isolated(store: &Arc<dyn IdempotencyStore>) {
+pub async fn scopes_are_isolated(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let key = uuid::Uuid::new_v4().to_string();
     let ids: Vec<RecordId> = (0..50)
@@ -653,7 +662,7 @@ pub async fn scopes_are_isolated(store: &Arc<dyn IdempotencyStore>) {
 
 /// 64 reserves of one key from spawned tasks (several threads on a multi-threaded
 /// runtime): exactly one wins.
-pub async fn concurrent_reserves_from_tasks(store: &Arc<dyn IdempotencyStore>) {
+pub async fn concurrent_reserves_from_tasks(store: &Arc<dyn FullStore>) {
     let id = fresh_id();
     let mut tasks = JoinSet::new();
     for _ in 0..64 {
@@ -672,7 +681,7 @@ pub async fn concurrent_reserves_from_tasks(store: &Arc<dyn IdempotencyStore>) {
 
 /// Renewing several times in a row, within one millisecond, is held every time (a
 /// backend that counts changed rows rather than matched rows would say "lost").
-pub async fn repeated_renewals_are_held(store: &Arc<dyn IdempotencyStore>) {
+pub async fn repeated_renewals_are_held(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -687,7 +696,7 @@ pub async fn repeated_renewals_are_held(store: &Arc<dyn IdempotencyStore>) {
 
 /// An owner whose lease lapsed still owns the record until someone takes it over: it may
 /// renew and finalize. Once finalized, a second finalize is refused.
-pub async fn lapsed_owner_may_finish_until_taken_over(store: &Arc<dyn IdempotencyStore>) {
+pub async fn lapsed_owner_may_finish_until_taken_over(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, Duration::from_millis(50), LONG).await;
@@ -720,7 +729,7 @@ pub async fn lapsed_owner_may_finish_until_taken_over(store: &Arc<dyn Idempotenc
 }
 
 /// A takeover replaces the token and the lease, and keeps what the key was bound to.
-pub async fn takeover_keeps_the_binding(store: &Arc<dyn IdempotencyStore>) {
+pub async fn takeover_keeps_the_binding(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let bound = binding(b"the first request");
@@ -754,7 +763,7 @@ pub async fn takeover_keeps_the_binding(store: &Arc<dyn IdempotencyStore>) {
 
 /// Every reservation of a key gets a token the key never had, however often it is
 /// released and reserved again.
-pub async fn tokens_are_never_reused(store: &Arc<dyn IdempotencyStore>) {
+pub async fn tokens_are_never_reused(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let mut tokens = std::collections::HashSet::new();
@@ -770,9 +779,7 @@ pub async fn tokens_are_never_reused(store: &Arc<dyn IdempotencyStore>) {
 
 /// A record in flight under a live lease never expires, however old: it stays visible,
 /// cannot be reserved again, survives a purge and can still be finalized.
-pub async fn in_flight_record_outlives_its_lifetime_under_a_live_lease(
-    store: &Arc<dyn IdempotencyStore>,
-) {
+pub async fn in_flight_record_outlives_its_lifetime_under_a_live_lease(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, SHORT).await;
@@ -814,7 +821,7 @@ pub async fn in_flight_record_outlives_its_lifetime_under_a_live_lease(
 
 /// A slow owner that keeps renewing keeps its record past the lifetime; once it stops,
 /// the record expires when both the lease and the lifetime are over.
-pub async fn renewals_keep_a_record_alive_past_its_lifetime(store: &Arc<dyn IdempotencyStore>) {
+pub async fn renewals_keep_a_record_alive_past_its_lifetime(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     // Renewals come every quarter lease, so a test machine may stall for most of a
@@ -850,7 +857,7 @@ pub async fn renewals_keep_a_record_alive_past_its_lifetime(store: &Arc<dyn Idem
 }
 
 /// A 204 with no headers and an empty body comes back as exactly that.
-pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn IdempotencyStore>) {
+pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -873,7 +880,7 @@ pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn Idempote
 
 /// Header values are bytes, not text: values that are not UTF-8, values holding `:`
 /// and repeated names come back as they went in, in order.
-pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn IdempotencyStore>) {
+pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -910,7 +917,7 @@ pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn Idempote
 
 /// Trailers (gRPC's status travels in them) come back as they went in, in order, values
 /// that are not UTF-8 included, and a response without trailers comes back without any.
-pub async fn trailers_round_trip(store: &Arc<dyn IdempotencyStore>) {
+pub async fn trailers_round_trip(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -956,7 +963,7 @@ pub async fn trailers_round_trip(store: &Arc<dyn IdempotencyStore>) {
 /// Scope and key are two values, not one string: pairs that would read the same when
 /// joined (`a:b` + `c` and `a` + `b:c`) are different records, whatever separator,
 /// brace or escape they hold.
-pub async fn scope_and_key_never_run_together(store: &Arc<dyn IdempotencyStore>) {
+pub async fn scope_and_key_never_run_together(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let unique = uuid::Uuid::new_v4();
     let pairs = [
@@ -1012,10 +1019,7 @@ pub async fn scope_and_key_never_run_together(store: &Arc<dyn IdempotencyStore>)
 /// scope (and no smaller store-wide bound): many concurrent reservations in one scope win
 /// exactly `max_records` times and the rest get `QuotaExceeded`; another scope is not
 /// affected; a released record gives its room back.
-pub async fn scope_quota_holds_under_concurrency(
-    store: &Arc<dyn IdempotencyStore>,
-    max_records: u64,
-) {
+pub async fn scope_quota_holds_under_concurrency(store: &Arc<dyn FullStore>, max_records: u64) {
     let scope = format!("quota-{}", uuid::Uuid::new_v4());
     let mut tasks = JoinSet::new();
     for i in 0..(max_records * 2 + 8) {

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{
-    Binding, FencingToken, IdempotencyStore, Ownership, RecordId, RecordState, Reservation,
-    StoredResponse,
+    Binding, FencingToken, FullStore, Ownership, RecordId, RecordState, Reservation, StoredResponse,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -153,7 +152,7 @@ fn binding() -> Binding {
 
 /// Runs `steps` against `store` and against the model, panicking at the first answer
 /// that differs, with the step number and the whole sequence so far.
-pub async fn check_steps(store: &Arc<dyn IdempotencyStore>, steps: &[Step]) {
+pub async fn check_steps(store: &Arc<dyn FullStore>, steps: &[Step]) {
     let store = store.as_ref();
     let scope = format!("model-{}", uuid::Uuid::new_v4());
     let ids: Vec<RecordId> = (0..3)
@@ -332,7 +331,7 @@ pub async fn check_steps(store: &Arc<dyn IdempotencyStore>, steps: &[Step]) {
                 }
             }
             Step::Purge => {
-                crate::store::purge_all_expired(store, 2)
+                crate::purge::purge_all_expired(store, 2)
                     .await
                     .unwrap_or_else(|e| panic!("{e} at {}", context()));
                 model.retain(|_, m| m.live());
@@ -385,7 +384,7 @@ fn assert_state(actual: &RecordState, expected: &Model, context: &dyn Fn() -> St
 
 /// Runs `runs` random sequences of `len` steps, seeds `first_seed..`, against `store`.
 pub async fn check_random_sequences(
-    store: &Arc<dyn IdempotencyStore>,
+    store: &Arc<dyn FullStore>,
     first_seed: u64,
     runs: u64,
     len: usize,

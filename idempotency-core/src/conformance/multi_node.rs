@@ -7,12 +7,11 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::{LONG, binding, fresh_id, response};
-use crate::store::{
-    IdempotencyStore, Ownership, Purged, RecordId, RecordState, Reservation, purge_all_expired,
-};
+use crate::purge::purge_all_expired;
+use crate::store::{FullStore, Ownership, Purged, RecordId, RecordState, Reservation};
 
 /// Runs every multi-node check with `a` and `b` as two nodes on one backend.
-pub async fn run_multi_node(a: &Arc<dyn IdempotencyStore>, b: &Arc<dyn IdempotencyStore>) {
+pub async fn run_multi_node(a: &Arc<dyn FullStore>, b: &Arc<dyn FullStore>) {
     two_nodes_race_one_winner(a, b).await;
     takeover_across_nodes(a, b).await;
     concurrent_purges(a, b).await;
@@ -21,10 +20,7 @@ pub async fn run_multi_node(a: &Arc<dyn IdempotencyStore>, b: &Arc<dyn Idempoten
 /// Two nodes race 64 reserves of each of several keys: exactly one winner per key, every
 /// loser sees the winner's token, and a record finalized on one node is a replay on the
 /// other.
-pub async fn two_nodes_race_one_winner(
-    a: &Arc<dyn IdempotencyStore>,
-    b: &Arc<dyn IdempotencyStore>,
-) {
+pub async fn two_nodes_race_one_winner(a: &Arc<dyn FullStore>, b: &Arc<dyn FullStore>) {
     for _ in 0..5 {
         let id = fresh_id();
         let mut tasks = JoinSet::new();
@@ -71,7 +67,7 @@ pub async fn two_nodes_race_one_winner(
 
 /// A reservation whose lease lapsed on node A is taken over by node B, once; A's late
 /// renew, finalize and release are refused; B's finalize holds.
-pub async fn takeover_across_nodes(a: &Arc<dyn IdempotencyStore>, b: &Arc<dyn IdempotencyStore>) {
+pub async fn takeover_across_nodes(a: &Arc<dyn FullStore>, b: &Arc<dyn FullStore>) {
     let id = fresh_id();
     let Reservation::Reserved(old) = a
         .reserve(&id, &binding(b"{}"), Duration::from_millis(200), LONG)
@@ -123,7 +119,7 @@ pub async fn takeover_across_nodes(a: &Arc<dyn IdempotencyStore>, b: &Arc<dyn Id
 
 /// Both nodes purge at once: every expired record is deleted once, without errors, and
 /// live records stay. A store that expires records by itself only has to lose them.
-pub async fn concurrent_purges(a: &Arc<dyn IdempotencyStore>, b: &Arc<dyn IdempotencyStore>) {
+pub async fn concurrent_purges(a: &Arc<dyn FullStore>, b: &Arc<dyn FullStore>) {
     let scope = format!("purge-{}", uuid::Uuid::new_v4());
     let ids: Vec<RecordId> = (0..120)
         .map(|i| RecordId::new(scope.clone(), format!("k{i}")))

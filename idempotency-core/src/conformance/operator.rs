@@ -1,13 +1,13 @@
-//! Checks of the operator's operations: [`IdempotencyStore::inspect`] and
-//! [`IdempotencyStore::evict`].
+//! Checks of the operators' operations: [`RecordAdmin::inspect`] and
+//! [`RecordAdmin::evict`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{LONG, SHORT, binding, fresh_id, reserve_new, response, wait_in_background};
 use crate::store::{
-    EvictInFlight, Eviction, IdempotencyStore, InspectedRecord, InspectedState, Ownership,
-    RecordId, RecordState, Reservation,
+    EvictInFlight, Eviction, FullStore, InspectedRecord, InspectedState, Ownership, RecordId,
+    RecordState, Reservation,
 };
 
 /// Millisecond rounding of the stored times, plus a slow machine between two statements.
@@ -30,7 +30,7 @@ fn times(record: &InspectedRecord) -> Times {
     else {
         panic!(
             "inspect must report created_at, expires_at and inspected_at (the trait's default \
-             reports none: override IdempotencyStore::inspect): {record:?}"
+             reports none: override RecordAdmin::inspect): {record:?}"
         )
     };
     // The store's clock may differ from ours, but not by an hour: this catches seconds
@@ -78,7 +78,7 @@ fn assert_about(earlier: SystemTime, later: SystemTime, after: Duration, what: &
 
 /// Inspection shows binding, state, status and times, never the body, and changes
 /// nothing; a takeover keeps the creation time; an expired record is absent.
-pub async fn inspect_shows_state_and_times_without_the_body(store: &Arc<dyn IdempotencyStore>) {
+pub async fn inspect_shows_state_and_times_without_the_body(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     assert!(
@@ -215,9 +215,7 @@ pub async fn inspect_shows_state_and_times_without_the_body(store: &Arc<dyn Idem
 }
 
 /// Evicting a completed record deletes it, in its scope only, and the key runs again.
-pub async fn evict_deletes_a_completed_record_and_the_key_runs_again(
-    store: &Arc<dyn IdempotencyStore>,
-) {
+pub async fn evict_deletes_a_completed_record_and_the_key_runs_again(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let neighbour = RecordId::new(format!("{}-other", id.scope), id.key.clone());
@@ -258,7 +256,7 @@ pub async fn evict_deletes_a_completed_record_and_the_key_runs_again(
 }
 
 /// An in-flight record is left alone unless forced; forced, its owner is fenced out.
-pub async fn evict_refuses_an_in_flight_record_unless_forced(store: &Arc<dyn IdempotencyStore>) {
+pub async fn evict_refuses_an_in_flight_record_unless_forced(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     let owner = reserve_new(store, &id, LONG, LONG).await;
@@ -318,7 +316,7 @@ pub async fn evict_refuses_an_in_flight_record_unless_forced(store: &Arc<dyn Ide
 }
 
 /// Evicting an unknown or expired key finds nothing; the expired key can be reserved.
-pub async fn evict_of_an_absent_or_expired_record_finds_nothing(store: &Arc<dyn IdempotencyStore>) {
+pub async fn evict_of_an_absent_or_expired_record_finds_nothing(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     assert_eq!(
         store
@@ -341,7 +339,7 @@ pub async fn evict_of_an_absent_or_expired_record_finds_nothing(store: &Arc<dyn 
 
 /// A duplicate waiting on a record is woken when an operator evicts it, and finds it
 /// absent.
-pub async fn evict_wakes_waiters(store: &Arc<dyn IdempotencyStore>) {
+pub async fn evict_wakes_waiters(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     let id = fresh_id();
     reserve_new(store, &id, LONG, LONG).await;
@@ -359,7 +357,7 @@ pub async fn evict_wakes_waiters(store: &Arc<dyn IdempotencyStore>) {
 /// Eviction racing the owner's finalize decides on the record as it stands: refused
 /// while in flight (and the answer is then stored), or deleted once completed; never a
 /// completed record lost to a verdict taken while it was in flight.
-pub async fn evict_never_acts_on_a_stale_verdict(store: &Arc<dyn IdempotencyStore>) {
+pub async fn evict_never_acts_on_a_stale_verdict(store: &Arc<dyn FullStore>) {
     let store = store.as_ref();
     for _ in 0..20 {
         let id = fresh_id();

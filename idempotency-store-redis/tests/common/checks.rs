@@ -14,7 +14,7 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::conformance::{self, model};
 use idempotency_core::{
-    IdempotencyLayer, IdempotencyStore, Outcome, RecordId, RejectionKind, Reservation,
+    FullStore, IdempotencyLayer, IdempotencyStore, Outcome, RecordId, RejectionKind, Reservation,
 };
 use idempotency_store_redis::RedisStore;
 use redis::AsyncCommands as _;
@@ -23,12 +23,12 @@ use tower::ServiceExt as _;
 use super::{binding, id, response};
 
 /// The public conformance suite: every single-store check and the reference model.
-pub async fn conformance_suite(store: Arc<dyn IdempotencyStore>) {
+pub async fn conformance_suite(store: Arc<dyn FullStore>) {
     conformance::run_all(&store).await;
 }
 
 /// The reference model on `runs` more random sequences, from `first_seed`.
-pub async fn reference_model(store: Arc<dyn IdempotencyStore>, first_seed: u64, runs: u64) {
+pub async fn reference_model(store: Arc<dyn FullStore>, first_seed: u64, runs: u64) {
     model::check_random_sequences(&store, first_seed, runs, 60).await;
 }
 
@@ -104,7 +104,7 @@ pub async fn expiry_is_native(store: &RedisStore) {
 }
 
 /// The public multi-node checks with two store handles (two connections) as two replicas.
-pub async fn two_handles(a: Arc<dyn IdempotencyStore>, b: Arc<dyn IdempotencyStore>) {
+pub async fn two_handles(a: Arc<dyn FullStore>, b: Arc<dyn FullStore>) {
     conformance::run_multi_node(&a, &b).await;
 }
 

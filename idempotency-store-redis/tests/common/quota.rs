@@ -8,8 +8,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use idempotency_core::{
-    EvictInFlight, Eviction, FencingToken, IdempotencyLayer, IdempotencyStore, Outcome, RecordId,
-    RecordState, RejectionKind, Reservation, ScopeQuota, StoreError,
+    EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyLayer, IdempotencyStore, Outcome,
+    RecordAdmin, RecordId, RecordState, RejectionKind, Reservation, ScopeQuota, StoreError,
 };
 use idempotency_store_redis::RedisStore;
 use redis::AsyncCommands as _;
@@ -58,7 +58,7 @@ async fn accounting_exists(store: &RedisStore, scope: &str) -> bool {
 pub async fn two_handles_race_for_the_last_places(a: RedisStore, b: RedisStore) {
     let quota = ScopeQuota::default().with_max_records(5);
     let (a, b) = (a.with_scope_quota(quota), b.with_scope_quota(quota));
-    let one: Arc<dyn IdempotencyStore> = Arc::new(a.clone());
+    let one: Arc<dyn FullStore> = Arc::new(a.clone());
     idempotency_core::conformance::scope_quota_holds_under_concurrency(&one, 5).await;
 
     let scope = scope();

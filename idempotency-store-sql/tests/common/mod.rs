@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyStore, RecordId, Reservation, StoredResponse,
+    Binding, FencingToken, FullStore, IdempotencyStore, RecordId, Reservation, StoredResponse,
 };
 
 pub const LONG: Duration = Duration::from_secs(60);
@@ -74,7 +74,7 @@ pub async fn reserved(store: &impl IdempotencyStore, id: &RecordId) -> FencingTo
 }
 
 /// A store as the conformance suite takes it.
-pub fn shared(store: impl IdempotencyStore) -> Arc<dyn IdempotencyStore> {
+pub fn shared(store: impl FullStore) -> Arc<dyn FullStore> {
     Arc::new(store)
 }
 
@@ -93,7 +93,7 @@ pub const OLD_ROW: &str = "(scope, idempotency_key, method, path, body_sha256, f
 
 /// After `migrate()` on a table of the previous release: its row still replays (with no
 /// trailers), and new records keep their trailers.
-pub async fn check_upgraded_table(store: Arc<dyn IdempotencyStore>) {
+pub async fn check_upgraded_table(store: Arc<dyn FullStore>) {
     let old = store
         .load(&RecordId::new(OLD_ROW_SCOPE, OLD_ROW_KEY))
         .await

@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idempotency_core::grpc::GrpcProfile;
-use idempotency_core::{ExtensionScope, IdempotencyLayer, IdempotencyStore};
+use idempotency_core::{ExtensionScope, FullStore, IdempotencyLayer};
 use idempotency_store_sql::{MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::Server;
@@ -112,7 +112,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         println!("grpc-orders metrics on http://{address}/metrics");
     }
     let database = Database::open(&args.database, &format!("{}_orders", args.tables)).await?;
-    let store: Arc<dyn IdempotencyStore> = match &args.idempotency_store {
+    let store: Arc<dyn FullStore> = match &args.idempotency_store {
         Some(url) => Arc::new(examples::records::connect_redis(url).await?),
         None => store(&args.database, &format!("{}_idempotency", args.tables)).await?,
     };
@@ -157,7 +157,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 async fn store(
     url: &str,
     table: &str,
-) -> Result<Arc<dyn IdempotencyStore>, Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<Arc<dyn FullStore>, Box<dyn std::error::Error + Send + Sync>> {
     let settings = PoolSettings::default();
     Ok(if url.starts_with("postgres") {
         Arc::new(

@@ -41,8 +41,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idempotency_core::{
-    EvictInFlight, Eviction, IdempotencyStore, InspectedRecord, InspectedState, KeyFormat,
-    RecordId, UuidKey,
+    EvictInFlight, Eviction, InspectedRecord, InspectedState, KeyFormat, RecordAdmin, RecordId,
+    UuidKey,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -57,14 +57,14 @@ const MIN_TOKEN_LEN: usize = 16;
 #[derive(Clone)]
 struct Admin {
     token_sha256: Option<[u8; 32]>,
-    store: Option<Arc<dyn IdempotencyStore>>,
+    store: Option<Arc<dyn RecordAdmin>>,
 }
 
 /// The admin routes, to be merged in front of the catalog (outside the idempotency
 /// layer: an eviction is not itself a keyed mutation). Refuses a token that is too short.
 pub(crate) fn router(
     token: Option<&str>,
-    store: Option<Arc<dyn IdempotencyStore>>,
+    store: Option<Arc<dyn RecordAdmin>>,
 ) -> Result<Router, String> {
     let token_sha256 = match token {
         Some(token) if token.chars().count() < MIN_TOKEN_LEN => {
@@ -212,7 +212,7 @@ fn admit(
     headers: &HeaderMap,
     scope: String,
     key: &str,
-) -> Result<(Arc<dyn IdempotencyStore>, RecordId), Refusal> {
+) -> Result<(Arc<dyn RecordAdmin>, RecordId), Refusal> {
     let Some(expected) = &admin.token_sha256 else {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,

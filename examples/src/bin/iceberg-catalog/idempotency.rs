@@ -22,11 +22,12 @@
 //! that the two commit together: see [`crate::catalog`]. Records in Redis cannot join
 //! that transaction: the layer then finalizes them after the answer, as for any service.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
-use idempotency_core::{IdempotencyLayer, SingleScope};
+use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
 use idempotency_store_sql::AnyFinalizer;
 
 /// How often expired records are purged.
@@ -40,9 +41,10 @@ pub(crate) enum Records<'a> {
     Redis(&'a str),
 }
 
-/// The layer for the catalog, keeping answers for `lifetime` where `records` says, and,
-/// when the records are in the catalog's database, the finalizer that writes an answer
-/// into its record in the catalog's own transactions.
+/// The layer for the catalog, keeping answers for `lifetime` where `records` says; its
+/// store as the admin endpoints use it (inspect, evict: the layer holds only the request
+/// path); and, when the records are in the catalog's database, the finalizer that writes
+/// an answer into its record in the catalog's own transactions.
 ///
 /// The catalog authenticates nobody (every caller may do everything), so there are no
 /// callers to tell apart: it says so with [`SingleScope`], and clients configured with a
@@ -51,7 +53,10 @@ pub(crate) enum Records<'a> {
 pub(crate) async fn layer(
     records: Records<'_>,
     lifetime: Duration,
-) -> Result<(IdempotencyLayer, Option<AnyFinalizer>), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<AnyFinalizer>),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
     match records {
         Records::Database(database_url) => {
             let config = IdempotencyConfig::from_properties([
@@ -68,17 +73,20 @@ pub(crate) async fn layer(
             config.spawn_purge_task(store.clone());
             // `open` keeps the records in the default table.
             Ok((
-                config.iceberg_layer(store).with_scope(SingleScope),
+                config.iceberg_layer(store.clone()).with_scope(SingleScope),
+                store,
                 Some(AnyFinalizer::default()),
             ))
         }
         Records::Redis(url) => {
             let store = examples::records::connect_redis(url).await?;
-            // Records expire in Redis by themselves: no purge task.
+            // Records expire in Redis by themselves: no purge task. A clone shares the
+            // connections.
             Ok((
-                IdempotencyLayer::iceberg(store)
+                IdempotencyLayer::iceberg(store.clone())
                     .with_lifetime(lifetime)
                     .with_scope(SingleScope),
+                Arc::new(store),
                 None,
             ))
         }

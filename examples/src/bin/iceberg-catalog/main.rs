@@ -169,22 +169,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(listen) => Some(telemetry::serve(listen).await?),
         None => None,
     };
-    let (layer, finalizer) = if args.no_idempotency {
-        (None, None)
+    let (layer, records, finalizer) = if args.no_idempotency {
+        (None, None, None)
     } else {
         let records = match &args.idempotency_store {
             Some(url) => idempotency::Records::Redis(url),
             None => idempotency::Records::Database(&args.database),
         };
-        let (layer, finalizer) = idempotency::layer(records, args.idempotency_lifetime).await?;
-        (Some(layer), finalizer)
+        let (layer, records, finalizer) =
+            idempotency::layer(records, args.idempotency_lifetime).await?;
+        (Some(layer), Some(records), finalizer)
     };
     let catalog = Catalog::open(&args.database, warehouse.clone(), finalizer).await?;
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
-    let admin = admin::router(
-        args.admin_token.as_deref(),
-        layer.as_ref().map(|layer| layer.store().clone()),
-    )?;
+    let admin = admin::router(args.admin_token.as_deref(), records)?;
     let catalog_routes = routes::router(Arc::new(AppState { catalog }));
     let catalog_routes = if std::env::var(TEST_DELAYS).is_ok_and(|v| v == "1") {
         tracing::warn!("{TEST_DELAYS}=1: requests with {TEST_DELAY_HEADER} are held that long");

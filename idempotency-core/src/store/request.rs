@@ -1,0 +1,244 @@
+//! The request path: [`IdempotencyStore`], the trait the layer calls, and the waiting
+//! helpers a store may build its `wait` on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::record::{
+    Binding, FencingToken, IdempotencyRecord, Ownership, RecordId, RecordState, Reservation,
+    StoreError, StoredResponse,
+};
+
+/// The request path: what the layer calls on a store for every keyed request, and what a
+/// backend must do so that the layer can guarantee "at most once per key".
+///
+/// This is the store trait the layer holds (`Arc<dyn IdempotencyStore>`). What operators
+/// call ([`RecordAdmin`]: inspect, evict) and what maintenance calls ([`PurgeExpired`]:
+/// delete expired records) are traits of their own, each extending this one; a store
+/// implements all three, and [`FullStore`] names a store that does.
+///
+/// Each method is atomic on its own: exactly one of many concurrent `reserve` calls for
+/// one [`RecordId`] gets [`Reservation::Reserved`], and the fenced methods change a
+/// record only while the given token owns it. A record moves through a small life:
+///
+/// ```text
+///   (absent) --reserve--> in flight (token T, lease) --finalize(T)--> completed --(lifetime)--> expired
+///                          |   ^  |                                                             |
+///                          |   |  +--release(T)--> (absent)                     purge_expired --+
+///                          |   +--renew(T)--+
+///                          +--lease lapses--> take_over(T) --> in flight (token T')
+/// ```
+///
+/// # The rules every store keeps
+///
+/// The [conformance suite](crate::conformance) checks each of them.
+///
+/// - **One clock.** "Now" is the store's own clock (the database's, for a store shared by
+///   several processes), which is why the trait passes durations, never instants: the
+///   store adds them to its clock, so clock skew between nodes cannot cause a double
+///   execution.
+/// - **Deadlines.** A lease or a lifetime that ends at `t` has lapsed (or expired) at
+///   `t`: `now >= deadline` is lapsed.
+/// - **Expiry.** A record expires `lifetime` after it was first reserved, or at the end
+///   of the last lease it was granted if that is later. An expired record counts as
+///   absent everywhere (load, reserve, the fenced operations), even before
+///   [`purge_expired`](super::PurgeExpired::purge_expired) removes it. So **a record in
+///   flight under a live lease never expires**, however old: reserve, renew and take_over
+///   each extend the expiry to at least the end of the lease they grant, and a slow owner
+///   that keeps renewing can never be run a second time beside itself. (The layer keeps
+///   its lease no longer than the lifetime, so a quick request's record lives exactly
+///   its lifetime.)
+/// - **Identity.** A record is found by its whole [`RecordId`]: scope and key are
+///   separate values, and no two different pairs may share a record, whatever bytes they
+///   hold (scope `a:b` with key `c` is not scope `a` with key `b:c`).
+/// - **Fencing.** Every reservation and every takeover issues a new [`FencingToken`],
+///   never one the key had before. Renew, finalize and release take effect only while
+///   the record exists, has not expired, is in flight and holds the given token; so an
+///   owner whose lease lapsed may still renew, finalize or release until someone takes
+///   over, and never after.
+/// - **Takeover** keeps the record's binding, creation time and expiry (extended to the
+///   end of the new lease if it would end sooner) and replaces only the token and lease.
+/// - **Round trips.** A finalized [`StoredResponse`] comes back exactly as stored: any
+///   status, no headers or many, header values that are not UTF-8, an empty body or a
+///   body of several megabytes, no trailers or several.
+/// - **Inspection and eviction**, for operators: see [`RecordAdmin`], whose rules the
+///   suite checks too.
+///
+/// # Writing a store
+///
+/// A store depends on this crate alone: it re-exports [`async_trait`](crate::async_trait)
+/// and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`], [`RecordAdmin`] and
+/// [`PurgeExpired`] (the store is then a [`FullStore`]) and run the public
+/// [`conformance`](crate::conformance) suite against it (feature `conformance`); the
+/// `custom_store` example in this crate is a skeleton that does all of it.
+///
+/// [`RecordAdmin`]: super::RecordAdmin
+/// [`PurgeExpired`]: super::PurgeExpired
+/// [`FullStore`]: super::FullStore
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync + 'static {
+    /// Inserts an in-flight record if no live one exists (an expired one is replaced).
+    ///
+    /// The lease lapses `lease` after now and the record expires `lifetime` after now (or
+    /// when the lease lapses, if that is later), both by the store's clock. The new token
+    /// must differ from every token the key had before. On conflict, returns the existing
+    /// record.
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError>;
+
+    /// Reads the live record, if any.
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// Waits until the record is no longer in flight under a live lease — it completed,
+    /// was released, expired, or its lease lapsed — or until `timeout` passes, and returns
+    /// it as it then stands.
+    ///
+    /// The default is [`wait_by_polling`]: at most [`MAX_POLLS_PER_SECOND`] loads per
+    /// second per waiter. Stores that can notify waiters should override it.
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        wait_by_polling(self, id, timeout).await
+    }
+
+    /// Extends the lease of the record `token` owns to `lease` from now, and its expiry to
+    /// the end of that lease if it would end sooner.
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError>;
+
+    /// Completes the record `token` owns with `response`.
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError>;
+
+    /// Deletes the in-flight record `token` owns, so that a retry runs again.
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError>;
+
+    /// Takes over an in-flight record whose lease has lapsed while `lapsed` still owns it:
+    /// issues a new token (one the key never had) and a new lease of `lease` from now,
+    /// extending the expiry to the end of that lease if it would end sooner; the binding,
+    /// creation time and expiry are otherwise kept. Returns `None` when the lease is live,
+    /// the token changed, or the record is gone, expired or completed.
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError>;
+}
+
+/// The most loads per second [`wait_by_polling`] sends for one waiter, once its backoff
+/// has grown (it starts at 5 ms and doubles).
+pub const MAX_POLLS_PER_SECOND: u32 = 5;
+
+/// [`IdempotencyStore::wait`] by polling [`load`](IdempotencyStore::load) with a backoff
+/// that starts at 5 ms and doubles up to 200 ms: a quick owner is noticed at once, and a
+/// waiter costs at most [`MAX_POLLS_PER_SECOND`] loads per second after that.
+pub async fn wait_by_polling<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    id: &RecordId,
+    timeout: Duration,
+) -> Result<Option<IdempotencyRecord>, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let record = store.load(id).await?;
+        let now = tokio::time::Instant::now();
+        if is_settled(&record) || now >= deadline {
+            return Ok(record);
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_secs(1) / MAX_POLLS_PER_SECOND);
+    }
+}
+
+/// Whether a record, as loaded, is no longer in flight under a live lease: what a waiter
+/// waits for.
+pub fn is_settled(record: &Option<IdempotencyRecord>) -> bool {
+    !matches!(
+        record,
+        Some(IdempotencyRecord {
+            state: RecordState::InFlight {
+                lease_lapsed: false,
+                ..
+            },
+            ..
+        })
+    )
+}
+
+/// Forwards every method, provided ones included: `#[deny(clippy::missing_trait_methods)]`
+/// makes a method added to the trait and not forwarded here an error, rather than a
+/// silent fall back to its default.
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        (**self).reserve(id, binding, lease, lifetime).await
+    }
+
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        (**self).load(id).await
+    }
+
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        (**self).wait(id, timeout).await
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        (**self).renew(id, token, lease).await
+    }
+
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        (**self).finalize(id, token, response).await
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        (**self).release(id, token).await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        (**self).take_over(id, lapsed, lease).await
+    }
+}
