@@ -216,6 +216,24 @@ async fn store_call<T>(
     result
 }
 
+/// [`store_call`] for a store that answers at once ([`IdempotencyStore::reserve_now`]
+/// and the like): `None`, and nothing recorded, when the store has to be awaited.
+///
+/// [`IdempotencyStore::reserve_now`]: crate::IdempotencyStore::reserve_now
+fn store_call_now<T>(
+    settings: &Settings,
+    call: StoreCall,
+    operation: impl FnOnce() -> Option<Result<T, StoreError>>,
+) -> Option<Result<T, StoreError>> {
+    if !settings.metrics {
+        return operation();
+    }
+    let started = Instant::now();
+    let result = operation()?;
+    store_duration(call, result.is_ok(), started.elapsed());
+    Some(result)
+}
+
 pub(crate) fn store_duration(call: StoreCall, ok: bool, took: Duration) {
     ::metrics::with_recorder(|recorder| {
         recorder
@@ -255,7 +273,8 @@ impl<'a> MeasuredStore<'a> {
         Self { settings }
     }
 
-    /// Reserves the key, with the layer's lease and lifetime.
+    /// Reserves the key, with the layer's lease and lifetime: answered at once by a store
+    /// that can ([`IdempotencyStore::reserve_now`](crate::IdempotencyStore::reserve_now)).
     pub(crate) async fn reserve(
         &self,
         id: &RecordId,
@@ -263,8 +282,16 @@ impl<'a> MeasuredStore<'a> {
     ) -> Result<Reservation, StoreError> {
         let settings = self.settings;
         let (lease, lifetime) = (settings.lease(), settings.kept_for());
-        let reserving = settings.store.reserve(id, binding, lease, lifetime);
-        store_call(settings, StoreCall::Reserve, reserving).await
+        let at_once = store_call_now(settings, StoreCall::Reserve, || {
+            settings.store.reserve_now(id, binding, lease, lifetime)
+        });
+        match at_once {
+            Some(answer) => answer,
+            None => {
+                let reserving = settings.store.reserve(id, binding, lease, lifetime);
+                store_call(settings, StoreCall::Reserve, reserving).await
+            }
+        }
     }
 
     /// Waits for the owner of an in-flight record, at most `timeout`.
@@ -303,15 +330,25 @@ impl<'a> MeasuredStore<'a> {
         store_call(settings, StoreCall::Renew, renewing).await
     }
 
-    /// Stores the answer.
+    /// Stores the answer: at once where the store can
+    /// ([`IdempotencyStore::finalize_now`](crate::IdempotencyStore::finalize_now)).
     pub(crate) async fn finalize(
         &self,
         id: &RecordId,
         token: FencingToken,
         stored: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let finalizing = self.settings.store.finalize(id, token, stored);
-        store_call(self.settings, StoreCall::Finalize, finalizing).await
+        let settings = self.settings;
+        let at_once = store_call_now(settings, StoreCall::Finalize, || {
+            settings.store.finalize_now(id, token, stored)
+        });
+        match at_once {
+            Some(answer) => answer,
+            None => {
+                let finalizing = settings.store.finalize(id, token, stored);
+                store_call(settings, StoreCall::Finalize, finalizing).await
+            }
+        }
     }
 
     /// Releases the key.

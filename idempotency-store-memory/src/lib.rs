@@ -744,6 +744,25 @@ impl IdempotencyStore for MemoryStore {
         self.reserve_record(id, binding, lease, lifetime)
     }
 
+    fn reserve_now(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        Some(self.reserve_record(id, binding, lease, lifetime))
+    }
+
+    fn finalize_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<Ownership, StoreError>> {
+        Some(self.finalize_record(id, token, response))
+    }
+
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = Instant::now();
         let (hash, mut shard) = self.shard_of(id);

@@ -141,6 +141,38 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lapsed: FencingToken,
         lease: Duration,
     ) -> Result<Option<FencingToken>, StoreError>;
+
+    /// [`reserve`](Self::reserve), answered at once by a store that never has to wait to
+    /// answer it (one that keeps its records in memory), or `None` (the default): the
+    /// layer then awaits [`reserve`](Self::reserve).
+    ///
+    /// It is an optimization, not a second operation: called through
+    /// `Arc<dyn IdempotencyStore>`, every `async` method costs a boxed future (an
+    /// allocation), which is a large share of what an in-memory reservation costs. A
+    /// store that answers here must answer exactly as `reserve` would, with the same
+    /// effects; the layer calls one or the other for a given reservation, never both.
+    fn reserve_now(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        let _ = (id, binding, lease, lifetime);
+        None
+    }
+
+    /// [`finalize`](Self::finalize), answered at once, or `None` (the default): as
+    /// [`reserve_now`](Self::reserve_now) is to [`reserve`](Self::reserve).
+    fn finalize_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<Ownership, StoreError>> {
+        let _ = (id, token, response);
+        None
+    }
 }
 
 /// The most loads per second [`wait_by_polling`] sends for one waiter, once its backoff
@@ -240,5 +272,24 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         lease: Duration,
     ) -> Result<Option<FencingToken>, StoreError> {
         (**self).take_over(id, lapsed, lease).await
+    }
+
+    fn reserve_now(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Option<Result<Reservation, StoreError>> {
+        (**self).reserve_now(id, binding, lease, lifetime)
+    }
+
+    fn finalize_now(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Option<Result<Ownership, StoreError>> {
+        (**self).finalize_now(id, token, response)
     }
 }
