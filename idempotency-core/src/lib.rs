@@ -147,6 +147,36 @@
 //! - **plain hyper / tower**: `ServiceBuilder::new().layer(auth).layer(idempotency)`:
 //!   in a `ServiceBuilder` the first layer is the outermost.
 //!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use idempotency_core::{ExtensionScope, IdempotencyLayer, http};
+//! use idempotency_store_memory::MemoryStore;
+//! use tower::{ServiceBuilder, service_fn, util::MapRequestLayer};
+//!
+//! #[derive(Clone)]
+//! struct Tenant(String);
+//!
+//! // Your authentication, as a layer: here a bearer token that names the tenant.
+//! let auth = MapRequestLayer::new(|mut request: http::Request<Full<Bytes>>| {
+//!     let tenant = request.headers().get("authorization")
+//!         .and_then(|value| value.to_str().ok()?.strip_prefix("Bearer ").map(str::to_owned));
+//!     if let Some(tenant) = tenant {
+//!         request.extensions_mut().insert(Tenant(tenant));
+//!     }
+//!     request
+//! });
+//! let service = ServiceBuilder::new()
+//!     .layer(auth) // first: the outermost, runs before the idempotency layer
+//!     .layer(IdempotencyLayer::new(MemoryStore::new())
+//!         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
+//!     .service(service_fn(|_request: http::Request<Full<Bytes>>| async {
+//!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("paid"))))
+//!     }));
+//! # drop(service);
+//! ```
+//!
 //! The crate re-exports [`http`], so an extractor written as a closure
 //! (`|request: &idempotency_core::http::request::Parts| …`) needs no other dependency.
 //!
