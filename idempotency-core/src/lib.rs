@@ -232,9 +232,10 @@
     allow(rustdoc::broken_intra_doc_links)
 )]
 
-// The modules, from the bottom up: a module uses only those above it in this list.
+// The modules, in groups from the bottom up: a module uses only modules of its own group
+// or of the groups above it, and nothing imports upward (`modcycles.py` finds no cycle).
 //
-// Vocabulary: what a key, a record, an answer and a refusal are.
+// Vocabulary: what a key, a record, an answer and a refusal are, and the store contract.
 mod budget;
 mod encoding;
 mod headers;
@@ -243,11 +244,12 @@ mod key;
 mod outcome;
 mod policy;
 mod profile;
-mod purge;
 mod rejection;
 mod store;
-// What a layer was configured with, and what it measures.
+// What a layer was configured with, what it measures, and the purge (maintenance, above
+// the contract, measured).
 pub mod metrics;
+mod purge;
 mod settings;
 // Bodies: the caller's, the inner service's, and the layer's own; refusals as a
 // configured layer answers them.
