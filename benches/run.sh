@@ -8,9 +8,10 @@
 #
 # Every argument goes to the `compare` binary (see benches/src/bin/compare.rs). It needs:
 # wrk (Debian package, installed here if missing), PostgreSQL at
-# postgres://postgres@127.0.0.1:5432/test and MariaDB at mysql://root@127.0.0.1:3306/test
-# (override with BENCH_POSTGRES_URL / BENCH_MYSQL_URL); a database that does not answer is
-# reported as skipped. The gRPC part needs nothing installed: its server and its tonic
+# postgres://postgres@127.0.0.1:5432/test and MariaDB at mysql://root@127.0.0.1:3306/test,
+# which scripts/services installs and starts when they are missing (override with
+# BENCH_POSTGRES_URL / BENCH_MYSQL_URL); a database that does not answer is reported as
+# skipped. The gRPC part needs nothing installed: its server and its tonic
 # load generator (grpc-server, grpc-load) are built here. The Redis benchmarks start a
 # redis-server of their own on a free port (or use BENCH_REDIS_URL). Everything runs on
 # 127.0.0.1 only.
@@ -23,6 +24,10 @@ if ! command -v wrk >/dev/null 2>&1; then
     sudo_if_needed apt-get update -qq >&2
     sudo_if_needed apt-get install -y -qq wrk >&2
 fi
+
+# PostgreSQL, MariaDB and Redis as the test suite gets them (installed and started when
+# missing); BENCH_POSTGRES_URL / BENCH_MYSQL_URL point elsewhere.
+scripts/services start >&2
 
 echo "building the benchmark binaries (release)…" >&2
 cargo build --release --locked -p benches --features sql,redis --bins >&2
