@@ -113,7 +113,9 @@
 //!   the authentication layer, so that authentication wraps it:
 //!
 //! ```
-//! use axum::{Router, extract::Request, middleware::{self, Next}, response::Response, routing::post};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use axum::{Extension, Router, extract::Request, middleware::{self, Next}, response::Response, routing::post};
 //! use idempotency_core::{ExtensionScope, IdempotencyLayer};
 //! use idempotency_store_memory::MemoryStore;
 //!
@@ -131,10 +133,29 @@
 //! }
 //!
 //! let app: Router = Router::new()
-//!     .route("/payments", post(|| async { "paid" }))
+//!     .route("/payments", post(|Extension(t): Extension<Tenant>| async move { format!("paid by {}", t.0) }))
 //!     .layer(IdempotencyLayer::new(MemoryStore::new())
 //!         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
 //!     .layer(middleware::from_fn(auth)); // added last: runs first
+//! # use http_body_util::BodyExt;
+//! # use tower::ServiceExt;
+//! # let pay = |tenant: Option<&str>| {
+//! #     let mut request = axum::http::Request::post("/payments").header("idempotency-key", "k1");
+//! #     if let Some(tenant) = tenant { request = request.header("authorization", format!("Bearer {tenant}")); }
+//! #     let app = app.clone();
+//! #     async move {
+//! #         let response = app.oneshot(request.body(axum::body::Body::empty()).unwrap()).await.unwrap();
+//! #         let replayed = response.headers().contains_key("idempotent-replayed");
+//! #         let status = response.status().as_u16();
+//! #         let body = response.into_body().collect().await.unwrap().to_bytes();
+//! #         (status, replayed, String::from_utf8_lossy(&body).into_owned())
+//! #     }
+//! # };
+//! # assert_eq!(pay(Some("a")).await, (200, false, "paid by a".into()));
+//! # assert_eq!(pay(Some("a")).await, (200, true, "paid by a".into()));
+//! # assert_eq!(pay(Some("b")).await, (200, false, "paid by b".into()), "tenant b runs its own");
+//! # assert_eq!(pay(None).await.0, 401);
+//! # }
 //! ```
 //!
 //! - **tonic**: authentication must be a tower layer on `Server::builder()` *outside*
@@ -148,6 +169,8 @@
 //!   in a `ServiceBuilder` the first layer is the outermost.
 //!
 //! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! use std::convert::Infallible;
 //! use bytes::Bytes;
 //! use http_body_util::Full;
@@ -171,10 +194,30 @@
 //!     .layer(auth) // first: the outermost, runs before the idempotency layer
 //!     .layer(IdempotencyLayer::new(MemoryStore::new())
 //!         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
-//!     .service(service_fn(|_request: http::Request<Full<Bytes>>| async {
-//!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("paid"))))
+//!     .service(service_fn(|request: http::Request<Full<Bytes>>| async move {
+//!         let tenant = request.extensions().get::<Tenant>().map_or("nobody", |t| t.0.as_str()).to_owned();
+//!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!("paid by {tenant}")))))
 //!     }));
-//! # drop(service);
+//! # use http_body_util::BodyExt;
+//! # use tower::ServiceExt;
+//! # let pay = |tenant: Option<&str>| {
+//! #     let mut request = http::Request::post("/payments").header("idempotency-key", "k1");
+//! #     if let Some(tenant) = tenant { request = request.header("authorization", format!("Bearer {tenant}")); }
+//! #     let service = service.clone();
+//! #     async move {
+//! #         let response = service.oneshot(request.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+//! #         let replayed = response.headers().contains_key("idempotent-replayed");
+//! #         let status = response.status().as_u16();
+//! #         let body = response.into_body().collect().await.unwrap().to_bytes();
+//! #         (status, replayed, String::from_utf8_lossy(&body).into_owned())
+//! #     }
+//! # };
+//! # assert_eq!(pay(Some("a")).await, (200, false, "paid by a".into()));
+//! # assert_eq!(pay(Some("a")).await, (200, true, "paid by a".into()));
+//! # assert_eq!(pay(Some("b")).await, (200, false, "paid by b".into()), "tenant b runs its own");
+//! # // No credential reaches the layer without a tenant: refused, never someone's replay.
+//! # assert_eq!(pay(None).await.0, 500);
+//! # }
 //! ```
 //!
 //! The crate re-exports [`http`], so an extractor written as a closure
@@ -266,7 +309,8 @@ mod keyed;
 // The service and the layer, at the top.
 mod layer;
 mod service;
-// Built on the public API only: the profiles, properties, and the conformance suite.
+// Built on the public API only: the profiles and their layers, properties, and the
+// conformance suite.
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -274,6 +318,8 @@ pub mod conformance;
 pub mod grpc;
 #[cfg(feature = "iceberg")]
 pub mod iceberg;
+#[cfg(any(feature = "iceberg", feature = "grpc"))]
+mod presets;
 
 pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
