@@ -55,4 +55,3 @@ impl IdempotencyLayer {
             .wrap_bodies()
     }
 }
-
