@@ -89,7 +89,7 @@ fn replay_response<B: Bodies>(stored: StoredResponse) -> Response<B::Answer> {
 }
 
 /// Stored header or trailer fields as a map; fields that are no longer valid are skipped.
-pub(crate) fn header_map(fields: Vec<(String, Bytes)>) -> HeaderMap {
+fn header_map(fields: Vec<(String, Bytes)>) -> HeaderMap {
     let mut map = HeaderMap::with_capacity(fields.len());
     for (name, value) in fields {
         if let (Ok(name), Ok(value)) = (
