@@ -4,7 +4,9 @@
 use bytes::Bytes;
 use http::Response;
 use http_body::Body;
-use idempotency_core::{BoxError, Ownership, PreparedAnswer, ReservationHandle};
+use idempotency_core::{
+    BoxError, FencingToken, Ownership, PreparedAnswer, RecordId, ReservationHandle, StoredResponse,
+};
 
 use crate::in_transaction::{FinalizeError, finish, prepare};
 
@@ -103,17 +105,29 @@ impl AnyFinalizer {
         finish(prepared, ownership)
     }
 
-    /// The backend's fenced finalize statement, bound in that backend's parameter order.
+    /// The backend's fenced finalize statement for a prepared answer.
     async fn write(
         &self,
         transaction: &mut sqlx::AnyConnection,
         prepared: &PreparedAnswer,
     ) -> Result<Ownership, FinalizeError> {
         let reservation = prepared.reservation();
-        let (id, token) = (reservation.id(), reservation.token().0);
         let stored = prepared
             .stored()
             .expect("prepare() passes on only answers with something to store");
+        self.write_stored(transaction, reservation.id(), reservation.token(), stored)
+            .await
+    }
+
+    /// The backend's fenced finalize statement, bound in that backend's parameter order.
+    pub(crate) async fn write_stored(
+        &self,
+        transaction: &mut sqlx::AnyConnection,
+        id: &RecordId,
+        token: FencingToken,
+        stored: &StoredResponse,
+    ) -> Result<Ownership, FinalizeError> {
+        let token = token.0;
         let (status, headers, body) = (
             i32::from(stored.status),
             stored.encode_headers(),

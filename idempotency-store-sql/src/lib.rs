@@ -366,6 +366,8 @@ mod config;
 mod in_transaction;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "any")]
+mod one_commit;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -379,6 +381,8 @@ pub use config::{open, pool_settings};
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
+#[cfg(feature = "any")]
+pub use one_commit::{OneCommitStore, WriteTransaction};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]

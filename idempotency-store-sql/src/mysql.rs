@@ -263,6 +263,20 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
+/// A plain insert of an in-flight record, for the [one-commit path](crate::OneCommitStore):
+/// no conflict handling, so that a duplicate key fails (or, while the key's row is
+/// uncommitted, waits for its transaction). Parameters: scope, key, method, path,
+/// body_sha256, token, lifetime, lease.
+#[cfg(feature = "any")]
+pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
+    format!(
+        "INSERT INTO `{table}`
+         (scope, idempotency_key, method, path, body_sha256, fencing_token,
+          created_at_ms, expires_at_ms, lease_expires_at_ms)
+         VALUES (?, ?, ?, ?, ?, ?, {NOW_MS}, {NOW_MS} + ?, {NOW_MS} + ?)"
+    )
+}
+
 impl MySqlStore {
     /// A store on the caller's pool (shared, e.g. with a catalog), using the table
     /// [`idempotency_records`](crate::DEFAULT_TABLE_NAME).

@@ -294,6 +294,25 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
+/// A plain insert of an in-flight record, for the [one-commit path](crate::OneCommitStore):
+/// no conflict handling, so that a duplicate key fails (or, while the key's row is
+/// uncommitted, waits for its transaction). Parameters: scope, key, method, path,
+/// body_sha256, token, lifetime, lease, and the record's advisory lock: a row is
+/// inserted only if that lock is free, so that a duplicate of a running request inserts
+/// nothing at once instead of waiting on the uncommitted row.
+#[cfg(feature = "any")]
+pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
+    format!(
+        "INSERT INTO \"{table}\"
+         (scope, idempotency_key, method, path, body_sha256, fencing_token,
+          created_at_ms, expires_at_ms, lease_expires_at_ms)
+         SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
+                n, n + $7::bigint, n + $8::bigint
+         FROM (SELECT {NOW_MS} AS n) AS clock
+         WHERE pg_try_advisory_xact_lock($9::bigint)"
+    )
+}
+
 impl PostgresStore {
     /// A store on the caller's pool (shared, e.g. with a catalog), using the table
     /// [`idempotency_records`](crate::DEFAULT_TABLE_NAME).

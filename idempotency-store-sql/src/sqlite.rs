@@ -205,6 +205,20 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
+/// A plain insert of an in-flight record, for the [one-commit path](crate::OneCommitStore):
+/// no conflict handling, so that a duplicate key fails (or, while the key's row is
+/// uncommitted, waits for its transaction). Parameters: scope, key, method, path,
+/// body_sha256, token, lifetime, lease.
+#[cfg(feature = "any")]
+pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
+    format!(
+        "INSERT INTO \"{table}\"
+         (scope, idempotency_key, method, path, body_sha256, fencing_token,
+          created_at_ms, expires_at_ms, lease_expires_at_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8)"
+    )
+}
+
 type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
 
 impl SqliteStore {

@@ -130,6 +130,19 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+impl From<idempotency_core::StoreError> for ApiError {
+    /// The idempotency store could not open the change's transaction: nothing ran, and a
+    /// retry may succeed.
+    fn from(error: idempotency_core::StoreError) -> Self {
+        tracing::error!(error = %error, "could not open a transaction for the change");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableException",
+            format!("The catalog's database is busy, retry later: {error}"),
+        )
+    }
+}
+
 impl From<idempotency_store_sql::FinalizeError> for ApiError {
     /// The change's transaction was rolled back: nothing of the request is committed.
     fn from(error: idempotency_store_sql::FinalizeError) -> Self {

@@ -17,10 +17,11 @@
 //! catalog's own state stays in its database (`grpc-orders` connects the same way:
 //! [`examples::records`]).
 //!
-//! Being in the same database, a change's answer is written into its record in the
-//! change's own transaction ([`AnyFinalizer`], on the catalog's `Any` connections), so
-//! that the two commit together: see [`crate::catalog`]. Records in Redis cannot join
-//! that transaction: the layer then finalizes them after the answer, as for any service.
+//! Being in the same database, a keyed change commits **once**, with its record and its
+//! answer: the record is reserved in a transaction on the catalog's own pool
+//! ([`OneCommitStore`]), the change is written in that transaction, then its answer, and
+//! the transaction commits: see [`crate::catalog`]. Records in Redis cannot join that
+//! transaction: the layer then finalizes them after the answer, as for any service.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,7 @@ use std::time::Duration;
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
-use idempotency_store_sql::AnyFinalizer;
+use idempotency_store_sql::{OneCommitStore, TableName};
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -43,8 +44,8 @@ pub(crate) enum Records<'a> {
 
 /// The layer for the catalog, keeping answers for `lifetime` where `records` says; its
 /// store as the admin endpoints use it (inspect, evict: the layer holds only the request
-/// path); and, when the records are in the catalog's database, the finalizer that writes
-/// an answer into its record in the catalog's own transactions.
+/// path); and, when the records are in the catalog's database, the one-commit store whose
+/// reservations the catalog's changes are written in, on the catalog's `pool`.
 ///
 /// The catalog authenticates nobody (every caller may do everything), so there are no
 /// callers to tell apart: it says so with [`SingleScope`], and clients configured with a
@@ -53,8 +54,13 @@ pub(crate) enum Records<'a> {
 pub(crate) async fn layer(
     records: Records<'_>,
     lifetime: Duration,
+    pool: &sqlx::AnyPool,
 ) -> Result<
-    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<AnyFinalizer>),
+    (
+        IdempotencyLayer,
+        Arc<dyn RecordAdmin>,
+        Option<Arc<OneCommitStore>>,
+    ),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     match records {
@@ -69,13 +75,15 @@ pub(crate) async fn layer(
                     format_duration(PURGE_INTERVAL),
                 ),
             ])?;
-            let store = idempotency_store_sql::open(&config).await?;
-            config.spawn_purge_task(store.clone());
+            let typed = idempotency_store_sql::open(&config).await?;
+            config.spawn_purge_task(typed.clone());
             // `open` keeps the records in the default table.
+            let store =
+                Arc::new(OneCommitStore::new(typed, pool.clone(), &TableName::default()).await?);
             Ok((
                 config.iceberg_layer(store.clone()).with_scope(SingleScope),
-                store,
-                Some(AnyFinalizer::default()),
+                store.clone(),
+                Some(store),
             ))
         }
         Records::Redis(url) => {

@@ -169,18 +169,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(listen) => Some(telemetry::serve(listen).await?),
         None => None,
     };
-    let (layer, records, finalizer) = if args.no_idempotency {
-        (None, None, None)
+    let catalog = Catalog::open(&args.database, warehouse.clone()).await?;
+    let (layer, records, catalog) = if args.no_idempotency {
+        (None, None, catalog)
     } else {
         let records = match &args.idempotency_store {
             Some(url) => idempotency::Records::Redis(url),
             None => idempotency::Records::Database(&args.database),
         };
-        let (layer, records, finalizer) =
-            idempotency::layer(records, args.idempotency_lifetime).await?;
-        (Some(layer), Some(records), finalizer)
+        let (layer, records, one_commit) =
+            idempotency::layer(records, args.idempotency_lifetime, catalog.pool()).await?;
+        let catalog = match one_commit {
+            Some(one_commit) => catalog.with_one_commit_records(one_commit),
+            None => catalog,
+        };
+        (Some(layer), Some(records), catalog)
     };
-    let catalog = Catalog::open(&args.database, warehouse.clone(), finalizer).await?;
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
     let admin = admin::router(args.admin_token.as_deref(), records)?;
     let catalog_routes = routes::router(Arc::new(AppState { catalog }));

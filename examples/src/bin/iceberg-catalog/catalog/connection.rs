@@ -7,10 +7,12 @@ use std::sync::Arc;
 use iceberg::CatalogBuilder as _;
 use iceberg::io::{FileIO, LocalFsStorageFactory};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
-use idempotency_store_sql::AnyFinalizer;
+use idempotency_core::ReservationHandle;
+use idempotency_store_sql::{OneCommitStore, WriteTransaction};
 
 use super::database::{Backend, CATALOG_NAME, Database};
 use super::log::LOG_TARGET;
+use crate::error::ApiResult;
 
 /// Set to `1`, the process aborts right after it commits a change, before it answers.
 pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
@@ -24,9 +26,10 @@ pub(crate) struct Catalog {
     pub(super) file_io: FileIO,
     /// The warehouse root as a `file://` URI, without a trailing slash.
     pub(super) warehouse: String,
-    /// Writes a request's answer into its idempotency record in the change's transaction;
-    /// `None` when the catalog runs without idempotency.
-    pub(super) finalizer: Option<AnyFinalizer>,
+    /// The idempotency records, when they are kept in the catalog's database: a keyed
+    /// change is written in the transaction its record was reserved in, with its answer,
+    /// and committed once. `None` without idempotency, or with records elsewhere.
+    pub(super) records: Option<Arc<OneCommitStore>>,
     /// [`CRASH_AFTER_COMMIT`] is set.
     pub(super) crash_after_commit: bool,
 }
@@ -34,13 +37,9 @@ pub(crate) struct Catalog {
 impl Catalog {
     /// Connects to the database, creates the catalog tables if they are missing, and
     /// keeps metadata files under `warehouse` (a `file://` URI of an existing directory).
-    ///
-    /// With a `finalizer`, every change commits together with its request's idempotency
-    /// record, which must live in the same database.
     pub(crate) async fn open(
         database_url: &str,
         warehouse: String,
-        finalizer: Option<AnyFinalizer>,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let db = Database::connect(database_url).await?;
         // `SqlCatalog` creates its tables with `CREATE TABLE IF NOT EXISTS`, which
@@ -80,8 +79,33 @@ impl Catalog {
             db,
             file_io: FileIO::new_with_fs(),
             warehouse,
-            finalizer,
+            records: None,
             crash_after_commit,
         })
+    }
+
+    /// Keeps the idempotency records in the catalog's database, in `records`, whose
+    /// reservations are opened on [`Self::pool`]: every keyed change then commits once,
+    /// with its record and its answer.
+    pub(crate) fn with_one_commit_records(mut self, records: Arc<OneCommitStore>) -> Self {
+        self.records = Some(records);
+        self
+    }
+
+    /// The pool the catalog writes with.
+    pub(crate) fn pool(&self) -> &sqlx::AnyPool {
+        self.db.pool()
+    }
+
+    /// The transaction a change is written in: the one the request's idempotency record
+    /// was reserved in, when there is one, or a new one.
+    pub(super) async fn begin(
+        &self,
+        reservation: Option<&ReservationHandle>,
+    ) -> ApiResult<WriteTransaction> {
+        match &self.records {
+            Some(records) => Ok(records.begin(reservation).await?),
+            None => Ok(self.db.begin().await?.into()),
+        }
     }
 }

@@ -71,6 +71,11 @@ impl Database {
         Ok(Self { pool, backend })
     }
 
+    /// The pool.
+    pub(super) fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
     /// Which database this is.
     pub(super) fn backend(&self) -> Backend {
         self.backend

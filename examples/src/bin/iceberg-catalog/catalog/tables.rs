@@ -4,6 +4,7 @@
 //! A table is a row of `iceberg_tables` with `iceberg_type = 'TABLE'` pointing at its
 //! current metadata file.
 
+use idempotency_core::ReservationHandle;
 use std::collections::HashMap;
 
 use iceberg::spec::{TableMetadata, TableMetadataBuilder};
@@ -48,6 +49,7 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateTableRequest,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
         let (ident, creation) = self.table_creation(namespace, request).await?;
         let location = creation.location.clone().unwrap_or_default();
@@ -58,7 +60,7 @@ impl Catalog {
         metadata.write_to(&self.file_io, &metadata_location).await?;
         let metadata_location = metadata_location.to_string();
         let written = vec![metadata_location.clone()];
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.begin(reservation).await {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
@@ -168,6 +170,7 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         purge: bool,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         let table = if purge {
             match self.sql_catalog.load_table(ident).await {
@@ -180,7 +183,7 @@ impl Catalog {
         } else {
             None
         };
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin(reservation).await?;
         let deleted = self
             .db
             .execute_in(
@@ -205,6 +208,7 @@ impl Catalog {
         &self,
         from: &TableIdent,
         to: &TableIdent,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         check_name(to.name())?;
         if !self.table_exists(from).await? {
@@ -212,13 +216,13 @@ impl Catalog {
         }
         if from == to {
             // Nothing changes; the answer is still recorded with the key.
-            return Ok(Uncommitted::new(self, self.db.begin().await?, ()));
+            return Ok(Uncommitted::new(self, self.begin(reservation).await?, ()));
         }
         self.require_namespace(to.namespace()).await?;
         if self.db.name_taken(to).await? {
             return Err(table_exists_error(to));
         }
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin(reservation).await?;
         let renamed = self
             .db
             .execute_in(
@@ -259,6 +263,7 @@ impl Catalog {
         ident: &TableIdent,
         metadata_location: String,
         overwrite: bool,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
@@ -271,7 +276,7 @@ impl Catalog {
                 ))
             })?;
         let current = self.db.metadata_location(ident, TABLE_TYPE_FILTER).await?;
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin(reservation).await?;
         let written = match current {
             Some(current) if overwrite => {
                 self.db.execute_in(

@@ -6,6 +6,7 @@
 //! file written) and swapped in after; the swaps of one transaction share one database
 //! transaction, so a multi-table commit lands whole or not at all.
 
+use idempotency_core::ReservationHandle;
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 
@@ -38,11 +39,12 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         request: CommitTableRequest,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, (String, TableMetadata)>> {
         let prepared = self
             .prepare_commit(ident.clone(), request.requirements, request.updates)
             .await?;
-        let swapped = self.swap_in(vec![prepared]).await?;
+        let swapped = self.swap_in(vec![prepared], reservation).await?;
         Ok(swapped.map(|mut commits| {
             let commit = commits.pop().expect("one commit");
             (commit.location, commit.metadata)
@@ -53,6 +55,7 @@ impl Catalog {
     pub(crate) async fn commit_transaction(
         &self,
         changes: Vec<(TableIdent, CommitTableRequest)>,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         let mut seen = HashSet::new();
         let mut prepared = Vec::with_capacity(changes.len());
@@ -74,7 +77,7 @@ impl Catalog {
                 }
             }
         }
-        Ok(self.swap_in(prepared).await?.map(drop))
+        Ok(self.swap_in(prepared, reservation).await?.map(drop))
     }
 
     /// Checks the requirements against the current metadata, applies the updates and
@@ -139,8 +142,9 @@ impl Catalog {
     async fn swap_in(
         &self,
         commits: Vec<PreparedCommit>,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, Vec<PreparedCommit>>> {
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.begin(reservation).await {
             Ok(tx) => tx,
             Err(e) => {
                 self.discard(&commits).await;

@@ -4,7 +4,7 @@
 use axum::response::Response;
 use iceberg::table::Table;
 use idempotency_core::ReservationHandle;
-use sqlx::{Any, Transaction};
+use idempotency_store_sql::WriteTransaction;
 
 use super::connection::{CRASH_AFTER_COMMIT, Catalog};
 use super::log::LOG_TARGET;
@@ -15,7 +15,7 @@ use crate::error::{ApiError, ApiResult};
 #[must_use = "a change that is not committed rolls back"]
 pub(crate) struct Uncommitted<'a, T> {
     catalog: &'a Catalog,
-    tx: Transaction<'static, Any>,
+    tx: WriteTransaction,
     /// What the change made, for the answer.
     pub(crate) value: T,
     /// Metadata files written for the change: nothing points at them unless it commits.
@@ -25,7 +25,7 @@ pub(crate) struct Uncommitted<'a, T> {
 }
 
 impl<'a, T> Uncommitted<'a, T> {
-    pub(super) fn new(catalog: &'a Catalog, tx: Transaction<'static, Any>, value: T) -> Self {
+    pub(super) fn new(catalog: &'a Catalog, tx: WriteTransaction, value: T) -> Self {
         Self {
             catalog,
             tx,
@@ -58,20 +58,15 @@ impl<'a, T> Uncommitted<'a, T> {
         reservation: Option<&ReservationHandle>,
         answer: Response,
     ) -> ApiResult<Response> {
-        let answer = match &self.catalog.finalizer {
-            Some(finalizer) => {
-                match finalizer
-                    .finalize_in(&mut self.tx, reservation, answer)
-                    .await
-                {
-                    Ok(answer) => answer,
-                    Err(error) => {
-                        let _ = self.tx.rollback().await;
-                        self.catalog.delete_unused(&self.written).await;
-                        return Err(error.into());
-                    }
+        let answer = match &self.catalog.records {
+            Some(records) => match records.finalize_in(&mut self.tx, reservation, answer).await {
+                Ok(answer) => answer,
+                Err(error) => {
+                    let _ = self.tx.rollback().await;
+                    self.catalog.delete_unused(&self.written).await;
+                    return Err(error.into());
                 }
-            }
+            },
             None => answer,
         };
         if let Err(e) = self.tx.commit().await {

@@ -3,6 +3,7 @@
 //! A view is a row of `iceberg_tables` with `iceberg_type = 'VIEW'` (as in the Java JDBC
 //! catalog) pointing at its metadata file, which this module writes and reads as JSON.
 
+use idempotency_core::ReservationHandle;
 use std::collections::HashMap;
 
 use iceberg::spec::{ViewFormatVersion, ViewMetadata, ViewMetadataBuilder};
@@ -61,6 +62,7 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateViewRequest,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         check_name(&request.name)?;
         self.require_namespace(namespace).await?;
@@ -87,7 +89,7 @@ impl Catalog {
         self.write_view_metadata(&metadata_location, &metadata)
             .await?;
         let written = vec![metadata_location.clone()];
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.begin(reservation).await {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
@@ -162,6 +164,7 @@ impl Catalog {
         ident: &TableIdent,
         requirements: Vec<ViewRequirement>,
         updates: Vec<ViewUpdate>,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         let current = self.load_view(ident).await?;
         for requirement in requirements {
@@ -185,7 +188,7 @@ impl Catalog {
         let location = view_metadata_location(&metadata, version);
         self.write_view_metadata(&location, &metadata).await?;
         let written = vec![location.clone()];
-        let mut tx = match self.db.begin().await {
+        let mut tx = match self.begin(reservation).await {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
@@ -232,8 +235,12 @@ impl Catalog {
     }
 
     /// Drops a view from the catalog.
-    pub(crate) async fn drop_view(&self, ident: &TableIdent) -> ApiResult<Uncommitted<'_, ()>> {
-        let mut tx = self.db.begin().await?;
+    pub(crate) async fn drop_view(
+        &self,
+        ident: &TableIdent,
+        reservation: Option<&ReservationHandle>,
+    ) -> ApiResult<Uncommitted<'_, ()>> {
+        let mut tx = self.begin(reservation).await?;
         let deleted = self
             .db
             .execute_in(
@@ -256,6 +263,7 @@ impl Catalog {
         &self,
         from: &TableIdent,
         to: &TableIdent,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         check_name(to.name())?;
         if !self.view_exists(from).await? {
@@ -263,13 +271,13 @@ impl Catalog {
         }
         if from == to {
             // Nothing changes; the answer is still recorded with the key.
-            return Ok(Uncommitted::new(self, self.db.begin().await?, ()));
+            return Ok(Uncommitted::new(self, self.begin(reservation).await?, ()));
         }
         self.require_namespace(to.namespace()).await?;
         if self.db.name_taken(to).await? {
             return Err(view_exists_error(to));
         }
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin(reservation).await?;
         let renamed = self
             .db
             .execute_in(
@@ -307,6 +315,7 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         metadata_location: String,
+        reservation: Option<&ReservationHandle>,
     ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
@@ -323,7 +332,7 @@ impl Catalog {
         if self.db.name_taken(ident).await? {
             return Err(view_exists_error(ident));
         }
-        let mut tx = self.db.begin().await?;
+        let mut tx = self.begin(reservation).await?;
         let inserted = self
             .db
             .execute_in(

@@ -40,7 +40,7 @@ pub(super) async fn create_namespace(
         .map_err(|e| ApiError::bad_request(e.message().to_owned()))?;
     let created = state
         .catalog
-        .create_namespace(&namespace, request.properties)
+        .create_namespace(&namespace, request.properties, reservation.as_deref())
         .await?;
     let answer = Json(NamespaceResponse {
         namespace: request.namespace,
@@ -81,7 +81,10 @@ pub(super) async fn drop_namespace(
     Path(path): Path<NamespacePath>,
     reservation: Reservation,
 ) -> ApiResult<Response> {
-    let dropped = state.catalog.drop_namespace(&path.ident()?).await?;
+    let dropped = state
+        .catalog
+        .drop_namespace(&path.ident()?, reservation.as_deref())
+        .await?;
     dropped.commit(reservation.as_deref(), no_content()).await
 }
 
@@ -94,7 +97,12 @@ pub(super) async fn update_properties(
     let request: UpdateNamespacePropertiesRequest = parse(&body)?;
     let updated = state
         .catalog
-        .update_namespace_properties(&path.ident()?, request.removals, request.updates)
+        .update_namespace_properties(
+            &path.ident()?,
+            request.removals,
+            request.updates,
+            reservation.as_deref(),
+        )
         .await?;
     let answer = Json(&updated.value).into_response();
     updated.commit(reservation.as_deref(), answer).await

@@ -44,7 +44,10 @@ pub(super) async fn create_table(
             .await?;
         return Ok(Json(staged).into_response());
     }
-    let created = state.catalog.create_table(&namespace, request).await?;
+    let created = state
+        .catalog
+        .create_table(&namespace, request, reservation.as_deref())
+        .await?;
     let answer = Json(&created.value).into_response();
     created.commit(reservation.as_deref(), answer).await
 }
@@ -85,7 +88,10 @@ pub(super) async fn commit_table(
             identifier(named)?
         )));
     }
-    let committed = state.catalog.commit_table(&ident, request).await?;
+    let committed = state
+        .catalog
+        .commit_table(&ident, request, reservation.as_deref())
+        .await?;
     let (metadata_location, metadata) = &committed.value;
     let answer = Json(CommitTableResponse {
         metadata_location: metadata_location.clone(),
@@ -104,7 +110,10 @@ pub(super) async fn drop_table(
     let purge = query
         .get("purgeRequested")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let dropped = state.catalog.drop_table(&path.ident()?, purge).await?;
+    let dropped = state
+        .catalog
+        .drop_table(&path.ident()?, purge, reservation.as_deref())
+        .await?;
     dropped.commit(reservation.as_deref(), no_content()).await
 }
 
@@ -124,7 +133,12 @@ pub(super) async fn register_table(
     let ident = TableIdent::new(path.ident()?, request.name);
     let registered = state
         .catalog
-        .register_table(&ident, request.metadata_location, request.overwrite)
+        .register_table(
+            &ident,
+            request.metadata_location,
+            request.overwrite,
+            reservation.as_deref(),
+        )
         .await?;
     let answer = Json(&registered.value).into_response();
     registered.commit(reservation.as_deref(), answer).await
@@ -141,6 +155,7 @@ pub(super) async fn rename_table(
         .rename_table(
             &identifier(&request.source)?,
             &identifier(&request.destination)?,
+            reservation.as_deref(),
         )
         .await?;
     renamed.commit(reservation.as_deref(), no_content()).await

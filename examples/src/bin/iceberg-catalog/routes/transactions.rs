@@ -25,6 +25,9 @@ pub(super) async fn commit_transaction(
         };
         changes.push((identifier(named)?, change));
     }
-    let committed = state.catalog.commit_transaction(changes).await?;
+    let committed = state
+        .catalog
+        .commit_transaction(changes, reservation.as_deref())
+        .await?;
     committed.commit(reservation.as_deref(), no_content()).await
 }

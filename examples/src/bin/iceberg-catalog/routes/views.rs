@@ -34,7 +34,10 @@ pub(super) async fn create_view(
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateViewRequest = parse(&body)?;
-    let created = state.catalog.create_view(&path.ident()?, request).await?;
+    let created = state
+        .catalog
+        .create_view(&path.ident()?, request, reservation.as_deref())
+        .await?;
     let answer = Json(&created.value).into_response();
     created.commit(reservation.as_deref(), answer).await
 }
@@ -68,7 +71,12 @@ pub(super) async fn replace_view(
     let request: CommitViewRequest = parse(&body)?;
     let replaced = state
         .catalog
-        .replace_view(&path.ident()?, request.requirements, request.updates)
+        .replace_view(
+            &path.ident()?,
+            request.requirements,
+            request.updates,
+            reservation.as_deref(),
+        )
         .await?;
     let answer = Json(&replaced.value).into_response();
     replaced.commit(reservation.as_deref(), answer).await
@@ -79,7 +87,10 @@ pub(super) async fn drop_view(
     Path(path): Path<ViewPath>,
     reservation: Reservation,
 ) -> ApiResult<Response> {
-    let dropped = state.catalog.drop_view(&path.ident()?).await?;
+    let dropped = state
+        .catalog
+        .drop_view(&path.ident()?, reservation.as_deref())
+        .await?;
     dropped.commit(reservation.as_deref(), no_content()).await
 }
 
@@ -94,6 +105,7 @@ pub(super) async fn rename_view(
         .rename_view(
             &identifier(&request.source)?,
             &identifier(&request.destination)?,
+            reservation.as_deref(),
         )
         .await?;
     renamed.commit(reservation.as_deref(), no_content()).await
@@ -109,7 +121,7 @@ pub(super) async fn register_view(
     let ident = TableIdent::new(path.ident()?, request.name);
     let registered = state
         .catalog
-        .register_view(&ident, request.metadata_location)
+        .register_view(&ident, request.metadata_location, reservation.as_deref())
         .await?;
     let answer = Json(&registered.value).into_response();
     registered.commit(reservation.as_deref(), answer).await

@@ -1,0 +1,796 @@
+//! [`OneCommitStore`]: the reservation, the handler's mutation and its answer written in
+//! one transaction and committed once. It sits above the backends (it uses their
+//! statements) and beside [`AnyFinalizer`], which writes its answers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::Body;
+use idempotency_core::{
+    Binding, BoxError, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord,
+    IdempotencyStore, InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
+    RecordState, Reservation, ReservationHandle, StoreError, async_trait,
+};
+use sqlx::{Any, AnyConnection, AnyPool, Transaction};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::any::AnyFinalizer;
+use crate::common::{backend, millis, new_token};
+use crate::in_transaction::FinalizeError;
+use crate::table::TableName;
+
+/// How long a MySQL/MariaDB reservation waits on a duplicate's uncommitted row before it
+/// answers "in flight" (InnoDB counts whole seconds; 1 is its least on MySQL).
+const MYSQL_RESERVE_LOCK_WAIT_SECS: u64 = 1;
+
+/// Deadlocks (InnoDB picks a victim among duplicates waiting on one row) tried again.
+const MAX_DEADLOCK_RETRIES: usize = 3;
+
+/// A store whose reservations ride in the handler's own transaction, so that a first
+/// execution commits **once**: the in-flight record, the mutation and the stored answer
+/// together.
+///
+/// # How it works
+///
+/// The layer's reservation opens a transaction on the pool the handler writes with (an
+/// `AnyPool`: PostgreSQL, MySQL/MariaDB or SQLite) and inserts the in-flight record in
+/// it, uncommitted. The handler takes that transaction ([`begin`]), writes
+/// its mutation, writes its answer into the record ([`finalize_in`]) and commits. If it
+/// does not take the transaction (it writes nothing, or fails before it writes), the
+/// layer writes the answer into the record in that transaction and commits it; a 5xx or
+/// a release status rolls it back, which leaves no record.
+///
+/// [`begin`]: Self::begin
+/// [`finalize_in`]: Self::finalize_in
+///
+/// Every guarantee of the two-commit path (a typed store plus `finalize_in` in the
+/// handler's transaction) holds:
+///
+/// - **A crash at any instant leaves nothing or both**: until the one commit, the record
+///   exists only in the open transaction, which the database rolls back when the process
+///   dies; the retry then runs once.
+/// - **Duplicates wait, then replay**: a duplicate of a running request cannot see the
+///   uncommitted record; it finds the key busy (PostgreSQL: the record's advisory lock,
+///   held by the owner's transaction; MySQL/MariaDB: the uncommitted row's lock;
+///   SQLite: the database's write lock), waits for the owner's transaction to end, bounded
+///   by the layer's in-flight wait, and then replays the committed answer, runs the
+///   request itself (the owner rolled back), or gets the in-flight answer.
+/// - **A key reused with another request gets 422**, once the first request committed
+///   (while it runs, the duplicate waits, as above).
+/// - **Several replicas sharing the database run a request once**: the record's primary
+///   key admits one owner; the others wait on it.
+/// - **No lease to lose**: an uncommitted record cannot be taken over, so the layer's
+///   renewals cost nothing, and a slow handler is never run twice beside itself.
+///
+/// # What it costs, and when to use it
+///
+/// A keyed request holds a transaction, and with it a pooled connection, from its
+/// reservation until its commit, i.e. while the handler runs — the handler uses that
+/// connection instead of acquiring one. Duplicates wait on the owner's locks. On SQLite
+/// the reservation holds the database's write lock from the start of the handler to its
+/// commit: the handler must write in the reservation's transaction (a write on another
+/// connection would wait for the lock the reservation holds, until the busy timeout), and
+/// a duplicate waits for the lock up to the pool's busy timeout (sqlx's default: 5 s).
+///
+/// Use it when the handler's state lives in the same database as the records and the
+/// handler writes through sqlx `Any` (the example Iceberg catalog does): a first
+/// execution then costs one durable commit, as the same request without a key. Use a
+/// typed store ([`PostgresStore`](crate::PostgresStore), …) with its `finalize_in` when
+/// the handler is on typed connections, and a typed store alone when the handler's
+/// state lives elsewhere.
+///
+/// Records committed by other stores on the same table (a typed store on another
+/// replica) are read and handled by `records`, the typed store this one is built on:
+/// replays, 422s and expired records work across both. Scope quotas are not checked on
+/// this path: give `records` none.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use std::sync::Arc;
+/// use axum::{Extension, Router, response::{IntoResponse, Response}, routing::post};
+/// use idempotency_core::{IdempotencyLayer, ReservationHandle, SingleScope};
+/// use idempotency_store_sql::{OneCommitStore, PostgresStore};
+///
+/// sqlx::any::install_default_drivers();
+/// let url = "postgres://app@db/orders";
+/// let records = PostgresStore::connect(url, &Default::default()).await?.migrate().await?;
+/// let pool = sqlx::AnyPool::connect(url).await?;
+/// let store = Arc::new(OneCommitStore::new(Arc::new(records), pool, &Default::default()).await?);
+///
+/// let orders = store.clone();
+/// let place = move |reservation: Option<Extension<ReservationHandle>>| async move {
+///     let reservation = reservation.as_deref();
+///     // The reservation's transaction, or a new one for a request without a key.
+///     let mut tx = orders.begin(reservation).await.unwrap();
+///     sqlx::query("INSERT INTO orders (item) VALUES ('book')").execute(&mut **tx).await.unwrap();
+///     let answer = (http::StatusCode::CREATED, "order placed").into_response();
+///     let answer: Response = orders.finalize_in(&mut tx, reservation, answer).await.unwrap();
+///     tx.commit().await.unwrap(); // the one commit: record, order and answer
+///     answer
+/// };
+/// let app: Router = Router::new()
+///     .route("/orders", post(place))
+///     .layer(IdempotencyLayer::from_shared_store(store).with_scope(SingleScope));
+/// # drop(app); Ok(()) }
+/// ```
+pub struct OneCommitStore {
+    /// Everything that is not a one-commit reservation: committed records, typed.
+    records: Arc<dyn FullStore>,
+    pool: AnyPool,
+    dialect: Dialect,
+    table: TableName,
+    insert_in_flight: String,
+    finalizer: AnyFinalizer,
+    /// The reservations whose record is not committed yet, by owner.
+    pending: Mutex<HashMap<Owner, Pending>>,
+    /// Open reservations, each holding a pooled connection: at most half the pool, so
+    /// that their handlers always find a connection to read with (SQLite: one, the
+    /// database's single writer, queued here rather than on pooled connections).
+    open: Arc<Semaphore>,
+    /// How long a reservation waits for room among the open ones.
+    open_wait: Duration,
+}
+
+/// A handler's write transaction from [`OneCommitStore::begin`]: the one its request's
+/// record was reserved in, or a new one. Use it as a `sqlx::Transaction`, then
+/// [`commit`](Self::commit) it (or [`rollback`](Self::rollback); dropping it rolls back
+/// too). It holds the store's room for one open write transaction until it ends.
+///
+/// A service that has no one-commit store (idempotency off, or records elsewhere) wraps
+/// its own transactions with `From`, so that its code has one transaction type.
+pub struct WriteTransaction {
+    transaction: Transaction<'static, Any>,
+    _room: Option<OwnedSemaphorePermit>,
+}
+
+impl From<Transaction<'static, Any>> for WriteTransaction {
+    fn from(transaction: Transaction<'static, Any>) -> Self {
+        Self {
+            transaction,
+            _room: None,
+        }
+    }
+}
+
+impl WriteTransaction {
+    /// Commits the transaction: the record, the mutation and the answer, once.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.transaction.commit().await
+    }
+
+    /// Rolls the transaction back, the reservation with it.
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.transaction.rollback().await
+    }
+}
+
+impl std::ops::Deref for WriteTransaction {
+    type Target = Transaction<'static, Any>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.transaction
+    }
+}
+
+impl std::ops::DerefMut for WriteTransaction {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.transaction
+    }
+}
+
+impl std::fmt::Debug for WriteTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTransaction").finish_non_exhaustive()
+    }
+}
+
+/// The database a pool is on, as the one-commit path tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dialect {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Owner {
+    id: RecordId,
+    token: FencingToken,
+}
+
+/// A reservation whose record is not committed yet.
+enum Pending {
+    /// Its transaction, which the handler has not taken.
+    Open(WriteTransaction, Terms),
+    /// The handler took the transaction; it commits or rolls it back.
+    Taken(Terms),
+}
+
+/// What the reservation asked for, to reserve again with a typed store if the handler
+/// rolled its transaction back and the layer still has an answer to keep.
+#[derive(Clone)]
+struct Terms {
+    binding: Binding,
+    lease: Duration,
+    lifetime: Duration,
+}
+
+/// What an attempt to insert an in-flight record found.
+enum Attempt {
+    /// Inserted, in this open transaction.
+    Inserted(WriteTransaction),
+    /// A committed record holds the key.
+    Committed,
+    /// Another transaction holds the key (its owner runs), still when the wait ended.
+    Busy,
+}
+
+impl OneCommitStore {
+    /// A one-commit store writing reservations through `pool` (the pool the handler
+    /// writes with) into `table`, where `records` (a typed store on the same database
+    /// and table, e.g. from [`open`](crate::open)) keeps everything committed.
+    ///
+    /// Fails if the pool's database cannot be reached, or is one this build has no
+    /// feature for (`postgres`, `mysql`, `sqlite`).
+    pub async fn new(
+        records: Arc<dyn FullStore>,
+        pool: AnyPool,
+        table: &TableName,
+    ) -> Result<Self, StoreError> {
+        let name = pool
+            .acquire()
+            .await
+            .map_err(backend)?
+            .backend_name()
+            .to_owned();
+        let (dialect, insert_in_flight) = match name.as_str() {
+            #[cfg(feature = "postgres")]
+            "PostgreSQL" => (
+                Dialect::Postgres,
+                crate::postgres::insert_in_flight_statement(table),
+            ),
+            #[cfg(feature = "mysql")]
+            "MySQL" => (
+                Dialect::MySql,
+                crate::mysql::insert_in_flight_statement(table),
+            ),
+            #[cfg(feature = "sqlite")]
+            "SQLite" => (
+                Dialect::Sqlite,
+                crate::sqlite::insert_in_flight_statement(table),
+            ),
+            _ => {
+                return Err(StoreError::backend(FinalizeError::WrongDatabase {
+                    expected: "PostgreSQL, MySQL/MariaDB or SQLite, with this crate's feature for it",
+                    found: name,
+                }));
+            }
+        };
+        let room = match dialect {
+            Dialect::Sqlite => 1,
+            Dialect::Postgres | Dialect::MySql => {
+                (pool.options().get_max_connections() as usize / 2).max(1)
+            }
+        };
+        let open_wait = pool.options().get_acquire_timeout();
+        Ok(Self {
+            open: Arc::new(Semaphore::new(room)),
+            open_wait,
+            records,
+            pool,
+            dialect,
+            table: table.clone(),
+            insert_in_flight,
+            finalizer: AnyFinalizer::new(table),
+            pending: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The transaction for a handler to write its mutation in: the one its request's
+    /// record was reserved in (keyed requests), or a new one (requests without a key, or
+    /// keyed ones that a typed store reserved: a record that had expired, say). Write,
+    /// then [`finalize_in`](Self::finalize_in), then commit: for a keyed request, that one
+    /// commit holds the record, the mutation and the answer.
+    ///
+    /// Dropping a reservation's transaction rolls the reservation back with it: the layer
+    /// then keeps the handler's answer as a typed store would (two commits).
+    ///
+    /// Write transactions, keyed or not, take at most half the pool's connections at once
+    /// (SQLite: one, the database's single writer), so that a handler that holds one always
+    /// finds a connection to read with; past the pool's acquire timeout, this fails.
+    pub async fn begin(
+        &self,
+        reservation: Option<&ReservationHandle>,
+    ) -> Result<WriteTransaction, StoreError> {
+        if let Some(reserved) = self.take(reservation) {
+            return Ok(reserved);
+        }
+        let room = self.room().await?;
+        let transaction = self.begin_raw().await.map_err(backend)?;
+        Ok(WriteTransaction {
+            transaction,
+            _room: Some(room),
+        })
+    }
+
+    /// The open transaction the request's record was reserved in, if it has one that the
+    /// handler has not taken yet.
+    fn take(&self, reservation: Option<&ReservationHandle>) -> Option<WriteTransaction> {
+        let reservation = reservation?;
+        let owner = Owner {
+            id: reservation.id().clone(),
+            token: reservation.token(),
+        };
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        match pending.remove(&owner)? {
+            Pending::Open(transaction, terms) => {
+                pending.insert(owner, Pending::Taken(terms));
+                Some(transaction)
+            }
+            taken @ Pending::Taken(_) => {
+                pending.insert(owner, taken);
+                None
+            }
+        }
+    }
+
+    /// Room for one more open write transaction.
+    async fn room(&self) -> Result<OwnedSemaphorePermit, StoreError> {
+        match tokio::time::timeout(self.open_wait, self.open.clone().acquire_owned()).await {
+            Ok(Ok(room)) => Ok(room),
+            _ => Err(StoreError::backend(format!(
+                "no room for another write transaction within {:?}: each holds a pooled \
+                 connection, and at most half the pool's are used for them (SQLite: one); \
+                 raise the pool's size, or shorten the handlers' transactions",
+                self.open_wait
+            ))),
+        }
+    }
+
+    /// A transaction on the pool; on SQLite, one that takes the write lock at once.
+    async fn begin_raw(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+        match self.dialect {
+            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Dialect::Postgres | Dialect::MySql => self.pool.begin().await,
+        }
+    }
+
+    /// Writes `response` into the request's record inside `transaction` and returns the
+    /// answer to send once it commits, as [`AnyFinalizer::finalize_in`] does; a request
+    /// without a key gets its response back untouched. On an error, roll the transaction
+    /// back.
+    pub async fn finalize_in<B>(
+        &self,
+        transaction: &mut AnyConnection,
+        reservation: Option<&ReservationHandle>,
+        response: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let answer = self
+            .finalizer
+            .finalize_in(transaction, reservation, response)
+            .await?;
+        // Finalized: the layer will not call finalize or release for it.
+        if let Some(reservation) = reservation {
+            self.forget(&Owner {
+                id: reservation.id().clone(),
+                token: reservation.token(),
+            });
+        }
+        Ok(answer)
+    }
+
+    /// The typed store that keeps the committed records.
+    pub fn records(&self) -> &Arc<dyn FullStore> {
+        &self.records
+    }
+
+    fn forget(&self, owner: &Owner) -> Option<Pending> {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(owner)
+    }
+
+    fn is_pending(&self, owner: &Owner) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(owner)
+    }
+
+    /// Opens a transaction and inserts the in-flight record in it, waiting at most
+    /// `lock_wait` for a duplicate's owner (PostgreSQL: not at all; SQLite: the pool's
+    /// busy timeout).
+    async fn insert(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Attempt, StoreError> {
+        let room = match self.room().await {
+            Ok(room) => room,
+            // SQLite: the one writer's place stayed taken.
+            Err(_) if self.dialect == Dialect::Sqlite => return Ok(Attempt::Busy),
+            Err(error) => return Err(error),
+        };
+        for _ in 0..MAX_DEADLOCK_RETRIES {
+            let mut transaction = match self.begin_raw().await {
+                Ok(transaction) => transaction,
+                Err(error) if conflict(&error) == Conflict::Busy => return Ok(Attempt::Busy),
+                Err(error) => return Err(backend(error)),
+            };
+            if self.dialect == Dialect::MySql {
+                set_lock_wait(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
+            }
+            let mut query = sqlx::query(&self.insert_in_flight)
+                .bind(id.scope.as_str())
+                .bind(id.key.as_str())
+                .bind(binding.method.as_str())
+                .bind(binding.path.as_str())
+                .bind(binding.body_sha256.to_vec())
+                .bind(token.0)
+                // In flight under a live lease, a record never expires.
+                .bind(millis(lifetime.max(lease)))
+                .bind(millis(lease));
+            if self.dialect == Dialect::Postgres {
+                query = query.bind(self.table.record_lock_key(id));
+            }
+            let inserted = query.execute(&mut *transaction).await;
+            if self.dialect == Dialect::MySql {
+                // The handler's statements (and the pool's next user) wait as long as usual.
+                set_lock_wait(&mut transaction, None).await?;
+            }
+            match inserted {
+                Ok(done) if done.rows_affected() == 1 => {
+                    return Ok(Attempt::Inserted(WriteTransaction {
+                        transaction,
+                        _room: Some(room),
+                    }));
+                }
+                // PostgreSQL: the record's lock is held, by the transaction of its owner.
+                Ok(_) => return Ok(Attempt::Busy),
+                Err(error) => {
+                    // A failed statement may have ended the transaction; a rollback that
+                    // fails changes nothing here.
+                    let _ = transaction.rollback().await;
+                    match conflict(&error) {
+                        Conflict::Duplicate => return Ok(Attempt::Committed),
+                        Conflict::Busy => return Ok(Attempt::Busy),
+                        Conflict::Deadlock => continue,
+                        Conflict::Other => return Err(backend(error)),
+                    }
+                }
+            }
+        }
+        Ok(Attempt::Busy)
+    }
+
+    /// Waits up to `timeout` for the transaction that holds the key to end: `true` if it
+    /// ended (or none held it), `false` if it still runs.
+    async fn wait_for_owner(&self, id: &RecordId, timeout: Duration) -> Result<bool, StoreError> {
+        let mut transaction = self.pool.begin().await.map_err(backend)?;
+        let waited = match self.dialect {
+            Dialect::Postgres => {
+                // `lock_timeout` 0 would mean "forever".
+                let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+                sqlx::query(&format!("SET LOCAL lock_timeout = {ms}"))
+                    .execute(&mut *transaction)
+                    .await
+                    .map_err(backend)?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(self.table.record_lock_key(id))
+                    .execute(&mut *transaction)
+                    .await
+                    .map(|_| ())
+            }
+            Dialect::MySql => {
+                let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+                set_lock_wait(&mut transaction, Some(seconds)).await?;
+                // A probe: the insert waits on the owner's uncommitted row, and is rolled
+                // back whatever it finds.
+                let probed = sqlx::query(&self.insert_in_flight)
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind("")
+                    .bind("")
+                    .bind(vec![0_u8; 32])
+                    .bind(0_i64)
+                    .bind(0_i64)
+                    .bind(0_i64)
+                    .execute(&mut *transaction)
+                    .await
+                    .map(|_| ());
+                set_lock_wait(&mut transaction, None).await?;
+                probed
+            }
+            // The reservation already waited the busy timeout for the write lock.
+            Dialect::Sqlite => return Ok(false),
+        };
+        let _ = transaction.rollback().await;
+        match waited {
+            Ok(()) => Ok(true),
+            Err(error) => match conflict(&error) {
+                Conflict::Duplicate | Conflict::Deadlock => Ok(true),
+                Conflict::Busy => Ok(false),
+                Conflict::Other => Err(backend(error)),
+            },
+        }
+    }
+
+    /// The handler took the transaction and did not finalize in it, and the layer has an
+    /// answer to keep: the record is there if the handler committed, or gone with its
+    /// rollback, in which case it is reserved again (by the typed store) and finalized.
+    async fn finalize_after_handler(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &idempotency_core::StoredResponse,
+        terms: Terms,
+    ) -> Result<Ownership, StoreError> {
+        if self.records.finalize(id, token, response).await? == Ownership::Held {
+            return Ok(Ownership::Held);
+        }
+        match self
+            .records
+            .reserve(id, &terms.binding, terms.lease, terms.lifetime)
+            .await?
+        {
+            Reservation::Reserved(token) => self.records.finalize(id, token, response).await,
+            _ => Ok(Ownership::Lost),
+        }
+    }
+}
+
+/// A record in flight under a live lease, as a duplicate sees one it cannot read (it is
+/// uncommitted): bound like the duplicate, so that the layer waits for it, and after the
+/// wait reserves again and checks the committed record's binding then.
+fn running(binding: &Binding) -> IdempotencyRecord {
+    IdempotencyRecord {
+        binding: binding.clone(),
+        state: RecordState::InFlight {
+            token: FencingToken(0),
+            lease_lapsed: false,
+        },
+    }
+}
+
+/// Sets (or, `None`, resets) how long InnoDB statements of this session wait for a row
+/// lock.
+async fn set_lock_wait(
+    connection: &mut AnyConnection,
+    seconds: Option<u64>,
+) -> Result<(), StoreError> {
+    let value = seconds.map_or("DEFAULT".to_owned(), |s| s.to_string());
+    sqlx::query(&format!("SET SESSION innodb_lock_wait_timeout = {value}"))
+        .execute(connection)
+        .await
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// How a statement on a contended key failed.
+#[derive(Debug, PartialEq, Eq)]
+enum Conflict {
+    /// A committed record holds the key.
+    Duplicate,
+    /// The wait for another transaction's lock ended first.
+    Busy,
+    /// A deadlock victim: try again.
+    Deadlock,
+    /// Anything else.
+    Other,
+}
+
+fn conflict(error: &sqlx::Error) -> Conflict {
+    let Some(database) = error.as_database_error() else {
+        return Conflict::Other;
+    };
+    if database.kind() == sqlx::error::ErrorKind::UniqueViolation {
+        return Conflict::Duplicate;
+    }
+    match database.code().as_deref() {
+        // PostgreSQL: lock_not_available (lock_timeout), deadlock_detected.
+        Some("55P03") => return Conflict::Busy,
+        Some("40P01") => return Conflict::Deadlock,
+        _ => {}
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(mysql) = database.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return match mysql.number() {
+            1205 => Conflict::Busy,     // ER_LOCK_WAIT_TIMEOUT
+            1213 => Conflict::Deadlock, // ER_LOCK_DEADLOCK
+            _ => Conflict::Other,
+        };
+    }
+    #[cfg(feature = "sqlite")]
+    if database
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+    {
+        // SQLITE_BUSY and its extended codes: the write lock stayed taken.
+        let busy = database
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .is_some_and(|code| code & 0xff == 5);
+        if busy {
+            return Conflict::Busy;
+        }
+    }
+    Conflict::Other
+}
+
+#[async_trait]
+impl IdempotencyStore for OneCommitStore {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        // SQLite: a replay or a duplicate is answered by a read, without the write lock.
+        if self.dialect == Dialect::Sqlite
+            && let Some(record) = self.records.load(id).await?
+        {
+            return Ok(Reservation::Exists(record));
+        }
+        let token = new_token();
+        match self.insert(id, binding, token, lease, lifetime).await? {
+            Attempt::Inserted(transaction) => {
+                let terms = Terms {
+                    binding: binding.clone(),
+                    lease,
+                    lifetime,
+                };
+                let owner = Owner {
+                    id: id.clone(),
+                    token,
+                };
+                self.pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(owner, Pending::Open(transaction, terms));
+                Ok(Reservation::Reserved(token))
+            }
+            // A committed record (finished, in flight under a typed store, or expired):
+            // the typed store's rules, which replace an expired one.
+            Attempt::Committed => self.records.reserve(id, binding, lease, lifetime).await,
+            Attempt::Busy => Ok(Reservation::Exists(running(binding))),
+        }
+    }
+
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.records.load(id).await
+    }
+
+    /// Waits for the transaction that holds the key, then answers `None`, so that the
+    /// layer reserves again and reads the committed record (and its binding) then.
+    async fn wait(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        if self.wait_for_owner(id, timeout).await? {
+            return Ok(None);
+        }
+        // Still running: in flight, bound to nothing the layer checks after a wait.
+        Ok(Some(running(&Binding {
+            method: String::new(),
+            path: String::new(),
+            body_sha256: [0; 32],
+        })))
+    }
+
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let owner = Owner {
+            id: id.clone(),
+            token,
+        };
+        // An uncommitted record has no lease anyone else can see lapse.
+        if self.is_pending(&owner) {
+            return Ok(Ownership::Held);
+        }
+        self.records.renew(id, token, lease).await
+    }
+
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &idempotency_core::StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        let owner = Owner {
+            id: id.clone(),
+            token,
+        };
+        match self.forget(&owner) {
+            Some(Pending::Open(mut transaction, _)) => {
+                let held = self
+                    .finalizer
+                    .write_stored(&mut transaction, id, token, response)
+                    .await
+                    .map_err(StoreError::backend)?;
+                if held == Ownership::Held {
+                    transaction.commit().await.map_err(backend)?;
+                }
+                Ok(held)
+            }
+            Some(Pending::Taken(terms)) => {
+                self.finalize_after_handler(id, token, response, terms)
+                    .await
+            }
+            None => self.records.finalize(id, token, response).await,
+        }
+    }
+
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        let owner = Owner {
+            id: id.clone(),
+            token,
+        };
+        match self.forget(&owner) {
+            Some(Pending::Open(transaction, _)) => {
+                transaction.rollback().await.map_err(backend)?;
+                Ok(Ownership::Held)
+            }
+            // Committed by the handler without its answer: delete it; rolled back by the
+            // handler: nothing is left, which is what releasing asks for.
+            Some(Pending::Taken(_)) => {
+                self.records.release(id, token).await?;
+                Ok(Ownership::Held)
+            }
+            None => self.records.release(id, token).await,
+        }
+    }
+
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        self.records.take_over(id, lapsed, lease).await
+    }
+}
+
+#[async_trait]
+impl RecordAdmin for OneCommitStore {
+    async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
+        self.records.inspect(id).await
+    }
+
+    async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
+        self.records.evict(id, in_flight).await
+    }
+}
+
+#[async_trait]
+impl PurgeExpired for OneCommitStore {
+    async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
+        self.records.purge_expired(batch_size).await
+    }
+}
+
+impl std::fmt::Debug for OneCommitStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OneCommitStore")
+            .field("dialect", &self.dialect)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
