@@ -9,6 +9,10 @@
 #   benches/catalog.sh                         # SQLite and PostgreSQL, 2 rounds
 #   ROUNDS=3 SECONDS_PER_ROUND=5 benches/catalog.sh sqlite
 #   benches/catalog.sh postgres redis://127.0.0.1:6379   # records in Redis (--idempotency-store)
+#   benches/catalog.sh "sqlite postgres" two-commit      # records reserved in a commit of their own
+#
+# By default the records are in the catalog's database and a keyed change commits once
+# (OneCommitStore); `two-commit` runs the catalog with --two-commit, the path before it.
 #
 # Needs wrk (installed here if missing); PostgreSQL and Redis come from scripts/services.
 # Everything runs on 127.0.0.1.
@@ -82,8 +86,12 @@ LUA
 start_catalog() {
   local database="$1"
   local args=(--listen "127.0.0.1:$port" --database "$database" --warehouse "$work/warehouse")
-  if [ -n "$records" ]; then args+=(--idempotency-store "$records"); fi
-  "$catalog_bin" "${args[@]}" >/dev/null 2>&1 &
+  case "$records" in
+    "") ;;
+    two-commit) args+=(--two-commit) ;;
+    *) args+=(--idempotency-store "$records") ;;
+  esac
+  "$catalog_bin" "${args[@]}" >"${CATALOG_LOG:-/dev/null}" 2>&1 &
   catalog_pid=$!
   for _ in $(seq 1 100); do
     curl -sf "http://127.0.0.1:$port/v1/config" >/dev/null && break
@@ -143,7 +151,7 @@ for db in $databases; do
         keyed+=("$(rps fresh "$op" "$c" "$((nonce + 1))")")
         replay+=("$(rps fixed "$op" "$c" "$((nonce + 2))")")
       done
-      python3 - "$db" "${records:-same database}" "$op" "$c" "${unkeyed[*]}" "${keyed[*]}" "${replay[*]}" <<'PY'
+      python3 - "$db" "${records:-same database, one commit}" "$op" "$c" "${unkeyed[*]}" "${keyed[*]}" "${replay[*]}" <<'PY'
 import sys, statistics
 db, records, op, c = sys.argv[1:5]
 u, k, r = ([float(x) for x in a.split()] for a in sys.argv[5:8])

@@ -14,7 +14,7 @@ use idempotency_core::{
     IdempotencyStore, InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
     RecordState, Reservation, ReservationHandle, StoreError, async_trait,
 };
-use sqlx::{Any, AnyConnection, AnyPool, Transaction};
+use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::any::AnyFinalizer;
@@ -143,28 +143,57 @@ pub struct OneCommitStore {
 /// A service that has no one-commit store (idempotency off, or records elsewhere) wraps
 /// its own transactions with `From`, so that its code has one transaction type.
 pub struct WriteTransaction {
-    transaction: Transaction<'static, Any>,
-    _room: Option<OwnedSemaphorePermit>,
+    /// `Some` until it commits or rolls back.
+    transaction: Option<Transaction<'static, Any>>,
+    room: Option<OwnedSemaphorePermit>,
 }
 
 impl From<Transaction<'static, Any>> for WriteTransaction {
     fn from(transaction: Transaction<'static, Any>) -> Self {
         Self {
-            transaction,
-            _room: None,
+            transaction: Some(transaction),
+            room: None,
         }
     }
 }
 
 impl WriteTransaction {
-    /// Commits the transaction: the record, the mutation and the answer, once.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.transaction.commit().await
+    fn new(transaction: Transaction<'static, Any>, room: OwnedSemaphorePermit) -> Self {
+        Self {
+            transaction: Some(transaction),
+            room: Some(room),
+        }
     }
 
-    /// Rolls the transaction back, the reservation with it.
-    pub async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.transaction.rollback().await
+    /// Commits the transaction: for a keyed request, the record, the mutation and the
+    /// answer, once.
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        let transaction = self.transaction.take().expect("open until it ends");
+        transaction.commit().await
+    }
+
+    /// Rolls the transaction back, a reservation with it.
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        let transaction = self.transaction.take().expect("open until it ends");
+        transaction.rollback().await
+    }
+}
+
+impl Drop for WriteTransaction {
+    /// Rolls back a transaction dropped while open, and gives its room (and its pooled
+    /// connection) back only once that is done: sqlx alone would return the connection
+    /// with the rollback still queued, and the next `BEGIN` on it would fail.
+    fn drop(&mut self) {
+        let Some(transaction) = self.transaction.take() else {
+            return;
+        };
+        let room = self.room.take();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = transaction.rollback().await;
+                drop(room);
+            });
+        }
     }
 }
 
@@ -172,13 +201,13 @@ impl std::ops::Deref for WriteTransaction {
     type Target = Transaction<'static, Any>;
 
     fn deref(&self) -> &Self::Target {
-        &self.transaction
+        self.transaction.as_ref().expect("open until it ends")
     }
 }
 
 impl std::ops::DerefMut for WriteTransaction {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.transaction
+        self.transaction.as_mut().expect("open until it ends")
     }
 }
 
@@ -311,10 +340,7 @@ impl OneCommitStore {
         }
         let room = self.room().await?;
         let transaction = self.begin_raw().await.map_err(backend)?;
-        Ok(WriteTransaction {
-            transaction,
-            _room: Some(room),
-        })
+        Ok(WriteTransaction::new(transaction, room))
     }
 
     /// The open transaction the request's record was reserved in, if it has one that the
@@ -445,20 +471,36 @@ impl OneCommitStore {
             if self.dialect == Dialect::Postgres {
                 query = query.bind(self.table.record_lock_key(id));
             }
-            let inserted = query.execute(&mut *transaction).await;
+            let inserted = match self.dialect {
+                // One row: whether a record holds the key, whether ours went in.
+                Dialect::Postgres => query.fetch_one(&mut *transaction).await.and_then(|row| {
+                    let committed: i64 = row.try_get("committed")?;
+                    let inserted: i64 = row.try_get("inserted")?;
+                    Ok((committed, inserted))
+                }),
+                Dialect::MySql | Dialect::Sqlite => query
+                    .execute(&mut *transaction)
+                    .await
+                    .map(|done| (0, done.rows_affected() as i64)),
+            };
             if self.dialect == Dialect::MySql {
                 // The handler's statements (and the pool's next user) wait as long as usual.
                 set_lock_wait(&mut transaction, None).await?;
             }
             match inserted {
-                Ok(done) if done.rows_affected() == 1 => {
-                    return Ok(Attempt::Inserted(WriteTransaction {
-                        transaction,
-                        _room: Some(room),
-                    }));
+                Ok((_, 1)) => {
+                    return Ok(Attempt::Inserted(WriteTransaction::new(transaction, room)));
                 }
-                // PostgreSQL: the record's lock is held, by the transaction of its owner.
-                Ok(_) => return Ok(Attempt::Busy),
+                Ok((committed, _)) => {
+                    let _ = transaction.rollback().await;
+                    // PostgreSQL: a record holds the key, or its lock is held by the
+                    // transaction of the owner running it.
+                    return Ok(if committed > 0 {
+                        Attempt::Committed
+                    } else {
+                        Attempt::Busy
+                    });
+                }
                 Err(error) => {
                     // A failed statement may have ended the transaction; a rollback that
                     // fails changes nothing here.

@@ -294,22 +294,31 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
-/// A plain insert of an in-flight record, for the [one-commit path](crate::OneCommitStore):
-/// no conflict handling, so that a duplicate key fails (or, while the key's row is
-/// uncommitted, waits for its transaction). Parameters: scope, key, method, path,
-/// body_sha256, token, lifetime, lease, and the record's advisory lock: a row is
-/// inserted only if that lock is free, so that a duplicate of a running request inserts
-/// nothing at once instead of waiting on the uncommitted row.
+/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): inserts
+/// an in-flight record only if no record holds the key (committed: `committed` is 1) and
+/// the record's advisory lock is free (not: a duplicate of a running request, whose
+/// uncommitted row this statement would otherwise wait on; `inserted` is 0). A replay
+/// never takes the lock, so replays never wait on each other. Parameters: scope, key,
+/// method, path, body_sha256, token, lifetime, lease, the record's lock.
 #[cfg(feature = "any")]
 pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
     format!(
-        "INSERT INTO \"{table}\"
-         (scope, idempotency_key, method, path, body_sha256, fencing_token,
-          created_at_ms, expires_at_ms, lease_expires_at_ms)
-         SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
-                n, n + $7::bigint, n + $8::bigint
-         FROM (SELECT {NOW_MS} AS n) AS clock
-         WHERE pg_try_advisory_xact_lock($9::bigint)"
+        "WITH existing AS MATERIALIZED (
+             SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text
+         ),
+         ins AS (
+             INSERT INTO \"{table}\"
+                 (scope, idempotency_key, method, path, body_sha256, fencing_token,
+                  created_at_ms, expires_at_ms, lease_expires_at_ms)
+             SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
+                    n, n + $7::bigint, n + $8::bigint
+             FROM (SELECT {NOW_MS} AS n) AS clock
+             WHERE CASE WHEN EXISTS (SELECT 1 FROM existing) THEN FALSE
+                        ELSE pg_try_advisory_xact_lock($9::bigint) END
+             RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM existing) AS committed,
+                (SELECT count(*) FROM ins) AS inserted"
     )
 }
 

@@ -157,12 +157,47 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Vec<u8>, Opt
     )
 }
 
-async fn one_key_over_two_replicas_runs_once(backend: Backend) {
+/// Which path the replicas reserve on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Commits {
+    /// A typed store: the record committed on its own, before the handler runs.
+    Two,
+    /// `OneCommitStore`: the record reserved in a transaction the layer commits with the
+    /// answer (the handler here writes nothing of its own).
+    #[cfg(feature = "any")]
+    One,
+}
+
+impl Backend {
+    /// One replica's store on the path `commits` names.
+    async fn replica_on(self, table: &str, commits: Commits) -> Option<Arc<dyn FullStore>> {
+        let typed = self.replica(table).await?;
+        match commits {
+            Commits::Two => Some(typed),
+            #[cfg(feature = "any")]
+            Commits::One => {
+                sqlx::any::install_default_drivers();
+                let pool = sqlx::any::AnyPoolOptions::new()
+                    .max_connections(8)
+                    .connect(&self.url().0)
+                    .await
+                    .unwrap();
+                let table = idempotency_store_sql::TableName::new(table).unwrap();
+                let store = idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
+                    .await
+                    .unwrap();
+                Some(Arc::new(store))
+            }
+        }
+    }
+}
+
+async fn one_key_over_two_replicas_runs_once(backend: Backend, commits: Commits) {
     let table = common::unique_table();
-    let Some(a) = backend.replica(&table).await else {
+    let Some(a) = backend.replica_on(&table, commits).await else {
         return;
     };
-    let Some(b) = backend.replica(&table).await else {
+    let Some(b) = backend.replica_on(&table, commits).await else {
         return;
     };
     let calls = Calls::default();
@@ -336,7 +371,13 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn one_key_over_two_replicas_runs_once() {
-        super::one_key_over_two_replicas_runs_once(Backend::Postgres).await;
+        super::one_key_over_two_replicas_runs_once(Backend::Postgres, Commits::Two).await;
+    }
+
+    #[cfg(feature = "any")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_key_over_two_replicas_runs_once_in_one_commit() {
+        super::one_key_over_two_replicas_runs_once(Backend::Postgres, Commits::One).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,7 +397,13 @@ mod mariadb {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn one_key_over_two_replicas_runs_once() {
-        super::one_key_over_two_replicas_runs_once(Backend::MySql).await;
+        super::one_key_over_two_replicas_runs_once(Backend::MySql, Commits::Two).await;
+    }
+
+    #[cfg(feature = "any")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_key_over_two_replicas_runs_once_in_one_commit() {
+        super::one_key_over_two_replicas_runs_once(Backend::MySql, Commits::One).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

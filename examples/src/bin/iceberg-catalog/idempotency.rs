@@ -29,7 +29,9 @@ use std::time::Duration;
 use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
-use idempotency_store_sql::{OneCommitStore, TableName};
+use idempotency_store_sql::{AnyFinalizer, OneCommitStore, TableName};
+
+use crate::catalog::Finalizer;
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -42,10 +44,20 @@ pub(crate) enum Records<'a> {
     Redis(&'a str),
 }
 
+/// How a keyed change commits when the records are in the catalog's database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Commits {
+    /// Once: the record is reserved in the change's own transaction.
+    One,
+    /// Twice: the record is reserved in a commit of its own first (`--two-commit`).
+    Two,
+}
+
 /// The layer for the catalog, keeping answers for `lifetime` where `records` says; its
 /// store as the admin endpoints use it (inspect, evict: the layer holds only the request
-/// path); and, when the records are in the catalog's database, the one-commit store whose
-/// reservations the catalog's changes are written in, on the catalog's `pool`.
+/// path); and, when the records are in the catalog's database, how the catalog's changes
+/// write their answers: in the one-commit store's reservations, opened on the catalog's
+/// `pool`, or (`Commits::Two`) in transactions of their own.
 ///
 /// The catalog authenticates nobody (every caller may do everything), so there are no
 /// callers to tell apart: it says so with [`SingleScope`], and clients configured with a
@@ -54,13 +66,10 @@ pub(crate) enum Records<'a> {
 pub(crate) async fn layer(
     records: Records<'_>,
     lifetime: Duration,
+    commits: Commits,
     pool: &sqlx::AnyPool,
 ) -> Result<
-    (
-        IdempotencyLayer,
-        Arc<dyn RecordAdmin>,
-        Option<Arc<OneCommitStore>>,
-    ),
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Finalizer>),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     match records {
@@ -77,13 +86,20 @@ pub(crate) async fn layer(
             ])?;
             let typed = idempotency_store_sql::open(&config).await?;
             config.spawn_purge_task(typed.clone());
+            if commits == Commits::Two {
+                return Ok((
+                    config.iceberg_layer(typed.clone()).with_scope(SingleScope),
+                    typed,
+                    Some(Finalizer::TwoCommits(AnyFinalizer::default())),
+                ));
+            }
             // `open` keeps the records in the default table.
             let store =
                 Arc::new(OneCommitStore::new(typed, pool.clone(), &TableName::default()).await?);
             Ok((
                 config.iceberg_layer(store.clone()).with_scope(SingleScope),
                 store.clone(),
-                Some(store),
+                Some(Finalizer::OneCommit(store)),
             ))
         }
         Records::Redis(url) => {

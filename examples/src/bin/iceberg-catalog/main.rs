@@ -125,6 +125,12 @@ struct Args {
     #[arg(long, conflicts_with = "idempotency_store")]
     no_idempotency: bool,
 
+    /// Reserve a keyed request's record in a commit of its own before the change runs
+    /// (and write its answer in the change's transaction), instead of in the change's own
+    /// transaction: two commits per change instead of one. For comparison (benches).
+    #[arg(long, conflicts_with_all = ["idempotency_store", "no_idempotency"])]
+    two_commit: bool,
+
     /// How long a shutdown waits for keyed requests still running (ISO-8601). Those still
     /// running then are abandoned: their keys are taken over by a retry once their
     /// leases lapse.
@@ -177,10 +183,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             Some(url) => idempotency::Records::Redis(url),
             None => idempotency::Records::Database(&args.database),
         };
-        let (layer, records, one_commit) =
-            idempotency::layer(records, args.idempotency_lifetime, catalog.pool()).await?;
-        let catalog = match one_commit {
-            Some(one_commit) => catalog.with_one_commit_records(one_commit),
+        let commits = if args.two_commit {
+            idempotency::Commits::Two
+        } else {
+            idempotency::Commits::One
+        };
+        let (layer, records, finalizer) =
+            idempotency::layer(records, args.idempotency_lifetime, commits, catalog.pool()).await?;
+        let catalog = match finalizer {
+            Some(finalizer) => catalog.with_records_in_database(finalizer),
             None => catalog,
         };
         (Some(layer), Some(records), catalog)

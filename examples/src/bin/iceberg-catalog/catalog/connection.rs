@@ -8,7 +8,7 @@ use iceberg::CatalogBuilder as _;
 use iceberg::io::{FileIO, LocalFsStorageFactory};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use idempotency_core::ReservationHandle;
-use idempotency_store_sql::{OneCommitStore, WriteTransaction};
+use idempotency_store_sql::{AnyFinalizer, OneCommitStore, WriteTransaction};
 
 use super::database::{Backend, CATALOG_NAME, Database};
 use super::log::LOG_TARGET;
@@ -16,6 +16,16 @@ use crate::error::ApiResult;
 
 /// Set to `1`, the process aborts right after it commits a change, before it answers.
 pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
+
+/// How a change writes its answer into its idempotency record, in its own transaction.
+pub(crate) enum Finalizer {
+    /// The change is written in the transaction its record was reserved in: the record,
+    /// the change and the answer commit once.
+    OneCommit(Arc<OneCommitStore>),
+    /// The record was reserved in a commit of its own; the change writes the answer into
+    /// it in the change's transaction (`--two-commit`).
+    TwoCommits(AnyFinalizer),
+}
 
 /// Where the state lives and the files go.
 pub(crate) struct Catalog {
@@ -26,10 +36,10 @@ pub(crate) struct Catalog {
     pub(super) file_io: FileIO,
     /// The warehouse root as a `file://` URI, without a trailing slash.
     pub(super) warehouse: String,
-    /// The idempotency records, when they are kept in the catalog's database: a keyed
-    /// change is written in the transaction its record was reserved in, with its answer,
-    /// and committed once. `None` without idempotency, or with records elsewhere.
-    pub(super) records: Option<Arc<OneCommitStore>>,
+    /// How a change writes its request's answer into its idempotency record, when the
+    /// records are kept in the catalog's database; `None` without idempotency, or with
+    /// records elsewhere.
+    pub(super) records: Option<Finalizer>,
     /// [`CRASH_AFTER_COMMIT`] is set.
     pub(super) crash_after_commit: bool,
 }
@@ -84,11 +94,10 @@ impl Catalog {
         })
     }
 
-    /// Keeps the idempotency records in the catalog's database, in `records`, whose
-    /// reservations are opened on [`Self::pool`]: every keyed change then commits once,
-    /// with its record and its answer.
-    pub(crate) fn with_one_commit_records(mut self, records: Arc<OneCommitStore>) -> Self {
-        self.records = Some(records);
+    /// Keeps the idempotency records in the catalog's database: every keyed change writes
+    /// its answer into its record as `finalizer` says.
+    pub(crate) fn with_records_in_database(mut self, finalizer: Finalizer) -> Self {
+        self.records = Some(finalizer);
         self
     }
 
@@ -104,8 +113,8 @@ impl Catalog {
         reservation: Option<&ReservationHandle>,
     ) -> ApiResult<WriteTransaction> {
         match &self.records {
-            Some(records) => Ok(records.begin(reservation).await?),
-            None => Ok(self.db.begin().await?.into()),
+            Some(Finalizer::OneCommit(records)) => Ok(records.begin(reservation).await?),
+            Some(Finalizer::TwoCommits(_)) | None => Ok(self.db.begin().await?.into()),
         }
     }
 }

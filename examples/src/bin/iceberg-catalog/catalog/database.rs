@@ -56,8 +56,13 @@ impl Database {
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
         let backend = Backend::from_url(database_url)?;
         sqlx::any::install_default_drivers();
+        // Room for the write transactions of many concurrent requests, each of which may
+        // hold one connection from its reservation to its commit, and read with another.
         let pool = AnyPoolOptions::new()
-            .max_connections(8)
+            .max_connections(match backend {
+                Backend::Sqlite => 8,
+                Backend::Postgres | Backend::MySql => 32,
+            })
             .connect(database_url)
             .await?;
         if backend == Backend::Sqlite {

@@ -18,16 +18,20 @@
 //! | views | rows with `iceberg_type = 'VIEW'`, like the Java JDBC catalog |
 //! | list namespaces under a parent | here: `SqlCatalog` lists descendants, not children |
 //!
-//! # Exactly once: the answer commits with the change
+//! # Exactly once, in one commit: the record, the change and the answer
 //!
-//! A change is written in an open transaction and handed back as [`Uncommitted`]; the
-//! route builds the answer from it, and [`Uncommitted::commit`] writes that answer into
-//! the request's idempotency record **in the same transaction** (`AnyFinalizer`, fenced
-//! by the request's token) before it commits. The change and its answer then commit
-//! together or not at all: a replica killed right after the commit is replayed on the
-//! retry (a second `updateTable` would fail its requirements with
-//! `CommitFailedException`, and the Java client would then delete files the committed
-//! snapshot needs); one killed before it leaves nothing, and the retry runs once.
+//! A keyed change is written in the transaction its idempotency record was reserved in
+//! (`OneCommitStore::begin`; a new transaction without a key) and handed back as
+//! [`Uncommitted`]; the route builds the answer from it, and [`Uncommitted::commit`]
+//! writes that answer into the record **in the same transaction** before the one commit.
+//! The record, the change and its answer then commit together or not at all: a replica
+//! killed right after the commit is replayed on the retry (a second `updateTable` would
+//! fail its requirements with `CommitFailedException`, and the Java client would then
+//! delete files the committed snapshot needs); one killed before it leaves nothing, not
+//! even the reservation, and the retry runs once. A keyed change costs one durable
+//! commit, as the same change without a key does. (`--two-commit` reserves the record in
+//! a commit of its own first, as a typed store does, and writes the answer with
+//! `AnyFinalizer`: for comparison.)
 //!
 //! Metadata files are written before their transaction (they are not in the database):
 //! if it rolls back, or the process dies before it commits, the file it wrote is left
@@ -89,4 +93,4 @@ mod uncommitted;
 mod views;
 mod warehouse;
 
-pub(crate) use connection::Catalog;
+pub(crate) use connection::{Catalog, Finalizer};

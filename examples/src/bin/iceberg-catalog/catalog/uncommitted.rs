@@ -6,7 +6,7 @@ use iceberg::table::Table;
 use idempotency_core::ReservationHandle;
 use idempotency_store_sql::WriteTransaction;
 
-use super::connection::{CRASH_AFTER_COMMIT, Catalog};
+use super::connection::{CRASH_AFTER_COMMIT, Catalog, Finalizer};
 use super::log::LOG_TARGET;
 use crate::error::{ApiError, ApiResult};
 
@@ -58,16 +58,24 @@ impl<'a, T> Uncommitted<'a, T> {
         reservation: Option<&ReservationHandle>,
         answer: Response,
     ) -> ApiResult<Response> {
-        let answer = match &self.catalog.records {
-            Some(records) => match records.finalize_in(&mut self.tx, reservation, answer).await {
-                Ok(answer) => answer,
-                Err(error) => {
-                    let _ = self.tx.rollback().await;
-                    self.catalog.delete_unused(&self.written).await;
-                    return Err(error.into());
-                }
-            },
-            None => answer,
+        let finalized = match &self.catalog.records {
+            Some(Finalizer::OneCommit(records)) => {
+                records.finalize_in(&mut self.tx, reservation, answer).await
+            }
+            Some(Finalizer::TwoCommits(finalizer)) => {
+                finalizer
+                    .finalize_in(&mut self.tx, reservation, answer)
+                    .await
+            }
+            None => Ok(answer),
+        };
+        let answer = match finalized {
+            Ok(answer) => answer,
+            Err(error) => {
+                let _ = self.tx.rollback().await;
+                self.catalog.delete_unused(&self.written).await;
+                return Err(error.into());
+            }
         };
         if let Err(e) = self.tx.commit().await {
             // The database may or may not have applied it; the files stay, since a

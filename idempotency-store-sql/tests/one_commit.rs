@@ -1,0 +1,413 @@
+//! `OneCommitStore` behind the layer, on PostgreSQL, MariaDB and SQLite: a handler that
+//! writes its side effect in the reservation's transaction commits the record, the side
+//! effect and the answer once — nothing of the record is visible while it runs — and
+//! every rule of the two-commit path holds: retries replay, a duplicate in flight waits
+//! and replays, a reused key gets 422, a 5xx leaves nothing, and a handler that rolls its
+//! transaction back still has its answer kept.
+#![cfg(all(
+    feature = "any",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idempotency_core::{FullStore, IdempotencyLayer, Outcome, RejectionKind, ReservationHandle};
+use idempotency_store_sql::{OneCommitStore, PoolSettings, TableName};
+use sqlx::AnyPool;
+use tower::ServiceExt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Postgres,
+    MariaDb,
+    Sqlite,
+}
+
+/// One database for a test: the one-commit store on a fresh table, a pool of the test's
+/// own, and the side effects table.
+struct Database {
+    backend: Backend,
+    store: Arc<OneCommitStore>,
+    pool: AnyPool,
+    table: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Database {
+    async fn open(backend: Backend) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, env) = match backend {
+            Backend::Postgres => (
+                std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL")
+                    .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned()),
+                "IDEMPOTENCY_TEST_POSTGRES_URL",
+            ),
+            Backend::MariaDb => (
+                std::env::var("IDEMPOTENCY_TEST_MYSQL_URL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned()),
+                "IDEMPOTENCY_TEST_MYSQL_URL",
+            ),
+            Backend::Sqlite => (
+                format!("sqlite://{}/one.db?mode=rwc", dir.path().display()),
+                "-",
+            ),
+        };
+        let table = common::unique_table();
+        let settings = PoolSettings::default();
+        let typed: Result<Arc<dyn FullStore>, _> = match backend {
+            Backend::Postgres => {
+                match idempotency_store_sql::PostgresStore::connect(&url, &settings).await {
+                    Ok(store) => store
+                        .with_table_name(&table)
+                        .unwrap()
+                        .migrate()
+                        .await
+                        .map(|s| Arc::new(s) as _),
+                    Err(error) => Err(error),
+                }
+            }
+            Backend::MariaDb => {
+                match idempotency_store_sql::MySqlStore::connect(&url, &settings).await {
+                    Ok(store) => store
+                        .with_table_name(&table)
+                        .unwrap()
+                        .migrate()
+                        .await
+                        .map(|s| Arc::new(s) as _),
+                    Err(error) => Err(error),
+                }
+            }
+            Backend::Sqlite => {
+                match idempotency_store_sql::SqliteStore::connect(&url, &settings).await {
+                    Ok(store) => store
+                        .with_table_name(&table)
+                        .unwrap()
+                        .migrate()
+                        .await
+                        .map(|s| Arc::new(s) as _),
+                    Err(error) => Err(error),
+                }
+            }
+        };
+        let typed = match typed {
+            Ok(typed) => typed,
+            Err(error) => return common::unreachable(&format!("{backend:?}"), &url, env, error),
+        };
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE {table}_side_effects (name VARCHAR(64) NOT NULL)"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let store = OneCommitStore::new(typed, pool.clone(), &TableName::new(&table).unwrap())
+            .await
+            .unwrap();
+        Some(Self {
+            backend,
+            store: Arc::new(store),
+            pool,
+            table,
+            _dir: dir,
+        })
+    }
+
+    async fn count(&self, statement: &str) -> i64 {
+        sqlx::query_scalar(statement)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn side_effects(&self) -> i64 {
+        self.count(&format!("SELECT COUNT(*) FROM {}_side_effects", self.table))
+            .await
+    }
+
+    /// Committed records, in any state.
+    async fn records(&self) -> i64 {
+        let quoted = match self.backend {
+            Backend::MariaDb => format!("`{}`", self.table),
+            Backend::Postgres | Backend::Sqlite => format!("\"{}\"", self.table),
+        };
+        self.count(&format!("SELECT COUNT(*) FROM {quoted}")).await
+    }
+
+    async fn drop_tables(&self) {
+        if self.backend == Backend::Sqlite {
+            return;
+        }
+        for name in [self.table.clone(), format!("{}_side_effects", self.table)] {
+            let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {name}"))
+                .execute(&self.pool)
+                .await;
+        }
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    store: Arc<OneCommitStore>,
+    side_effects: String,
+    /// The test's pool, to look from outside while the handler runs.
+    observer: AnyPool,
+    records: String,
+}
+
+/// `POST /effects`: writes one side effect in the reservation's transaction and its
+/// answer into the record, then commits. `x-answer: 409` answers 409 instead, having
+/// written nothing and rolled the transaction back; `x-answer: 503` the same, with 503;
+/// `x-sleep-ms` waits inside the transaction. The answer says how many records another
+/// connection could see while the handler ran.
+async fn effect(
+    State(app): State<App>,
+    headers: HeaderMap,
+    reservation: Option<Extension<ReservationHandle>>,
+) -> Response {
+    let reservation = reservation.as_deref();
+    let mut tx = app.store.begin(reservation).await.unwrap();
+    let visible: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", app.records))
+        .fetch_one(&app.observer)
+        .await
+        .unwrap();
+    if let Some(status) = headers.get("x-answer") {
+        tx.rollback().await.unwrap();
+        let status = StatusCode::from_bytes(status.as_bytes()).unwrap();
+        return (status, "refused").into_response();
+    }
+    sqlx::query(&format!(
+        "INSERT INTO {} (name) VALUES ('effect')",
+        app.side_effects
+    ))
+    .execute(&mut **tx)
+    .await
+    .unwrap();
+    if let Some(ms) = headers.get("x-sleep-ms") {
+        let ms: u64 = ms.to_str().unwrap().parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let answer = (
+        StatusCode::CREATED,
+        format!(r#"{{"records_visible_while_running":{visible}}}"#),
+    )
+        .into_response();
+    let answer = app
+        .store
+        .finalize_in(&mut tx, reservation, answer)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    answer
+}
+
+fn app(database: &Database) -> Router {
+    let records = match database.backend {
+        Backend::MariaDb => format!("`{}`", database.table),
+        Backend::Postgres | Backend::Sqlite => format!("\"{}\"", database.table),
+    };
+    Router::new()
+        .route("/effects", post(effect))
+        .with_state(App {
+            store: database.store.clone(),
+            side_effects: format!("{}_side_effects", database.table),
+            observer: database.pool.clone(),
+            records,
+        })
+        .layer(IdempotencyLayer::from_shared_store(database.store.clone()))
+}
+
+fn request(key: &str, body: &'static str) -> Request<Body> {
+    Request::post("/effects")
+        .header("idempotency-key", key)
+        .body(Body::from(body))
+        .unwrap()
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, Option<Outcome>) {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let outcome = response.extensions().get::<Outcome>().copied();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        parts.status,
+        String::from_utf8(body.to_vec()).unwrap(),
+        outcome,
+    )
+}
+
+async fn one_commit_then_replays(backend: Backend) {
+    let Some(database) = Database::open(backend).await else {
+        return;
+    };
+    let app = app(&database);
+    let key = uuid::Uuid::new_v4().to_string();
+
+    let (status, body, outcome) = send(&app, request(&key, "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Executed))
+    );
+    assert_eq!(
+        body, r#"{"records_visible_while_running":0}"#,
+        "the reservation is not committed on its own: nothing of it is visible while the handler runs"
+    );
+    assert_eq!(database.side_effects().await, 1);
+    assert_eq!(database.records().await, 1);
+
+    let (status, replayed, outcome) = send(&app, request(&key, "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Replayed))
+    );
+    assert_eq!(replayed, body);
+    let (status, _, outcome) = send(&app, request(&key, "another body")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(outcome, Some(Outcome::Rejected(RejectionKind::KeyReused)));
+    assert_eq!(database.side_effects().await, 1);
+    database.drop_tables().await;
+}
+
+async fn a_duplicate_in_flight_waits_and_replays(backend: Backend) {
+    let Some(database) = Database::open(backend).await else {
+        return;
+    };
+    let app = app(&database);
+    let key = uuid::Uuid::new_v4().to_string();
+    let slow = request(&key, "a");
+    let (mut parts, body) = slow.into_parts();
+    parts.headers.insert("x-sleep-ms", "400".parse().unwrap());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, Request::from_parts(parts, body)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, duplicate, outcome) = send(&app, request(&key, "a")).await;
+    let (_, original, _) = first.await.unwrap();
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Replayed))
+    );
+    assert_eq!(duplicate, original);
+    assert_eq!(database.side_effects().await, 1);
+    database.drop_tables().await;
+}
+
+async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(backend: Backend) {
+    let Some(database) = Database::open(backend).await else {
+        return;
+    };
+    let app = app(&database);
+
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut failing = request(&key, "a");
+    failing
+        .headers_mut()
+        .insert("x-answer", "503".parse().unwrap());
+    let (status, _, outcome) = send(&app, failing).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(Outcome::Released))
+    );
+    assert_eq!(database.records().await, 0, "a 5xx leaves no record");
+    let (status, _, outcome) = send(&app, request(&key, "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Executed))
+    );
+
+    // The handler took the reservation's transaction, rolled it back and answered 409:
+    // the layer keeps that answer (in commits of its own), and retries get it.
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut refused = request(&key, "b");
+    refused
+        .headers_mut()
+        .insert("x-answer", "409".parse().unwrap());
+    let (status, _, outcome) = send(&app, refused).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CONFLICT, Some(Outcome::Executed))
+    );
+    let (status, body, outcome) = send(&app, request(&key, "b")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CONFLICT, Some(Outcome::Replayed))
+    );
+    assert_eq!(body, "refused");
+    assert_eq!(database.side_effects().await, 1);
+    database.drop_tables().await;
+}
+
+mod postgres {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_commit_then_replays() {
+        super::one_commit_then_replays(Backend::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_in_flight_waits_and_replays() {
+        super::a_duplicate_in_flight_waits_and_replays(Backend::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
+        super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(Backend::Postgres).await;
+    }
+}
+
+mod mariadb {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_commit_then_replays() {
+        super::one_commit_then_replays(Backend::MariaDb).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_in_flight_waits_and_replays() {
+        super::a_duplicate_in_flight_waits_and_replays(Backend::MariaDb).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
+        super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(Backend::MariaDb).await;
+    }
+}
+
+mod sqlite {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_commit_then_replays() {
+        super::one_commit_then_replays(Backend::Sqlite).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_in_flight_waits_and_replays() {
+        super::a_duplicate_in_flight_waits_and_replays(Backend::Sqlite).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
+        super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(Backend::Sqlite).await;
+    }
+}
