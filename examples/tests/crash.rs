@@ -5,7 +5,11 @@
 //!
 //! The server writes its side effect and finalizes the key in one transaction
 //! (`finalize_in`), so a kill at any instant leaves both or neither: the retry replays
-//! or runs once. One test pins what is left for a handler that does not (its side effect
+//! or runs once. Every instant is tested on both paths: the key reserved in a commit of
+//! its own first (a typed store: the retry takes the dead owner's lapsed reservation
+//! over), and reserved in the side effect's own transaction (`OneCommitStore`, one commit
+//! for the record, the side effect and the answer: a dead owner leaves no reservation,
+//! and the retry runs at once). One test pins what is left for a handler that does not (its side effect
 //! lives elsewhere): a kill between the side effect and the layer's finalize runs the
 //! mutation again.
 //!
@@ -19,6 +23,34 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idempotency_store_sql::sqlx::{self, AnyPool, Connection as _};
+
+/// How the servers reserve a key: in a commit of its own before the handler runs (a
+/// typed store), or in the transaction the side effect is written in (`OneCommitStore`,
+/// `--commits one`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Commits {
+    Two,
+    One,
+}
+
+impl Commits {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Two => "two",
+            Self::One => "one",
+        }
+    }
+
+    /// The outcome of a retry that runs the mutation after the owner was killed: a
+    /// reservation committed on its own is taken over once its lease lapses; one that
+    /// died with its transaction left nothing to take over.
+    fn rerun_outcome(self) -> &'static str {
+        match self {
+            Self::Two => "took-over",
+            Self::One => "executed",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
@@ -50,6 +82,7 @@ impl Backend {
 /// One database for a test: its URL, a pool of the test's own, and fresh tables.
 struct Database {
     backend: Backend,
+    commits: Commits,
     url: String,
     pool: AnyPool,
     table: String,
@@ -59,7 +92,7 @@ struct Database {
 
 impl Database {
     /// `None` (skip) when the server is unreachable outside CI.
-    async fn open(backend: Backend) -> Option<Self> {
+    async fn open(backend: Backend, commits: Commits) -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = backend.url(dir.path());
         sqlx::any::install_default_drivers();
@@ -81,6 +114,7 @@ impl Database {
         };
         Some(Self {
             backend,
+            commits,
             url,
             pool,
             table: format!("crash_{}", uuid::Uuid::new_v4().simple()),
@@ -114,6 +148,19 @@ impl Database {
     async fn record_is_locked(&self, key: &str) -> bool {
         let mut connection = self.pool.acquire().await.unwrap();
         match self.backend {
+            // One commit: the record is uncommitted, so a locking read does not see it;
+            // the side effects table is locked by the transaction that wrote to it.
+            Backend::Postgres if self.commits == Commits::One => {
+                let writers: i64 = sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON l.relation = c.oid \
+                     WHERE c.relname = '{}_side_effects' AND l.mode = 'RowExclusiveLock'",
+                    self.table
+                ))
+                .fetch_one(&mut *connection)
+                .await
+                .unwrap();
+                writers > 0
+            }
             Backend::Postgres | Backend::MariaDb => {
                 let quoted = if self.backend == Backend::Postgres {
                     format!("\"{}\"", self.table)
@@ -186,6 +233,7 @@ impl Replica {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--table", &database.table])
             .args(["--lease-ms", &lease_ms.to_string()])
+            .args(["--commits", database.commits.flag()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -258,10 +306,10 @@ async fn after_the_kill(database: &Database, second: Option<Replica>) -> Replica
 }
 
 /// The owner is killed before its side effect: the retry on the other replica waits for
-/// the lease to lapse, takes over, and the mutation runs exactly once.
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_before_the_side_effect_the_retry_takes_over_and_runs_once() {
-    let Some(database) = Database::open(Backend::Postgres).await else {
+/// the lease to lapse and takes over (one commit: the reservation died with the owner's
+/// transaction, and the retry runs at once), and the mutation runs exactly once.
+async fn killed_before_the_side_effect_the_retry_takes_over_and_runs_once(commits: Commits) {
+    let Some(database) = Database::open(Backend::Postgres, commits).await else {
         return;
     };
     let mut a = Replica::start(&database, 1000).await;
@@ -282,7 +330,10 @@ async fn killed_before_the_side_effect_the_retry_takes_over_and_runs_once() {
 
     let retry = b.post("create-order", &key).send().await.unwrap();
     assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["x-idempotency-outcome"], "took-over");
+    assert_eq!(
+        retry.headers()["x-idempotency-outcome"],
+        commits.rerun_outcome()
+    );
     assert_eq!(database.side_effects("create-order").await, 1);
 
     let again = b.post("create-order", &key).send().await.unwrap();
@@ -292,9 +343,8 @@ async fn killed_before_the_side_effect_the_retry_takes_over_and_runs_once() {
 }
 
 /// The owner finalized, then died: the retry on the other replica is a replay.
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_after_finalize_the_retry_on_the_other_replica_replays() {
-    let Some(database) = Database::open(Backend::Postgres).await else {
+async fn killed_after_finalize_the_retry_on_the_other_replica_replays(commits: Commits) {
+    let Some(database) = Database::open(Backend::Postgres, commits).await else {
         return;
     };
     let mut a = Replica::start(&database, 1000).await;
@@ -323,8 +373,11 @@ async fn killed_after_finalize_the_retry_on_the_other_replica_replays() {
 /// retry, on the other replica (or the restarted process), is a replay of the answer the
 /// dead owner never sent, and the mutation ran once. (Before the handler finalized in
 /// its transaction, this retry took over and ran the mutation again: 2 rows.)
-async fn killed_between_side_effect_and_answer_the_retry_replays(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn killed_between_side_effect_and_answer_the_retry_replays(
+    backend: Backend,
+    commits: Commits,
+) {
+    let Some(database) = Database::open(backend, commits).await else {
         return;
     };
     let (mut a, b) = first_and_second(&database).await;
@@ -360,26 +413,14 @@ async fn killed_between_side_effect_and_answer_the_retry_replays(backend: Backen
     database.drop_tables().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_between_side_effect_and_answer_the_retry_replays_on_postgres() {
-    killed_between_side_effect_and_answer_the_retry_replays(Backend::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_between_side_effect_and_answer_the_retry_replays_on_mariadb() {
-    killed_between_side_effect_and_answer_the_retry_replays(Backend::MariaDb).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_between_side_effect_and_answer_the_retry_replays_on_sqlite_after_a_restart() {
-    killed_between_side_effect_and_answer_the_retry_replays(Backend::Sqlite).await;
-}
-
 /// The owner is killed while its transaction is open, with the side effect and the
 /// finalized record written in it but not committed: both roll back, and the retry takes
 /// the lapsed reservation over and runs the mutation once.
-async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(
+    backend: Backend,
+    commits: Commits,
+) {
+    let Some(database) = Database::open(backend, commits).await else {
         return;
     };
     let (mut a, b) = first_and_second(&database).await;
@@ -404,7 +445,10 @@ async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(backen
     let b = after_the_kill(&database, b).await;
     let retry = b.post("cancel-order", &key).send().await.unwrap();
     assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["x-idempotency-outcome"], "took-over");
+    assert_eq!(
+        retry.headers()["x-idempotency-outcome"],
+        commits.rerun_outcome()
+    );
     assert_eq!(database.side_effects("cancel-order").await, 1);
     let again = b.post("cancel-order", &key).send().await.unwrap();
     assert_eq!(again.headers()["x-idempotency-outcome"], "replayed");
@@ -412,29 +456,13 @@ async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(backen
     database.drop_tables().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once_on_postgres() {
-    killed_inside_the_transaction_the_retry_takes_over_and_runs_once(Backend::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once_on_mariadb() {
-    killed_inside_the_transaction_the_retry_takes_over_and_runs_once(Backend::MariaDb).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once_on_sqlite() {
-    killed_inside_the_transaction_the_retry_takes_over_and_runs_once(Backend::Sqlite).await;
-}
-
 /// What is left for a handler that does not finalize in its transaction (its side
 /// effect lives elsewhere, or it does not use `finalize_in`): the side effect committed,
 /// then the owner died before the layer could finalize. The layer alone cannot know the
 /// mutation happened; after the lease lapses the retry takes over and runs it again.
 /// This pins that behaviour, as the README's Guarantees state it.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_handler_that_leaves_the_finalize_to_the_layer_still_runs_again() {
-    let Some(database) = Database::open(Backend::Postgres).await else {
+async fn a_handler_that_leaves_the_finalize_to_the_layer_still_runs_again(commits: Commits) {
+    let Some(database) = Database::open(Backend::Postgres, commits).await else {
         return;
     };
     let mut a = Replica::start(&database, 1000).await;
@@ -453,11 +481,62 @@ async fn a_handler_that_leaves_the_finalize_to_the_layer_still_runs_again() {
 
     let retry = b.post("ship-parcel", &key).send().await.unwrap();
     assert_eq!(retry.status(), 201);
-    assert_eq!(retry.headers()["x-idempotency-outcome"], "took-over");
+    assert_eq!(
+        retry.headers()["x-idempotency-outcome"],
+        commits.rerun_outcome()
+    );
     assert_eq!(
         database.side_effects("ship-parcel").await,
         2,
         "the window a handler closes only by finalizing in its transaction"
     );
     database.drop_tables().await;
+}
+
+// Each instant on both paths: two commits (a typed store) and one (`OneCommitStore`).
+
+macro_rules! on_both_paths {
+    ($($test:ident => $run:expr;)*) => {
+        mod two_commits {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $test() {
+                    let run = $run;
+                    run(Commits::Two).await;
+                }
+            )*
+        }
+        mod one_commit {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread")]
+                async fn $test() {
+                    let run = $run;
+                    run(Commits::One).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_paths! {
+    killed_before_the_side_effect_the_retry_runs_once =>
+        super::killed_before_the_side_effect_the_retry_takes_over_and_runs_once;
+    killed_after_finalize_the_retry_on_the_other_replica_replays =>
+        super::killed_after_finalize_the_retry_on_the_other_replica_replays;
+    killed_between_side_effect_and_answer_on_postgres =>
+        |c| killed_between_side_effect_and_answer_the_retry_replays(Backend::Postgres, c);
+    killed_between_side_effect_and_answer_on_mariadb =>
+        |c| killed_between_side_effect_and_answer_the_retry_replays(Backend::MariaDb, c);
+    killed_between_side_effect_and_answer_on_sqlite_after_a_restart =>
+        |c| killed_between_side_effect_and_answer_the_retry_replays(Backend::Sqlite, c);
+    killed_inside_the_transaction_on_postgres =>
+        |c| killed_inside_the_transaction_the_retry_takes_over_and_runs_once(Backend::Postgres, c);
+    killed_inside_the_transaction_on_mariadb =>
+        |c| killed_inside_the_transaction_the_retry_takes_over_and_runs_once(Backend::MariaDb, c);
+    killed_inside_the_transaction_on_sqlite =>
+        |c| killed_inside_the_transaction_the_retry_takes_over_and_runs_once(Backend::Sqlite, c);
+    a_handler_that_leaves_the_finalize_to_the_layer_still_runs_again =>
+        super::a_handler_that_leaves_the_finalize_to_the_layer_still_runs_again;
 }

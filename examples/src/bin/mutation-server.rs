@@ -10,6 +10,9 @@
 //! ```
 //!
 //! `--database` takes `postgres://…`, `mysql://…` (MySQL 8 or MariaDB) or `sqlite:FILE`.
+//! `--commits one` reserves each key in the transaction the side effect is written in
+//! (`OneCommitStore`): the record, the side effect and the answer commit once; the
+//! default, `--commits two`, reserves it in a commit of its own first (a typed store).
 //!
 //! Request headers steer the handler, so that a test can kill the process at a chosen
 //! instant:
@@ -35,15 +38,18 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use idempotency_core::{IdempotencyLayer, Outcome, ReservationHandle};
+use idempotency_core::{FullStore, IdempotencyLayer, Outcome, ReservationHandle};
 use idempotency_store_sql::sqlx;
-use idempotency_store_sql::{FinalizeError, MySqlStore, PoolSettings, PostgresStore, SqliteStore};
+use idempotency_store_sql::{
+    FinalizeError, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, SqliteStore, TableName,
+};
 
 struct Flags {
     database: String,
     listen: String,
     lease: Duration,
     table: String,
+    one_commit: bool,
 }
 
 fn parse_flags() -> Result<Flags, String> {
@@ -52,6 +58,7 @@ fn parse_flags() -> Result<Flags, String> {
         listen: "127.0.0.1:8300".to_owned(),
         lease: Duration::from_secs(20),
         table: "idempotency_records".to_owned(),
+        one_commit: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -60,6 +67,13 @@ fn parse_flags() -> Result<Flags, String> {
             "--database" => flags.database = value,
             "--listen" => flags.listen = value,
             "--table" => flags.table = value,
+            "--commits" => {
+                flags.one_commit = match value.as_str() {
+                    "one" => true,
+                    "two" => false,
+                    _ => return Err(format!("--commits takes one or two, not {value:?}")),
+                };
+            }
             "--lease-ms" => {
                 flags.lease = Duration::from_millis(
                     value
@@ -69,7 +83,7 @@ fn parse_flags() -> Result<Flags, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown flag {other}; use --database URL, --listen ADDR, --table NAME, --lease-ms N"
+                    "unknown flag {other}; use --database URL, --listen ADDR, --table NAME, --lease-ms N, --commits one|two"
                 ));
             }
         }
@@ -105,6 +119,22 @@ impl Database {
         })
     }
 
+    /// A one-commit store over this typed store, reserving on a pool of its own.
+    async fn one_commit(
+        &self,
+        url: &str,
+        table: &str,
+    ) -> Result<OneCommitStore, Box<dyn std::error::Error>> {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(url).await?;
+        let records: Arc<dyn FullStore> = match self {
+            Self::Postgres(store) => Arc::new(store.clone()),
+            Self::MySql(store) => Arc::new(store.clone()),
+            Self::Sqlite(store) => Arc::new(store.clone()),
+        };
+        Ok(OneCommitStore::new(records, pool, &TableName::new(table)?).await?)
+    }
+
     fn layer(&self) -> IdempotencyLayer {
         match self {
             Self::Postgres(store) => IdempotencyLayer::new(store.clone()),
@@ -138,6 +168,8 @@ impl Database {
 #[derive(Clone)]
 struct App {
     database: Database,
+    /// With `--commits one`: the store whose reservations the side effect is written in.
+    one_commit: Option<Arc<OneCommitStore>>,
     side_effects: String,
 }
 
@@ -152,13 +184,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let database = Database::open(&flags.database, &flags.table).await?;
     let side_effects = format!("{}_side_effects", flags.table);
     database.create_side_effects(&side_effects).await?;
-    let layer = database.layer().with_lease(flags.lease);
+    let one_commit = match flags.one_commit {
+        true => Some(Arc::new(
+            database.one_commit(&flags.database, &flags.table).await?,
+        )),
+        false => None,
+    };
+    let layer = match &one_commit {
+        Some(store) => IdempotencyLayer::from_shared_store(store.clone()),
+        None => database.layer(),
+    }
+    .with_lease(flags.lease);
     let in_flight = layer.in_flight();
     let app = Router::new()
         .route("/mutations/{name}", post(mutate))
         .route("/health", get(|| async { "ok" }))
         .with_state(Arc::new(App {
             database,
+            one_commit,
             side_effects,
         }))
         .layer(layer)
@@ -222,6 +265,29 @@ async fn mutate(
     let table = &app.side_effects;
     // The side effect and the record, in one transaction. (Dropping a transaction
     // without committing rolls it back.)
+    if let Some(store) = &app.one_commit {
+        // The transaction the key was reserved in: one commit for all three.
+        let mut tx = store
+            .begin(reservation)
+            .await
+            .map_err(|e| Failed(e.to_string()))?;
+        let placeholders = match &app.database {
+            Database::Postgres(_) => "($1, $2)",
+            Database::MySql(_) | Database::Sqlite(_) => "(?, ?)",
+        };
+        sqlx::query(&format!(
+            "INSERT INTO {table} (name, pid) VALUES {placeholders}"
+        ))
+        .bind(&name)
+        .bind(pid)
+        .execute(&mut **tx)
+        .await?;
+        let answer = store.finalize_in(&mut tx, reservation, answer).await?;
+        pause("x-sleep-in-transaction-ms").await;
+        tx.commit().await?;
+        pause("x-sleep-after-ms").await;
+        return Ok(answer);
+    }
     let answer = match &app.database {
         Database::Postgres(store) => {
             let mut tx = store.pool().begin().await?;
