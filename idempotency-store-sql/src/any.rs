@@ -61,6 +61,16 @@ impl Default for AnyFinalizer {
 }
 
 impl AnyFinalizer {
+    /// For the one-commit path: PostgreSQL's finalize announces nothing (its duplicates
+    /// wait on the record's lock, not on announcements).
+    pub(crate) fn quiet(table: &crate::TableName) -> Self {
+        Self {
+            #[cfg(feature = "postgres")]
+            postgres: crate::postgres::finalize_quietly_statement(table),
+            ..Self::new(table)
+        }
+    }
+
     /// For records in `table` (the table the store was given with `with_table_name`, or
     /// the default).
     pub fn new(table: &crate::TableName) -> Self {

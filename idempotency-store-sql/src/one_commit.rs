@@ -15,7 +15,7 @@ use idempotency_core::{
     RecordState, Reservation, ReservationHandle, StoreError, async_trait,
 };
 use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::any::AnyFinalizer;
 use crate::common::{backend, millis, new_token};
@@ -43,6 +43,12 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// layer writes the answer into the record in that transaction and commits it; a 5xx or
 /// a release status rolls it back, which leaves no record.
 ///
+/// SQLite has one writer for the whole database, so a transaction held open while the
+/// handler runs would make every handler wait for the one before it. There the
+/// reservation is this process's claim on the key (a duplicate in the process waits for
+/// it), and the in-flight record is inserted when the handler begins its transaction:
+/// the write lock is held from there to the commit only, as without a key.
+///
 /// [`begin`]: Self::begin
 /// [`finalize_in`]: Self::finalize_in
 ///
@@ -55,25 +61,28 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// - **Duplicates wait, then replay**: a duplicate of a running request cannot see the
 ///   uncommitted record; it finds the key busy (PostgreSQL: the record's advisory lock,
 ///   held by the owner's transaction; MySQL/MariaDB: the uncommitted row's lock;
-///   SQLite: the database's write lock), waits for the owner's transaction to end, bounded
+///   SQLite: the owner's claim in this process), waits for the owner to finish, bounded
 ///   by the layer's in-flight wait, and then replays the committed answer, runs the
 ///   request itself (the owner rolled back), or gets the in-flight answer.
 /// - **A key reused with another request gets 422**, once the first request committed
 ///   (while it runs, the duplicate waits, as above).
 /// - **Several replicas sharing the database run a request once**: the record's primary
-///   key admits one owner; the others wait on it.
+///   key admits one owner; the others wait on it. (SQLite, several processes on one
+///   file: a duplicate in another process runs its handler up to its transaction, finds
+///   the key committed there, and fails with a 5xx that changed nothing; the client's
+///   retry is replayed.)
 /// - **No lease to lose**: an uncommitted record cannot be taken over, so the layer's
 ///   renewals cost nothing, and a slow handler is never run twice beside itself.
 ///
 /// # What it costs, and when to use it
 ///
-/// A keyed request holds a transaction, and with it a pooled connection, from its
-/// reservation until its commit, i.e. while the handler runs — the handler uses that
-/// connection instead of acquiring one. Duplicates wait on the owner's locks. On SQLite
-/// the reservation holds the database's write lock from the start of the handler to its
-/// commit: the handler must write in the reservation's transaction (a write on another
-/// connection would wait for the lock the reservation holds, until the busy timeout), and
-/// a duplicate waits for the lock up to the pool's busy timeout (sqlx's default: 5 s).
+/// On PostgreSQL and MySQL/MariaDB a keyed request holds a transaction, and with it a
+/// pooled connection, from its reservation until its commit, i.e. while the handler runs
+/// — the handler uses that connection instead of acquiring one — and duplicates wait on
+/// the owner's locks. Write transactions (keyed or not, begun with [`begin`]) take at
+/// most half the pool, so that their handlers always find a connection to read with: size
+/// the pool for it. On SQLite write transactions queue for the one writer's place in the
+/// process, so that waiting writers hold no pooled connections.
 ///
 /// Use it when the handler's state lives in the same database as the records and the
 /// handler writes through sqlx `Any` (the example Iceberg catalog does): a first
@@ -125,8 +134,10 @@ pub struct OneCommitStore {
     table: TableName,
     insert_in_flight: String,
     finalizer: AnyFinalizer,
-    /// The reservations whose record is not committed yet, by owner.
-    pending: Mutex<HashMap<Owner, Pending>>,
+    /// The reservations whose record is not committed yet, by record.
+    pending: Mutex<HashMap<RecordId, Pending>>,
+    /// Told whenever a reservation leaves `pending`: what SQLite's duplicates wait for.
+    settled: Notify,
     /// Open reservations, each holding a pooled connection: at most half the pool, so
     /// that their handlers always find a connection to read with (SQLite: one, the
     /// database's single writer, queued here rather than on pooled connections).
@@ -225,18 +236,20 @@ enum Dialect {
     Sqlite,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Owner {
-    id: RecordId,
+/// A reservation whose record is not committed yet, with the token it was given.
+struct Pending {
     token: FencingToken,
+    state: PendingState,
+    terms: Terms,
 }
 
-/// A reservation whose record is not committed yet.
-enum Pending {
-    /// Its transaction, which the handler has not taken.
-    Open(WriteTransaction, Terms),
+enum PendingState {
+    /// SQLite: this process's claim on the key; nothing is written yet.
+    Claimed,
+    /// The record is in this transaction, which the handler has not taken.
+    Open(WriteTransaction),
     /// The handler took the transaction; it commits or rolls it back.
-    Taken(Terms),
+    Taken,
 }
 
 /// What the reservation asked for, to reserve again with a typed store if the handler
@@ -246,6 +259,12 @@ struct Terms {
     binding: Binding,
     lease: Duration,
     lifetime: Duration,
+}
+
+/// What a handler takes of its reservation.
+enum Taken {
+    Open(WriteTransaction),
+    Claimed(Terms),
 }
 
 /// What an attempt to insert an in-flight record found.
@@ -314,8 +333,9 @@ impl OneCommitStore {
             dialect,
             table: table.clone(),
             insert_in_flight,
-            finalizer: AnyFinalizer::new(table),
+            finalizer: AnyFinalizer::quiet(table),
             pending: Mutex::new(HashMap::new()),
+            settled: Notify::new(),
         })
     }
 
@@ -335,32 +355,85 @@ impl OneCommitStore {
         &self,
         reservation: Option<&ReservationHandle>,
     ) -> Result<WriteTransaction, StoreError> {
-        if let Some(reserved) = self.take(reservation) {
-            return Ok(reserved);
+        if let Some(reservation) = reservation {
+            let (id, token) = (reservation.id(), reservation.token());
+            match self.take(id, token) {
+                Some(Taken::Open(transaction)) => return Ok(transaction),
+                Some(Taken::Claimed(terms)) => {
+                    return match self.write_claim(id, token, &terms).await? {
+                        Some(transaction) => Ok(transaction),
+                        None => Err(StoreError::backend(
+                            "another process committed this request's idempotency key while \
+                             it ran; nothing of it was written: answer with a 5xx, and the \
+                             client's retry gets that process's answer",
+                        )),
+                    };
+                }
+                None => {}
+            }
         }
         let room = self.room().await?;
         let transaction = self.begin_raw().await.map_err(backend)?;
         Ok(WriteTransaction::new(transaction, room))
     }
 
-    /// The open transaction the request's record was reserved in, if it has one that the
-    /// handler has not taken yet.
-    fn take(&self, reservation: Option<&ReservationHandle>) -> Option<WriteTransaction> {
-        let reservation = reservation?;
-        let owner = Owner {
-            id: reservation.id().clone(),
-            token: reservation.token(),
-        };
+    /// Marks the reservation `token` holds on `id` as taken by its handler, and hands over
+    /// what the handler writes in: the open transaction, or (SQLite) the claim's terms.
+    fn take(&self, id: &RecordId, token: FencingToken) -> Option<Taken> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        match pending.remove(&owner)? {
-            Pending::Open(transaction, terms) => {
-                pending.insert(owner, Pending::Taken(terms));
-                Some(transaction)
-            }
-            taken @ Pending::Taken(_) => {
-                pending.insert(owner, taken);
-                None
-            }
+        let entry = pending.get_mut(id).filter(|entry| entry.token == token)?;
+        match std::mem::replace(&mut entry.state, PendingState::Taken) {
+            PendingState::Open(transaction) => Some(Taken::Open(transaction)),
+            PendingState::Claimed => Some(Taken::Claimed(entry.terms.clone())),
+            PendingState::Taken => None,
+        }
+    }
+
+    /// SQLite: writes a claimed reservation's in-flight record, in a new transaction that
+    /// holds the write lock from here to its commit; `None` if a live record holds the
+    /// key (another process committed it meanwhile).
+    async fn write_claim(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        terms: &Terms,
+    ) -> Result<Option<WriteTransaction>, StoreError> {
+        let room = self.room().await?;
+        let mut transaction = self.begin_raw().await.map_err(backend)?;
+        let written = self
+            .insert_query(id, &terms.binding, token, terms.lease, terms.lifetime)
+            .execute(&mut *transaction)
+            .await
+            .map_err(backend)?;
+        if written.rows_affected() != 1 {
+            let _ = transaction.rollback().await;
+            return Ok(None);
+        }
+        Ok(Some(WriteTransaction::new(transaction, room)))
+    }
+
+    /// The in-flight record's insert, bound.
+    fn insert_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        binding: &'q Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+        let query = sqlx::query(&self.insert_in_flight)
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(binding.method.as_str())
+            .bind(binding.path.as_str())
+            .bind(binding.body_sha256.to_vec())
+            .bind(token.0)
+            // In flight under a live lease, a record never expires.
+            .bind(millis(lifetime.max(lease)))
+            .bind(millis(lease));
+        match self.dialect {
+            Dialect::Postgres => query.bind(self.table.record_lock_key(id)),
+            Dialect::MySql | Dialect::Sqlite => query,
         }
     }
 
@@ -405,10 +478,7 @@ impl OneCommitStore {
             .await?;
         // Finalized: the layer will not call finalize or release for it.
         if let Some(reservation) = reservation {
-            self.forget(&Owner {
-                id: reservation.id().clone(),
-                token: reservation.token(),
-            });
+            self.forget(reservation.id(), reservation.token());
         }
         Ok(answer)
     }
@@ -418,23 +488,95 @@ impl OneCommitStore {
         &self.records
     }
 
-    fn forget(&self, owner: &Owner) -> Option<Pending> {
+    /// Removes the reservation `token` holds on `id` from the pending ones.
+    fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.get(id).is_none_or(|entry| entry.token != token) {
+            return None;
+        }
+        let entry = pending.remove(id);
+        drop(pending);
+        self.settled.notify_waiters();
+        entry
+    }
+
+    fn is_pending(&self, id: &RecordId, token: FencingToken) -> bool {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(owner)
+            .get(id)
+            .is_some_and(|entry| entry.token == token)
     }
 
-    fn is_pending(&self, owner: &Owner) -> bool {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(owner)
+    /// SQLite: claims the key in this process, unless a request in it holds it.
+    fn claim(&self, id: &RecordId, token: FencingToken, terms: Terms) -> bool {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.contains_key(id) {
+            return false;
+        }
+        let state = PendingState::Claimed;
+        pending.insert(
+            id.clone(),
+            Pending {
+                token,
+                state,
+                terms,
+            },
+        );
+        true
     }
 
-    /// Opens a transaction and inserts the in-flight record in it, waiting at most
-    /// `lock_wait` for a duplicate's owner (PostgreSQL: not at all; SQLite: the pool's
-    /// busy timeout).
+    /// SQLite: waits up to `timeout` for this process's claim on `id` to go: `true` once
+    /// it went, `false` if it is still held.
+    async fn wait_for_claim(&self, id: &RecordId, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let settled = self.settled.notified();
+            let mut settled = std::pin::pin!(settled);
+            settled.as_mut().enable();
+            let held = self
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(id);
+            if !held {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// SQLite's reservation: this process's claim on the key, then a read of the record
+    /// committed under it, if any (replays and reused keys are answered from it, and
+    /// nothing is claimed).
+    async fn claim_and_read(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        terms: Terms,
+    ) -> Result<Reservation, StoreError> {
+        let binding = terms.binding.clone();
+        if !self.claim(id, token, terms) {
+            return Ok(Reservation::Exists(running(&binding)));
+        }
+        match self.records.load(id).await {
+            Ok(None) => Ok(Reservation::Reserved(token)),
+            Ok(Some(record)) => {
+                self.forget(id, token);
+                Ok(Reservation::Exists(record))
+            }
+            Err(error) => {
+                self.forget(id, token);
+                Err(error)
+            }
+        }
+    }
+
+    /// PostgreSQL, MySQL/MariaDB: opens a transaction and inserts the in-flight record in
+    /// it, without waiting for a duplicate's owner (PostgreSQL) or for at most
+    /// [`MYSQL_RESERVE_LOCK_WAIT_SECS`].
     async fn insert(
         &self,
         id: &RecordId,
@@ -458,19 +600,7 @@ impl OneCommitStore {
             if self.dialect == Dialect::MySql {
                 set_lock_wait(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }
-            let mut query = sqlx::query(&self.insert_in_flight)
-                .bind(id.scope.as_str())
-                .bind(id.key.as_str())
-                .bind(binding.method.as_str())
-                .bind(binding.path.as_str())
-                .bind(binding.body_sha256.to_vec())
-                .bind(token.0)
-                // In flight under a live lease, a record never expires.
-                .bind(millis(lifetime.max(lease)))
-                .bind(millis(lease));
-            if self.dialect == Dialect::Postgres {
-                query = query.bind(self.table.record_lock_key(id));
-            }
+            let query = self.insert_query(id, binding, token, lease, lifetime);
             let inserted = match self.dialect {
                 // One row: whether a record holds the key, whether ours went in.
                 Dialect::Postgres => query.fetch_one(&mut *transaction).await.and_then(|row| {
@@ -555,7 +685,7 @@ impl OneCommitStore {
                 set_lock_wait(&mut transaction, None).await?;
                 probed
             }
-            // The reservation already waited the busy timeout for the write lock.
+            // SQLite's duplicates wait for the owner's claim instead.
             Dialect::Sqlite => return Ok(false),
         };
         let _ = transaction.rollback().await;
@@ -680,28 +810,29 @@ impl IdempotencyStore for OneCommitStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        // SQLite: a replay or a duplicate is answered by a read, without the write lock.
-        if self.dialect == Dialect::Sqlite
-            && let Some(record) = self.records.load(id).await?
-        {
-            return Ok(Reservation::Exists(record));
-        }
         let token = new_token();
+        let terms = Terms {
+            binding: binding.clone(),
+            lease,
+            lifetime,
+        };
+        if self.dialect == Dialect::Sqlite {
+            return self.claim_and_read(id, token, terms).await;
+        }
         match self.insert(id, binding, token, lease, lifetime).await? {
             Attempt::Inserted(transaction) => {
-                let terms = Terms {
-                    binding: binding.clone(),
-                    lease,
-                    lifetime,
-                };
-                let owner = Owner {
-                    id: id.clone(),
-                    token,
-                };
+                let state = PendingState::Open(transaction);
                 self.pending
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .insert(owner, Pending::Open(transaction, terms));
+                    .insert(
+                        id.clone(),
+                        Pending {
+                            token,
+                            state,
+                            terms,
+                        },
+                    );
                 Ok(Reservation::Reserved(token))
             }
             // A committed record (finished, in flight under a typed store, or expired):
@@ -715,14 +846,18 @@ impl IdempotencyStore for OneCommitStore {
         self.records.load(id).await
     }
 
-    /// Waits for the transaction that holds the key, then answers `None`, so that the
-    /// layer reserves again and reads the committed record (and its binding) then.
+    /// Waits for the owner that holds the key, then answers `None`, so that the layer
+    /// reserves again and reads the committed record (and its binding) then.
     async fn wait(
         &self,
         id: &RecordId,
         timeout: Duration,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        if self.wait_for_owner(id, timeout).await? {
+        let ended = match self.dialect {
+            Dialect::Sqlite => self.wait_for_claim(id, timeout).await,
+            Dialect::Postgres | Dialect::MySql => self.wait_for_owner(id, timeout).await?,
+        };
+        if ended {
             return Ok(None);
         }
         // Still running: in flight, bound to nothing the layer checks after a wait.
@@ -739,12 +874,8 @@ impl IdempotencyStore for OneCommitStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        let owner = Owner {
-            id: id.clone(),
-            token,
-        };
         // An uncommitted record has no lease anyone else can see lapse.
-        if self.is_pending(&owner) {
+        if self.is_pending(id, token) {
             return Ok(Ownership::Held);
         }
         self.records.renew(id, token, lease).await
@@ -756,48 +887,49 @@ impl IdempotencyStore for OneCommitStore {
         token: FencingToken,
         response: &idempotency_core::StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let owner = Owner {
-            id: id.clone(),
-            token,
+        let Some(Pending { state, terms, .. }) = self.forget(id, token) else {
+            return self.records.finalize(id, token, response).await;
         };
-        match self.forget(&owner) {
-            Some(Pending::Open(mut transaction, _)) => {
-                let held = self
-                    .finalizer
-                    .write_stored(&mut transaction, id, token, response)
-                    .await
-                    .map_err(StoreError::backend)?;
-                if held == Ownership::Held {
-                    transaction.commit().await.map_err(backend)?;
-                }
-                Ok(held)
+        let mut transaction = match state {
+            PendingState::Open(transaction) => transaction,
+            PendingState::Claimed => match self.write_claim(id, token, &terms).await? {
+                Some(transaction) => transaction,
+                None => return Ok(Ownership::Lost),
+            },
+            PendingState::Taken => {
+                return self
+                    .finalize_after_handler(id, token, response, terms)
+                    .await;
             }
-            Some(Pending::Taken(terms)) => {
-                self.finalize_after_handler(id, token, response, terms)
-                    .await
-            }
-            None => self.records.finalize(id, token, response).await,
+        };
+        let held = self
+            .finalizer
+            .write_stored(&mut transaction, id, token, response)
+            .await
+            .map_err(StoreError::backend)?;
+        if held == Ownership::Held {
+            transaction.commit().await.map_err(backend)?;
         }
+        Ok(held)
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
-        let owner = Owner {
-            id: id.clone(),
-            token,
+        let Some(Pending { state, .. }) = self.forget(id, token) else {
+            return self.records.release(id, token).await;
         };
-        match self.forget(&owner) {
-            Some(Pending::Open(transaction, _)) => {
+        match state {
+            // Nothing was written.
+            PendingState::Claimed => {}
+            PendingState::Open(transaction) => {
                 transaction.rollback().await.map_err(backend)?;
-                Ok(Ownership::Held)
             }
             // Committed by the handler without its answer: delete it; rolled back by the
             // handler: nothing is left, which is what releasing asks for.
-            Some(Pending::Taken(_)) => {
+            PendingState::Taken => {
                 self.records.release(id, token).await?;
-                Ok(Ownership::Held)
             }
-            None => self.records.release(id, token).await,
         }
+        Ok(Ownership::Held)
     }
 
     async fn take_over(

@@ -294,6 +294,18 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
+/// The finalize statement without its announcement, for the one-commit path, whose
+/// duplicates wait on the record's advisory lock rather than listen: a transaction that
+/// notifies takes PostgreSQL's global notification lock at its commit, which serializes
+/// the commits of every such transaction. Bound as [`finalize_statement`] is.
+#[cfg(feature = "any")]
+pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
+    Statements::new(table).finalize.replace(
+        &format!("pg_notify('{}', $7)", Statements::new(table).channel),
+        "$7::text",
+    )
+}
+
 /// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): inserts
 /// an in-flight record only if no record holds the key (committed: `committed` is 1) and
 /// the record's advisory lock is free (not: a duplicate of a running request, whose

@@ -205,17 +205,25 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
-/// A plain insert of an in-flight record, for the [one-commit path](crate::OneCommitStore):
-/// no conflict handling, so that a duplicate key fails (or, while the key's row is
-/// uncommitted, waits for its transaction). Parameters: scope, key, method, path,
-/// body_sha256, token, lifetime, lease.
+/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)), written
+/// when the handler begins its transaction: an in-flight record inserted in it, or put in
+/// the place of an expired one; nothing (0 rows) if a live record holds the key.
+/// Parameters: scope, key, method, path, body_sha256, token, lifetime, lease.
 #[cfg(feature = "any")]
 pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
     format!(
         "INSERT INTO \"{table}\"
          (scope, idempotency_key, method, path, body_sha256, fencing_token,
           created_at_ms, expires_at_ms, lease_expires_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8)"
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8)
+         ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+             method = excluded.method, path = excluded.path,
+             body_sha256 = excluded.body_sha256, fencing_token = excluded.fencing_token,
+             created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms,
+             lease_expires_at_ms = excluded.lease_expires_at_ms,
+             response_status = NULL, response_headers = NULL, response_body = NULL,
+             response_trailers = NULL
+         WHERE expires_at_ms <= {NOW_MS}"
     )
 }
 
