@@ -19,7 +19,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::any::AnyFinalizer;
 use crate::common::{backend, millis, new_token};
-use crate::in_transaction::FinalizeError;
+use crate::in_transaction::{FinalizeError, finish, prepare};
 use crate::table::TableName;
 
 /// How long a MySQL/MariaDB reservation waits on a duplicate's uncommitted row before it
@@ -132,12 +132,14 @@ pub struct OneCommitStore {
     pool: AnyPool,
     dialect: Dialect,
     table: TableName,
+    /// PostgreSQL, MySQL/MariaDB: the reservation's insert of the in-flight record.
     insert_in_flight: String,
+    /// SQLite: the insert of the finished record, written whole in the handler's
+    /// transaction.
+    insert_completed: String,
     finalizer: AnyFinalizer,
-    /// The reservations whose record is not committed yet, by record.
-    pending: Mutex<HashMap<RecordId, Pending>>,
-    /// Told whenever a reservation leaves `pending`: what SQLite's duplicates wait for.
-    settled: Notify,
+    /// The reservations whose record is not committed yet.
+    claims: Arc<Claims>,
     /// Open reservations, each holding a pooled connection: at most half the pool, so
     /// that their handlers always find a connection to read with (SQLite: one, the
     /// database's single writer, queued here rather than on pooled connections).
@@ -157,6 +159,8 @@ pub struct WriteTransaction {
     /// `Some` until it commits or rolls back.
     transaction: Option<Transaction<'static, Any>>,
     room: Option<OwnedSemaphorePermit>,
+    /// SQLite: the reservation's claim, let go once the transaction ended.
+    claim: Option<ClaimGuard>,
 }
 
 impl From<Transaction<'static, Any>> for WriteTransaction {
@@ -164,6 +168,7 @@ impl From<Transaction<'static, Any>> for WriteTransaction {
         Self {
             transaction: Some(transaction),
             room: None,
+            claim: None,
         }
     }
 }
@@ -173,7 +178,13 @@ impl WriteTransaction {
         Self {
             transaction: Some(transaction),
             room: Some(room),
+            claim: None,
         }
+    }
+
+    fn holding(mut self, claim: ClaimGuard) -> Self {
+        self.claim = Some(claim);
+        self
     }
 
     /// Commits the transaction: for a keyed request, the record, the mutation and the
@@ -198,11 +209,11 @@ impl Drop for WriteTransaction {
         let Some(transaction) = self.transaction.take() else {
             return;
         };
-        let room = self.room.take();
+        let (room, claim) = (self.room.take(), self.claim.take());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = transaction.rollback().await;
-                drop(room);
+                drop((room, claim));
             });
         }
     }
@@ -250,6 +261,62 @@ enum PendingState {
     Open(WriteTransaction),
     /// The handler took the transaction; it commits or rolls it back.
     Taken,
+    /// SQLite: the handler wrote the record in its transaction; the claim goes when that
+    /// transaction ends.
+    Finalized,
+}
+
+/// The reservations whose record is not committed yet, by record, and the signal that
+/// one settled, which SQLite's duplicates wait for.
+#[derive(Default)]
+struct Claims {
+    pending: Mutex<HashMap<RecordId, Pending>>,
+    settled: Notify,
+}
+
+impl Claims {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Pending>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Removes the reservation `token` holds on `id`, and tells the waiters.
+    fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending> {
+        let mut pending = self.lock();
+        if pending.get(id).is_none_or(|entry| entry.token != token) {
+            return None;
+        }
+        let entry = pending.remove(id);
+        drop(pending);
+        self.settled.notify_waiters();
+        entry
+    }
+
+    /// Marks the reservation as finalized in its handler's transaction.
+    fn finalized(&self, id: &RecordId, token: FencingToken) {
+        if let Some(entry) = self.lock().get_mut(id).filter(|entry| entry.token == token) {
+            entry.state = PendingState::Finalized;
+        }
+    }
+}
+
+/// SQLite: a claim held by the handler's transaction. When the transaction ends, a claim
+/// whose record was written in it goes (after the commit, so that a duplicate that was
+/// waiting reads the record); one whose record was not stays for the layer to settle.
+struct ClaimGuard {
+    claims: Arc<Claims>,
+    id: RecordId,
+    token: FencingToken,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let finalized = self.claims.lock().get(&self.id).is_some_and(|entry| {
+            entry.token == self.token && matches!(entry.state, PendingState::Finalized)
+        });
+        if finalized {
+            self.claims.forget(&self.id, self.token);
+        }
+    }
 }
 
 /// What the reservation asked for, to reserve again with a typed store if the handler
@@ -264,7 +331,7 @@ struct Terms {
 /// What a handler takes of its reservation.
 enum Taken {
     Open(WriteTransaction),
-    Claimed(Terms),
+    Claimed,
 }
 
 /// What an attempt to insert an in-flight record found.
@@ -295,21 +362,24 @@ impl OneCommitStore {
             .map_err(backend)?
             .backend_name()
             .to_owned();
-        let (dialect, insert_in_flight) = match name.as_str() {
+        let (dialect, insert_in_flight, insert_completed) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
                 Dialect::Postgres,
                 crate::postgres::insert_in_flight_statement(table),
+                String::new(),
             ),
             #[cfg(feature = "mysql")]
             "MySQL" => (
                 Dialect::MySql,
                 crate::mysql::insert_in_flight_statement(table),
+                String::new(),
             ),
             #[cfg(feature = "sqlite")]
             "SQLite" => (
                 Dialect::Sqlite,
-                crate::sqlite::insert_in_flight_statement(table),
+                String::new(),
+                crate::sqlite::insert_completed_statement(table),
             ),
             _ => {
                 return Err(StoreError::backend(FinalizeError::WrongDatabase {
@@ -333,9 +403,9 @@ impl OneCommitStore {
             dialect,
             table: table.clone(),
             insert_in_flight,
+            insert_completed,
             finalizer: AnyFinalizer::quiet(table),
-            pending: Mutex::new(HashMap::new()),
-            settled: Notify::new(),
+            claims: Arc::default(),
         })
     }
 
@@ -359,15 +429,17 @@ impl OneCommitStore {
             let (id, token) = (reservation.id(), reservation.token());
             match self.take(id, token) {
                 Some(Taken::Open(transaction)) => return Ok(transaction),
-                Some(Taken::Claimed(terms)) => {
-                    return match self.write_claim(id, token, &terms).await? {
-                        Some(transaction) => Ok(transaction),
-                        None => Err(StoreError::backend(
-                            "another process committed this request's idempotency key while \
-                             it ran; nothing of it was written: answer with a 5xx, and the \
-                             client's retry gets that process's answer",
-                        )),
+                // SQLite: the record is written whole by `finalize_in`, in this
+                // transaction, and the claim is let go when it ends.
+                Some(Taken::Claimed) => {
+                    let room = self.room().await?;
+                    let transaction = self.begin_raw().await.map_err(backend)?;
+                    let claim = ClaimGuard {
+                        claims: self.claims.clone(),
+                        id: id.clone(),
+                        token,
                     };
+                    return Ok(WriteTransaction::new(transaction, room).holding(claim));
                 }
                 None => {}
             }
@@ -380,36 +452,64 @@ impl OneCommitStore {
     /// Marks the reservation `token` holds on `id` as taken by its handler, and hands over
     /// what the handler writes in: the open transaction, or (SQLite) the claim's terms.
     fn take(&self, id: &RecordId, token: FencingToken) -> Option<Taken> {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.claims.lock();
         let entry = pending.get_mut(id).filter(|entry| entry.token == token)?;
         match std::mem::replace(&mut entry.state, PendingState::Taken) {
             PendingState::Open(transaction) => Some(Taken::Open(transaction)),
-            PendingState::Claimed => Some(Taken::Claimed(entry.terms.clone())),
-            PendingState::Taken => None,
+            PendingState::Claimed => Some(Taken::Claimed),
+            PendingState::Taken | PendingState::Finalized => None,
         }
     }
 
-    /// SQLite: writes a claimed reservation's in-flight record, in a new transaction that
-    /// holds the write lock from here to its commit; `None` if a live record holds the
-    /// key (another process committed it meanwhile).
-    async fn write_claim(
+    /// SQLite: writes a claimed reservation's record, finished with `response`, in
+    /// `connection`'s transaction; `Lost` if a live record holds the key (another process
+    /// committed it while this request ran).
+    async fn write_completed(
+        &self,
+        connection: &mut AnyConnection,
+        id: &RecordId,
+        token: FencingToken,
+        terms: &Terms,
+        response: &idempotency_core::StoredResponse,
+    ) -> Result<Ownership, sqlx::Error> {
+        let written = sqlx::query(&self.insert_completed)
+            .bind(id.scope.as_str())
+            .bind(id.key.as_str())
+            .bind(terms.binding.method.as_str())
+            .bind(terms.binding.path.as_str())
+            .bind(terms.binding.body_sha256.to_vec())
+            .bind(token.0)
+            .bind(millis(terms.lifetime.max(terms.lease)))
+            .bind(millis(terms.lease))
+            .bind(i32::from(response.status))
+            .bind(response.encode_headers())
+            .bind(response.body.to_vec())
+            .bind(crate::common::trailers_column(response))
+            .execute(connection)
+            .await?;
+        Ok(crate::common::ownership(written.rows_affected()))
+    }
+
+    /// SQLite: the finished record, in a transaction of its own, for a handler that wrote
+    /// none in its transaction.
+    async fn record_alone(
         &self,
         id: &RecordId,
         token: FencingToken,
         terms: &Terms,
-    ) -> Result<Option<WriteTransaction>, StoreError> {
+        response: &idempotency_core::StoredResponse,
+    ) -> Result<Ownership, StoreError> {
         let room = self.room().await?;
         let mut transaction = self.begin_raw().await.map_err(backend)?;
-        let written = self
-            .insert_query(id, &terms.binding, token, terms.lease, terms.lifetime)
-            .execute(&mut *transaction)
+        let held = self
+            .write_completed(&mut transaction, id, token, terms, response)
             .await
             .map_err(backend)?;
-        if written.rows_affected() != 1 {
-            let _ = transaction.rollback().await;
-            return Ok(None);
+        if held == Ownership::Held {
+            transaction.commit().await.map_err(backend)?;
         }
-        Ok(Some(WriteTransaction::new(transaction, room)))
+        drop(room);
+        Ok(held)
     }
 
     /// The in-flight record's insert, bound.
@@ -472,6 +572,29 @@ impl OneCommitStore {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
+        if self.dialect == Dialect::Sqlite
+            && let Some(reservation) = reservation
+            && let Some(terms) = self.claimed_terms(reservation)
+        {
+            let prepared = match prepare(Some(reservation), response).await? {
+                Ok(prepared) => prepared,
+                Err(unchanged) => return Ok(unchanged),
+            };
+            let stored = prepared
+                .stored()
+                .expect("prepare() keeps only answers to store");
+            let (id, token) = (reservation.id(), reservation.token());
+            let ownership = self
+                .write_completed(transaction, id, token, &terms, stored)
+                .await
+                .map_err(FinalizeError::Database)?;
+            if ownership == Ownership::Held {
+                // The claim goes when the transaction ends (`ClaimGuard`): a duplicate
+                // waiting for it then reads the committed record.
+                self.claims.finalized(id, token);
+            }
+            return finish(prepared, ownership);
+        }
         let answer = self
             .finalizer
             .finalize_in(transaction, reservation, response)
@@ -490,27 +613,28 @@ impl OneCommitStore {
 
     /// Removes the reservation `token` holds on `id` from the pending ones.
     fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending> {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if pending.get(id).is_none_or(|entry| entry.token != token) {
-            return None;
-        }
-        let entry = pending.remove(id);
-        drop(pending);
-        self.settled.notify_waiters();
-        entry
+        self.claims.forget(id, token)
     }
 
     fn is_pending(&self, id: &RecordId, token: FencingToken) -> bool {
-        self.pending
+        self.claims
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
             .get(id)
             .is_some_and(|entry| entry.token == token)
     }
 
+    /// SQLite: the terms of a claimed reservation, `None` if it is not one.
+    fn claimed_terms(&self, reservation: &ReservationHandle) -> Option<Terms> {
+        self.claims
+            .lock()
+            .get(reservation.id())
+            .filter(|entry| entry.token == reservation.token())
+            .map(|entry| entry.terms.clone())
+    }
+
     /// SQLite: claims the key in this process, unless a request in it holds it.
     fn claim(&self, id: &RecordId, token: FencingToken, terms: Terms) -> bool {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = self.claims.lock();
         if pending.contains_key(id) {
             return false;
         }
@@ -531,14 +655,10 @@ impl OneCommitStore {
     async fn wait_for_claim(&self, id: &RecordId, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let settled = self.settled.notified();
+            let settled = self.claims.settled.notified();
             let mut settled = std::pin::pin!(settled);
             settled.as_mut().enable();
-            let held = self
-                .pending
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains_key(id);
+            let held = self.claims.lock().contains_key(id);
             if !held {
                 return true;
             }
@@ -548,19 +668,25 @@ impl OneCommitStore {
         }
     }
 
-    /// SQLite's reservation: this process's claim on the key, then a read of the record
-    /// committed under it, if any (replays and reused keys are answered from it, and
-    /// nothing is claimed).
+    /// SQLite's reservation: the record committed under the key, if any (replays and
+    /// reused keys are answered from it), else this process's claim on the key.
     async fn claim_and_read(
         &self,
         id: &RecordId,
         token: FencingToken,
         terms: Terms,
     ) -> Result<Reservation, StoreError> {
+        // A replay (or a reused key) is answered by a read, without a claim: replays
+        // never wait for each other.
+        if let Some(record) = self.records.load(id).await? {
+            return Ok(Reservation::Exists(record));
+        }
         let binding = terms.binding.clone();
         if !self.claim(id, token, terms) {
             return Ok(Reservation::Exists(running(&binding)));
         }
+        // Read again under the claim: an owner in this process commits before it lets
+        // its claim go, so a record it committed since the first read is seen here.
         match self.records.load(id).await {
             Ok(None) => Ok(Reservation::Reserved(token)),
             Ok(Some(record)) => {
@@ -822,17 +948,14 @@ impl IdempotencyStore for OneCommitStore {
         match self.insert(id, binding, token, lease, lifetime).await? {
             Attempt::Inserted(transaction) => {
                 let state = PendingState::Open(transaction);
-                self.pending
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(
-                        id.clone(),
-                        Pending {
-                            token,
-                            state,
-                            terms,
-                        },
-                    );
+                self.claims.lock().insert(
+                    id.clone(),
+                    Pending {
+                        token,
+                        state,
+                        terms,
+                    },
+                );
                 Ok(Reservation::Reserved(token))
             }
             // A committed record (finished, in flight under a typed store, or expired):
@@ -892,10 +1015,14 @@ impl IdempotencyStore for OneCommitStore {
         };
         let mut transaction = match state {
             PendingState::Open(transaction) => transaction,
-            PendingState::Claimed => match self.write_claim(id, token, &terms).await? {
-                Some(transaction) => transaction,
-                None => return Ok(Ownership::Lost),
-            },
+            // SQLite: the handler wrote no record in a transaction of its own (it took
+            // none, or did not finalize in it): the record, alone.
+            PendingState::Claimed | PendingState::Finalized => {
+                return self.record_alone(id, token, &terms, response).await;
+            }
+            PendingState::Taken if self.dialect == Dialect::Sqlite => {
+                return self.record_alone(id, token, &terms, response).await;
+            }
             PendingState::Taken => {
                 return self
                     .finalize_after_handler(id, token, response, terms)
@@ -925,7 +1052,7 @@ impl IdempotencyStore for OneCommitStore {
             }
             // Committed by the handler without its answer: delete it; rolled back by the
             // handler: nothing is left, which is what releasing asks for.
-            PendingState::Taken => {
+            PendingState::Taken | PendingState::Finalized => {
                 self.records.release(id, token).await?;
             }
         }

@@ -205,24 +205,29 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
 
-/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)), written
-/// when the handler begins its transaction: an in-flight record inserted in it, or put in
-/// the place of an expired one; nothing (0 rows) if a live record holds the key.
-/// Parameters: scope, key, method, path, body_sha256, token, lifetime, lease.
+/// The one-commit path's record ([`OneCommitStore`](crate::OneCommitStore)), written
+/// whole, with its answer, in the handler's transaction: inserted, or put in the place of
+/// an expired one; nothing (0 rows) if a live record holds the key. Parameters: scope,
+/// key, method, path, body_sha256, token, lifetime, lease, status, headers, body,
+/// trailers.
 #[cfg(feature = "any")]
-pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
+pub(crate) fn insert_completed_statement(table: &TableName) -> String {
     format!(
         "INSERT INTO \"{table}\"
          (scope, idempotency_key, method, path, body_sha256, fencing_token,
-          created_at_ms, expires_at_ms, lease_expires_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8)
+          created_at_ms, expires_at_ms, lease_expires_at_ms,
+          response_status, response_headers, response_body, response_trailers)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8,
+                 ?9, ?10, ?11, ?12)
          ON CONFLICT (scope, idempotency_key) DO UPDATE SET
              method = excluded.method, path = excluded.path,
              body_sha256 = excluded.body_sha256, fencing_token = excluded.fencing_token,
              created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms,
              lease_expires_at_ms = excluded.lease_expires_at_ms,
-             response_status = NULL, response_headers = NULL, response_body = NULL,
-             response_trailers = NULL
+             response_status = excluded.response_status,
+             response_headers = excluded.response_headers,
+             response_body = excluded.response_body,
+             response_trailers = excluded.response_trailers
          WHERE expires_at_ms <= {NOW_MS}"
     )
 }
