@@ -82,6 +82,15 @@
 //! caller receives is what the record holds (less what the profile keeps out of the
 //! store, e.g. Iceberg's vended credentials).
 //!
+//! # One commit: the reservation in the handler's transaction
+//!
+//! `OneCommitStore` (feature `any`) goes one step further: the reservation itself is
+//! written in the handler's transaction, so a keyed first execution commits once, as the
+//! same request without a key does (two commits otherwise: the reservation's, then the
+//! handler's). The handler begins its transaction with `OneCommitStore::begin`, writes,
+//! `finalize_in`, and commits; the store's own documentation says what it holds while
+//! the handler runs, and how duplicates wait, on each database.
+//!
 //! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
 //! versions cannot both link SQLite (`links = "sqlite3"`) into one binary.
 //!

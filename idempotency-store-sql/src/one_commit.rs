@@ -15,7 +15,7 @@ use idempotency_core::{
     RecordState, Reservation, ReservationHandle, StoreError, async_trait,
 };
 use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::any::AnyFinalizer;
 use crate::common::{backend, millis, new_token};
@@ -140,11 +140,11 @@ pub struct OneCommitStore {
     finalizer: AnyFinalizer,
     /// The reservations whose record is not committed yet.
     claims: Arc<Claims>,
-    /// Open reservations, each holding a pooled connection: at most half the pool, so
-    /// that their handlers always find a connection to read with (SQLite: one, the
-    /// database's single writer, queued here rather than on pooled connections).
+    /// Room for open write transactions, each holding a pooled connection: half the
+    /// pool, so that their handlers always find a connection to read with (SQLite: one,
+    /// the database's single writer, queued here rather than on pooled connections).
     open: Arc<Semaphore>,
-    /// How long a reservation waits for room among the open ones.
+    /// How long a write transaction waits for room (the pool's acquire timeout).
     open_wait: Duration,
 }
 
@@ -189,15 +189,30 @@ impl WriteTransaction {
 
     /// Commits the transaction: for a keyed request, the record, the mutation and the
     /// answer, once.
-    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        let transaction = self.transaction.take().expect("open until it ends");
-        transaction.commit().await
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.end(Transaction::commit).await
     }
 
     /// Rolls the transaction back, a reservation with it.
-    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.end(Transaction::rollback).await
+    }
+
+    /// Commits or rolls back on a task of its own, which finishes even if the caller goes
+    /// away meanwhile (a connection must not go back to the pool half way through), and
+    /// gives the room and the claim back once it is done.
+    async fn end<F>(mut self, how: fn(Transaction<'static, Any>) -> F) -> Result<(), sqlx::Error>
+    where
+        F: Future<Output = Result<(), sqlx::Error>> + Send + 'static,
+    {
         let transaction = self.transaction.take().expect("open until it ends");
-        transaction.rollback().await
+        let held = (self.room.take(), self.claim.take());
+        let ended = tokio::spawn(async move {
+            let ended = how(transaction).await;
+            drop(held);
+            ended
+        });
+        ended.await.unwrap_or(Err(sqlx::Error::PoolClosed))
     }
 }
 
@@ -450,14 +465,17 @@ impl OneCommitStore {
     }
 
     /// Marks the reservation `token` holds on `id` as taken by its handler, and hands over
-    /// what the handler writes in: the open transaction, or (SQLite) the claim's terms.
+    /// what the handler writes in: the open transaction, or (SQLite) word that the
+    /// handler's own transaction will hold the record. `None` once taken.
     fn take(&self, id: &RecordId, token: FencingToken) -> Option<Taken> {
         let mut pending = self.claims.lock();
         let entry = pending.get_mut(id).filter(|entry| entry.token == token)?;
+        if !matches!(entry.state, PendingState::Open(_) | PendingState::Claimed) {
+            return None;
+        }
         match std::mem::replace(&mut entry.state, PendingState::Taken) {
             PendingState::Open(transaction) => Some(Taken::Open(transaction)),
-            PendingState::Claimed => Some(Taken::Claimed),
-            PendingState::Taken | PendingState::Finalized => None,
+            _ => Some(Taken::Claimed),
         }
     }
 
@@ -507,6 +525,8 @@ impl OneCommitStore {
             .map_err(backend)?;
         if held == Ownership::Held {
             transaction.commit().await.map_err(backend)?;
+        } else {
+            transaction.rollback().await.map_err(backend)?;
         }
         drop(room);
         Ok(held)
@@ -551,11 +571,25 @@ impl OneCommitStore {
     }
 
     /// A transaction on the pool; on SQLite, one that takes the write lock at once.
+    ///
+    /// Begun on a task of its own and handed over: a caller that goes away while `BEGIN`
+    /// runs (its client hung up) would otherwise leave the connection in a transaction
+    /// that nobody ends — on SQLite, holding the database's write lock for good.
     async fn begin_raw(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
-        match self.dialect {
-            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
-            Dialect::Postgres | Dialect::MySql => self.pool.begin().await,
-        }
+        let pool = self.pool.clone();
+        let immediate = self.dialect == Dialect::Sqlite;
+        let (handover, begun) = oneshot::channel();
+        tokio::spawn(async move {
+            let transaction = if immediate {
+                pool.begin_with("BEGIN IMMEDIATE").await
+            } else {
+                pool.begin().await
+            };
+            if let Err(Ok(abandoned)) = handover.send(transaction) {
+                let _ = abandoned.rollback().await;
+            }
+        });
+        begun.await.unwrap_or(Err(sqlx::Error::PoolClosed))
     }
 
     /// Writes `response` into the request's record inside `transaction` and returns the
@@ -776,7 +810,7 @@ impl OneCommitStore {
     /// Waits up to `timeout` for the transaction that holds the key to end: `true` if it
     /// ended (or none held it), `false` if it still runs.
     async fn wait_for_owner(&self, id: &RecordId, timeout: Duration) -> Result<bool, StoreError> {
-        let mut transaction = self.pool.begin().await.map_err(backend)?;
+        let mut transaction = self.begin_raw().await.map_err(backend)?;
         let waited = match self.dialect {
             Dialect::Postgres => {
                 // `lock_timeout` 0 would mean "forever".

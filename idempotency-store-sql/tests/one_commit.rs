@@ -355,8 +355,76 @@ async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(backend: Ba
     database.drop_tables().await;
 }
 
+async fn a_request_without_a_key_writes_in_a_transaction_of_its_own(backend: Backend) {
+    let Some(database) = Database::open(backend).await else {
+        return;
+    };
+    let app = app(&database);
+    let unkeyed = Request::post("/effects").body(Body::from("a")).unwrap();
+    let (status, _, outcome) = send(&app, unkeyed).await;
+    assert_eq!((status, outcome), (StatusCode::CREATED, None));
+    assert_eq!(database.side_effects().await, 1);
+    assert_eq!(database.records().await, 0, "no key, no record");
+    database.drop_tables().await;
+}
+
+/// Callers that go away while their transaction begins or commits (clients hang up) must
+/// leave no connection in a transaction nobody ends: on SQLite that would hold the
+/// database's write lock for good.
+async fn abandoned_transactions_leave_nothing_open(backend: Backend) {
+    let Some(database) = Database::open(backend).await else {
+        return;
+    };
+    // SQLite: another connection holds the write lock, so that BEGIN is still waiting
+    // for it when its caller goes away.
+    let mut holder = database.pool.acquire().await.unwrap();
+    if backend == Backend::Sqlite {
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+    }
+    for round in 0..20_u64 {
+        let abandoned = async {
+            let tx = database.store.begin(None).await.unwrap();
+            tx.commit().await.unwrap();
+        };
+        // Cut off at every point: before, during and after BEGIN and COMMIT.
+        let _ = tokio::time::timeout(Duration::from_micros(round * 500), abandoned).await;
+    }
+    if backend == Backend::Sqlite {
+        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+    }
+    drop(holder);
+    let fresh = tokio::time::timeout(Duration::from_secs(3), async {
+        let mut tx = database.store.begin(None).await.unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO {}_side_effects (name) VALUES ('after')",
+            database.table
+        ))
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    })
+    .await;
+    assert!(fresh.is_ok(), "a write after abandoned ones must not wait");
+    assert_eq!(database.side_effects().await, 1);
+    database.drop_tables().await;
+}
+
 mod postgres {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandoned_transactions_leave_nothing_open() {
+        super::abandoned_transactions_leave_nothing_open(Backend::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
+        super::a_request_without_a_key_writes_in_a_transaction_of_its_own(Backend::Postgres).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_commit_then_replays() {
@@ -378,6 +446,16 @@ mod mariadb {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandoned_transactions_leave_nothing_open() {
+        super::abandoned_transactions_leave_nothing_open(Backend::MariaDb).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
+        super::a_request_without_a_key_writes_in_a_transaction_of_its_own(Backend::MariaDb).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_commit_then_replays() {
         super::one_commit_then_replays(Backend::MariaDb).await;
     }
@@ -395,6 +473,16 @@ mod mariadb {
 
 mod sqlite {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn abandoned_transactions_leave_nothing_open() {
+        super::abandoned_transactions_leave_nothing_open(Backend::Sqlite).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
+        super::a_request_without_a_key_writes_in_a_transaction_of_its_own(Backend::Sqlite).await;
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_commit_then_replays() {
