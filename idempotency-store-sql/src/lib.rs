@@ -355,7 +355,7 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
-//! | `any` | off | [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in) |
+//! | `any` | off | [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in); [`OneCommitStore`]: the reservation in the handler's own transaction, one commit per keyed change |
 //!
 //! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
 //! builds the PostgreSQL store alone.

@@ -173,7 +173,37 @@ impl From<Transaction<'static, Any>> for WriteTransaction {
     }
 }
 
+/// A transaction on `pool`; on SQLite, one that takes the write lock at once.
+///
+/// Begun on a task of its own and handed over: a caller that goes away while `BEGIN` runs
+/// (its client hung up) would otherwise leave the connection in a transaction that nobody
+/// ends — on SQLite, holding the database's write lock for good.
+async fn begin_on(pool: &AnyPool) -> Result<Transaction<'static, Any>, sqlx::Error> {
+    let pool = pool.clone();
+    let immediate = pool.connect_options().database_url.scheme() == "sqlite";
+    let (handover, begun) = oneshot::channel();
+    tokio::spawn(async move {
+        let transaction = if immediate {
+            pool.begin_with("BEGIN IMMEDIATE").await
+        } else {
+            pool.begin().await
+        };
+        if let Err(Ok(abandoned)) = handover.send(transaction) {
+            let _ = abandoned.rollback().await;
+        }
+    });
+    begun.await.unwrap_or(Err(sqlx::Error::PoolClosed))
+}
+
 impl WriteTransaction {
+    /// A transaction on `pool` without a one-commit store (idempotency off, or records
+    /// elsewhere), with the same care: on SQLite it takes the write lock at once, and a
+    /// caller that goes away while it begins, commits or rolls back leaves no
+    /// connection inside a transaction.
+    pub async fn begin_on(pool: &AnyPool) -> Result<Self, sqlx::Error> {
+        Ok(Self::from(begin_on(pool).await?))
+    }
+
     fn new(transaction: Transaction<'static, Any>, room: OwnedSemaphorePermit) -> Self {
         Self {
             transaction: Some(transaction),
@@ -571,25 +601,8 @@ impl OneCommitStore {
     }
 
     /// A transaction on the pool; on SQLite, one that takes the write lock at once.
-    ///
-    /// Begun on a task of its own and handed over: a caller that goes away while `BEGIN`
-    /// runs (its client hung up) would otherwise leave the connection in a transaction
-    /// that nobody ends — on SQLite, holding the database's write lock for good.
     async fn begin_raw(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
-        let pool = self.pool.clone();
-        let immediate = self.dialect == Dialect::Sqlite;
-        let (handover, begun) = oneshot::channel();
-        tokio::spawn(async move {
-            let transaction = if immediate {
-                pool.begin_with("BEGIN IMMEDIATE").await
-            } else {
-                pool.begin().await
-            };
-            if let Err(Ok(abandoned)) = handover.send(transaction) {
-                let _ = abandoned.rollback().await;
-            }
-        });
-        begun.await.unwrap_or(Err(sqlx::Error::PoolClosed))
+        begin_on(&self.pool).await
     }
 
     /// Writes `response` into the request's record inside `transaction` and returns the
@@ -745,18 +758,9 @@ impl OneCommitStore {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Attempt, StoreError> {
-        let room = match self.room().await {
-            Ok(room) => room,
-            // SQLite: the one writer's place stayed taken.
-            Err(_) if self.dialect == Dialect::Sqlite => return Ok(Attempt::Busy),
-            Err(error) => return Err(error),
-        };
+        let room = self.room().await?;
         for _ in 0..MAX_DEADLOCK_RETRIES {
-            let mut transaction = match self.begin_raw().await {
-                Ok(transaction) => transaction,
-                Err(error) if conflict(&error) == Conflict::Busy => return Ok(Attempt::Busy),
-                Err(error) => return Err(backend(error)),
-            };
+            let mut transaction = self.begin_raw().await.map_err(backend)?;
             if self.dialect == Dialect::MySql {
                 set_lock_wait(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }

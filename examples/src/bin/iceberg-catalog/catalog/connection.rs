@@ -107,14 +107,18 @@ impl Catalog {
     }
 
     /// The transaction a change is written in: the one the request's idempotency record
-    /// was reserved in, when there is one, or a new one.
+    /// was reserved in, when there is one, or a new one. On SQLite it takes the write lock
+    /// at once (`BEGIN IMMEDIATE`): a deferred transaction that read first could not start
+    /// writing once another connection wrote meanwhile.
     pub(super) async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
     ) -> ApiResult<WriteTransaction> {
         match &self.records {
             Some(Finalizer::OneCommit(records)) => Ok(records.begin(reservation).await?),
-            Some(Finalizer::TwoCommits(_)) | None => Ok(self.db.begin().await?.into()),
+            Some(Finalizer::TwoCommits(_)) | None => {
+                Ok(WriteTransaction::begin_on(self.db.pool()).await?)
+            }
         }
     }
 }

@@ -86,17 +86,6 @@ impl Database {
         self.backend
     }
 
-    /// A transaction for a change. On SQLite it takes the write lock at once (`BEGIN
-    /// IMMEDIATE`): a deferred transaction that read first could not start writing once
-    /// another connection wrote meanwhile, and the idempotency store writes to the same
-    /// file on every keyed request.
-    pub(super) async fn begin(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
-        match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
-            Backend::Postgres | Backend::MySql => self.pool.begin().await,
-        }
-    }
-
     /// A statement in this backend's placeholder style: `?` becomes `$1`, `$2`, ... on
     /// PostgreSQL. (The statements here contain no other question marks.)
     pub(super) fn with_placeholders(&self, statement: &str) -> String {

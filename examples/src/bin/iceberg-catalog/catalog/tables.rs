@@ -64,7 +64,7 @@ impl Catalog {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         let inserted = self

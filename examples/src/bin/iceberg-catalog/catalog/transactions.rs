@@ -148,7 +148,7 @@ impl Catalog {
             Ok(tx) => tx,
             Err(e) => {
                 self.discard(&commits).await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         for commit in &commits {

@@ -93,7 +93,7 @@ impl Catalog {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         let inserted = self
@@ -192,7 +192,7 @@ impl Catalog {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
-                return Err(e.into());
+                return Err(e);
             }
         };
         let swapped = self.db
