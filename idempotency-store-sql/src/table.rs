@@ -85,14 +85,11 @@ impl TableName {
         fnv1a(format!("idempotency-store-sql:migrate:{}", self.0).as_bytes()) as i64
     }
 
-    /// A number that names the lock a scope's quota is checked under, in this table.
-    /// Two scopes may share a number: they then wait for each other, nothing worse.
-    /// (PostgreSQL's advisory locks only.)
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     /// The key of the advisory lock a one-commit owner holds on its record (PostgreSQL),
     /// so that a duplicate learns "in flight" without waiting on the uncommitted row. A
     /// collision between two keys only makes one wait for the other's transaction.
     #[cfg(feature = "any")]
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn record_lock_key(&self, id: &idempotency_core::RecordId) -> i64 {
         let mut name =
             format!("idempotency-store-sql:key:{}:{}:", self.0, id.scope.len()).into_bytes();
@@ -101,6 +98,10 @@ impl TableName {
         fnv1a(&name) as i64
     }
 
+    /// A number that names the lock a scope's quota is checked under, in this table.
+    /// Two scopes may share a number: they then wait for each other, nothing worse.
+    /// (PostgreSQL's advisory locks only.)
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn scope_lock_key(&self, scope: &str) -> i64 {
         let mut name = format!("idempotency-store-sql:scope:{}:", self.0).into_bytes();
         name.extend_from_slice(scope.as_bytes());
