@@ -1055,13 +1055,12 @@ impl IdempotencyStore for OneCommitStore {
             PendingState::Open(transaction) => transaction,
             // SQLite: the handler wrote no record in a transaction of its own (it took
             // none, or did not finalize in it): the record, alone.
-            PendingState::Claimed | PendingState::Finalized => {
+            _ if self.dialect == Dialect::Sqlite => {
                 return self.record_alone(id, token, &terms, response).await;
             }
-            PendingState::Taken if self.dialect == Dialect::Sqlite => {
-                return self.record_alone(id, token, &terms, response).await;
-            }
-            PendingState::Taken => {
+            // The handler took the transaction and committed it without the answer, or
+            // rolled it back.
+            _ => {
                 return self
                     .finalize_after_handler(id, token, response, terms)
                     .await;

@@ -130,6 +130,9 @@ struct Statements {
     load: String,
     renew: String,
     finalize: String,
+    /// `finalize` without its announcement, bound the same way ($7 is read and unused).
+    #[cfg(feature = "any")]
+    finalize_quietly: String,
     release: String,
     take_over: String,
     purge: String,
@@ -146,6 +149,19 @@ impl Statements {
              AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
         );
         let channel = format!("idempotency_{}", hex(&Sha256::digest(table.as_str())[..8]));
+        // The fenced write of the answer, then `announce` (a text expression) for each row
+        // written.
+        let finalize = |announce: &str| {
+            format!(
+                "WITH done AS (
+                     UPDATE {t}
+                     SET response_status = $4, response_headers = $5, response_body = $6,
+                         response_trailers = $8
+                     WHERE {owned}
+                     RETURNING 1)
+                 SELECT 1 AS held FROM done WHERE {announce} IS NOT NULL"
+            )
+        };
         Self {
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
@@ -231,15 +247,9 @@ impl Statements {
             // node) in the same statement; the notice is sent when it commits (inside a
             // handler's transaction too). Finalize returns an integer, not pg_notify's
             // void, which sqlx's `Any` driver cannot read.
-            finalize: format!(
-                "WITH done AS (
-                     UPDATE {t}
-                     SET response_status = $4, response_headers = $5, response_body = $6,
-                         response_trailers = $8
-                     WHERE {owned}
-                     RETURNING 1)
-                 SELECT 1 AS held FROM done WHERE pg_notify('{channel}', $7) IS NOT NULL"
-            ),
+            finalize: finalize(&format!("pg_notify('{channel}', $7)")),
+            #[cfg(feature = "any")]
+            finalize_quietly: finalize("$7::text"),
             release: format!(
                 "WITH done AS (DELETE FROM {t} WHERE {owned} RETURNING 1)
                  SELECT pg_notify('{channel}', $4) FROM done"
@@ -300,10 +310,7 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
 /// the commits of every such transaction. Bound as [`finalize_statement`] is.
 #[cfg(feature = "any")]
 pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
-    Statements::new(table).finalize.replace(
-        &format!("pg_notify('{}', $7)", Statements::new(table).channel),
-        "$7::text",
-    )
+    Statements::new(table).finalize_quietly
 }
 
 /// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): inserts
