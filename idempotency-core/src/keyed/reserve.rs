@@ -4,7 +4,10 @@
 //! one bound to another request is refused.
 //!
 //! What to do with a record found under the key is decided by [`next_step`], a pure
-//! function; [`reserve`] does the store calls around it.
+//! function; [`reserve`] does the store calls around it. Every record goes through it,
+//! whichever call returned it: the key may have been released and taken by another
+//! request while this one waited, and then that request's record is not this one's to
+//! replay or take over.
 
 use tokio::time::Instant;
 
@@ -54,11 +57,7 @@ fn next_step(record: IdempotencyRecord, binding: &Binding) -> Step {
     if record.binding != *binding {
         return Step::KeyReused;
     }
-    step_for(record.state)
-}
-
-fn step_for(state: RecordState) -> Step {
-    match state {
+    match record.state {
         RecordState::Completed(stored) => Step::Replay(stored),
         RecordState::InFlight {
             token,
@@ -90,7 +89,7 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
             let until = *wait_until.get_or_insert(now + settings.in_flight_wait);
             tracing::debug!(outcome = "waiting", key = %settings.log_key(id), "idempotency: waiting for the in-flight owner");
             step = match store.wait(id, until.saturating_duration_since(now)).await {
-                Ok(Some(record)) => step_for(record.state),
+                Ok(Some(record)) => next_step(record, binding),
                 // Released or expired while we waited: reserve again.
                 Ok(None) => continue,
                 Err(error) => return Reserved::StoreFailed(error),
