@@ -66,6 +66,9 @@ pub struct ReservationHandle {
 struct Reserved {
     id: RecordId,
     token: FencingToken,
+    /// Whether the ownership has a lease the layer renews while the request runs (an
+    /// uncommitted reservation has none).
+    leased: bool,
     settings: Arc<Settings>,
     /// The keyed request as the layer read it, for the profile's `to_store`; `None` when
     /// the profile's `to_store` does not read it
@@ -83,11 +86,13 @@ impl ReservationHandle {
         request: Option<Request<Bytes>>,
         id: RecordId,
         token: FencingToken,
+        leased: bool,
     ) -> Self {
         Self {
             reserved: Arc::new(Reserved {
                 id,
                 token,
+                leased,
                 settings,
                 request,
                 finalized: AtomicBool::new(false),
@@ -103,6 +108,11 @@ impl ReservationHandle {
     /// The token that owns it.
     pub fn token(&self) -> FencingToken {
         self.reserved.token
+    }
+
+    /// Whether the ownership has a lease to renew while the request runs.
+    pub(crate) fn is_leased(&self) -> bool {
+        self.reserved.leased
     }
 
     /// The keyed request as the layer read it, if the profile's `to_store` reads it.

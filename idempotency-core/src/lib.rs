@@ -344,7 +344,7 @@ pub use store::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord,
     IdempotencyStore, InspectedRecord, InspectedState, MAX_POLLS_PER_SECOND, Ownership,
     PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation, ScopeQuota, StoreError,
-    StoredResponse, is_settled, wait_by_polling,
+    StoredResponse, Waited, wait_by_polling,
 };
 
 // What a store implementation needs, so that it can depend on this crate alone.

@@ -45,8 +45,7 @@ use crate::outcome::Outcome;
 use crate::rejection::RejectionKind;
 use crate::settings::Settings;
 use crate::store::{
-    Binding, FencingToken, IdempotencyRecord, Ownership, RecordId, Reservation, StoreError,
-    StoredResponse,
+    Binding, FencingToken, Ownership, RecordId, Reservation, StoreError, StoredResponse, Waited,
 };
 
 /// Counter: keyed requests, by [`OUTCOME`] (and [`REJECTION`] when refused).
@@ -130,6 +129,7 @@ fn request_key(outcome: Outcome) -> &'static Key {
         Outcome::Executed => key!(REQUESTS, OUTCOME => "executed"),
         Outcome::TookOver => key!(REQUESTS, OUTCOME => "took-over"),
         Outcome::Released => key!(REQUESTS, OUTCOME => "released"),
+        Outcome::Unsettled => key!(REQUESTS, OUTCOME => "unsettled"),
         Outcome::ExecutedNotStored => key!(REQUESTS, OUTCOME => "executed-not-stored"),
         Outcome::Replayed => key!(REQUESTS, OUTCOME => "replayed"),
         Outcome::RanUnprotected => key!(REQUESTS, OUTCOME => "ran-unprotected"),
@@ -299,7 +299,7 @@ impl<'a> MeasuredStore<'a> {
         &self,
         id: &RecordId,
         timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    ) -> Result<Waited, StoreError> {
         let waiting_since = self.settings.metrics.then(Instant::now);
         let waited = self.settings.store.wait(id, timeout).await;
         if let Some(since) = waiting_since {
@@ -391,6 +391,7 @@ mod tests {
             Outcome::Executed,
             Outcome::TookOver,
             Outcome::Released,
+            Outcome::Unsettled,
             Outcome::ExecutedNotStored,
             Outcome::Replayed,
             Outcome::RanUnprotected,

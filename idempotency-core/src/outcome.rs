@@ -27,6 +27,11 @@ pub enum Outcome {
     /// The request ran but its answer could not be stored (too large, or its body failed);
     /// retries are told it already ran.
     ExecutedNotStored,
+    /// The request ran, but the store did not take its outcome: finalizing or releasing
+    /// the key failed (the store was down past the finalize retries), or another request
+    /// had taken the key over meanwhile. The record stays as it was: in flight until its
+    /// lease lapses, or another owner's.
+    Unsettled,
     /// The stored answer of an earlier request was replayed; nothing ran.
     Replayed,
     /// The store failed and the layer is configured to fail open: it ran unprotected.
@@ -45,6 +50,7 @@ impl Outcome {
             Self::TookOver => "took-over",
             Self::Released => "released",
             Self::ExecutedNotStored => "executed-not-stored",
+            Self::Unsettled => "unsettled",
             Self::Replayed => "replayed",
             Self::RanUnprotected => "ran-unprotected",
             Self::Rejected(_) => "rejected",

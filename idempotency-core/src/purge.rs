@@ -63,8 +63,8 @@ const PURGE_MIN_BATCH: usize = 10;
 /// under a millisecond (the memory store's batches) only yields: tokio's timer would round
 /// it up to a whole millisecond and slow such a purge twentyfold.
 /// Needs tokio's timer, like [`spawn_purge_task`].
-pub async fn purge_all_expired(
-    store: &dyn PurgeExpired,
+pub async fn purge_all_expired<S: PurgeExpired + ?Sized>(
+    store: &S,
     batch_size: usize,
 ) -> Result<Purged, StoreError> {
     let max_batch = batch_size.max(1);

@@ -27,7 +27,7 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyLayer, IdempotencyRecord, IdempotencyStore, Ownership,
-    RecordId, Reservation, StoreError, StoredResponse,
+    RecordId, Reservation, StoreError, StoredResponse, Waited,
 };
 use idempotency_store_memory::MemoryStore;
 use tokio::sync::Notify;
@@ -65,11 +65,7 @@ impl IdempotencyStore for SwapStore {
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         self.inner.load(id).await
     }
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
         match self.waiting {
             Waiting::Polling => idempotency_core::wait_by_polling(self, id, timeout).await,
             Waiting::Notified => self.inner.wait(id, timeout).await,
@@ -129,22 +125,104 @@ fn app(layer: IdempotencyLayer, calls: Arc<AtomicUsize>, a_started: Arc<Notify>)
     Router::new().route("/swap", post(handler)).layer(layer)
 }
 
-fn swap(key: &str, body: Body) -> Request<Body> {
-    Request::post("/swap")
-        .header("idempotency-key", key)
-        .body(body)
-        .unwrap()
+/// How a round's requests reach the layer.
+#[derive(Clone)]
+enum Transport {
+    /// Called in process (`tower::ServiceExt::oneshot`).
+    InProcess(Router),
+    /// Over HTTP/1.1, to the router served on a loopback port.
+    Http(std::net::SocketAddr),
 }
 
-async fn send(app: Router, request: Request<Body>) -> (StatusCode, HeaderMap, String) {
-    let response: Response = app.oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
+/// One `POST /swap` as a client sends it.
+struct Swap {
+    key: String,
+    body: &'static str,
+    headers: Vec<(&'static str, String)>,
+    /// The body is sent only once this is notified.
+    gate: Option<Arc<Notify>>,
+}
+
+/// What a client got: status, headers, body.
+type Answer = (StatusCode, HeaderMap, String);
+
+async fn send(transport: Transport, swap: Swap) -> Answer {
+    match transport {
+        Transport::InProcess(app) => {
+            let body = match swap.gate {
+                None => Body::from(swap.body),
+                Some(gate) => Body::from_stream(futures_util::stream::once(async move {
+                    gate.notified().await;
+                    Ok::<_, std::io::Error>(Bytes::from_static(swap.body.as_bytes()))
+                })),
+            };
+            let mut request = Request::post("/swap")
+                .header("idempotency-key", &swap.key)
+                .body(body)
+                .unwrap();
+            for (name, value) in swap.headers {
+                request.headers_mut().insert(name, value.parse().unwrap());
+            }
+            let response: Response = app.oneshot(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            (
+                parts.status,
+                parts.headers,
+                String::from_utf8_lossy(&body).into_owned(),
+            )
+        }
+        Transport::Http(address) => send_over_http(address, swap).await,
+    }
+}
+
+/// The request written by hand on a fresh connection (`Connection: close`), the answer
+/// read to its end.
+async fn send_over_http(address: std::net::SocketAddr, swap: Swap) -> Answer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut connection = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut head = format!(
+        "POST /swap HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\nidempotency-key: {}\r\ncontent-length: {}\r\n",
+        swap.key,
+        swap.body.len()
+    );
+    for (name, value) in &swap.headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    connection.write_all(head.as_bytes()).await.unwrap();
+    if let Some(gate) = swap.gate {
+        gate.notified().await;
+    }
+    connection.write_all(swap.body.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    connection.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap();
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        let (name, value) = line.split_once(':').unwrap();
+        headers.insert(
+            axum::http::HeaderName::from_bytes(name.trim().as_bytes()).unwrap(),
+            value.trim().parse().unwrap(),
+        );
+    }
     (
-        parts.status,
-        parts.headers,
-        String::from_utf8_lossy(&body).into_owned(),
+        StatusCode::from_u16(status.parse().unwrap()).unwrap(),
+        headers,
+        body.to_owned(),
     )
+}
+
+fn swap(key: &str, body: &'static str) -> Swap {
+    Swap {
+        key: key.to_owned(),
+        body,
+        headers: Vec::new(),
+        gate: None,
+    }
 }
 
 /// The timing of one round.
@@ -162,9 +240,19 @@ const QUICK_C: Timing = Timing {
     c_takes_ms: 0,
 };
 
-/// One round of the scenario: B never gets C's answer, C never gets B's, and the
-/// retries of each get their own request's answer (or 422).
+/// One round of the scenario, in process: B never gets C's answer, C never gets B's, and
+/// the retries of each get their own request's answer (or 422).
 async fn round(waiting: Waiting, timing: Timing, layer: impl Fn(SwapStore) -> IdempotencyLayer) {
+    round_over(waiting, timing, layer, false).await;
+}
+
+/// [`round`], over HTTP when `over_http`.
+async fn round_over(
+    waiting: Waiting,
+    timing: Timing,
+    layer: impl Fn(SwapStore) -> IdempotencyLayer,
+    over_http: bool,
+) {
     let store = SwapStore {
         inner: MemoryStore::new(),
         waiting,
@@ -174,26 +262,28 @@ async fn round(waiting: Waiting, timing: Timing, layer: impl Fn(SwapStore) -> Id
     let calls = Arc::new(AtomicUsize::new(0));
     let a_started = Arc::new(Notify::new());
     let app = app(layer(store), calls.clone(), a_started.clone());
+    let (transport, server) = if over_http {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        (Transport::Http(address), Some(server))
+    } else {
+        (Transport::InProcess(app), None)
+    };
     let key = uuid::Uuid::new_v4().to_string();
 
-    let mut a = swap(&key, Body::from("X"));
-    a.headers_mut().insert(
-        "x-fail-after-ms",
-        timing.a_fails_after_ms.to_string().parse().unwrap(),
-    );
-    let a = tokio::spawn(send(app.clone(), a));
+    let mut a = swap(&key, "X");
+    a.headers
+        .push(("x-fail-after-ms", timing.a_fails_after_ms.to_string()));
+    let a = tokio::spawn(send(transport.clone(), a));
     a_started.notified().await;
     // B waits for A.
-    let b = tokio::spawn(send(app.clone(), swap(&key, Body::from("X"))));
+    let b = tokio::spawn(send(transport.clone(), swap(&key, "X")));
     // C's body arrives the moment A's release takes effect.
-    let c_body = futures_util::stream::once(async move {
-        released.notified().await;
-        Ok::<_, std::io::Error>(Bytes::from_static(b"Y"))
-    });
-    let mut c = swap(&key, Body::from_stream(c_body));
-    c.headers_mut()
-        .insert("x-slow-ms", timing.c_takes_ms.to_string().parse().unwrap());
-    let c = tokio::spawn(send(app.clone(), c));
+    let mut c = swap(&key, "Y");
+    c.headers.push(("x-slow-ms", timing.c_takes_ms.to_string()));
+    c.gate = Some(released);
+    let c = tokio::spawn(send(transport.clone(), c));
 
     let (a, b, c) = (a.await.unwrap(), b.await.unwrap(), c.await.unwrap());
     let what = format!("{waiting:?}, {timing:?}: A got {a:?}, B got {b:?}, C got {c:?}");
@@ -201,8 +291,8 @@ async fn round(waiting: Waiting, timing: Timing, layer: impl Fn(SwapStore) -> Id
     assert!(!b.2.contains("from Y"), "B (body X) got C's answer: {what}");
     assert!(!c.2.contains("from X"), "C (body Y) got B's answer: {what}");
     // Whoever ran owns the key; a retry of each request gets its own answer or 422.
-    let b_retry = send(app.clone(), swap(&key, Body::from("X"))).await;
-    let c_retry = send(app.clone(), swap(&key, Body::from("Y"))).await;
+    let b_retry = send(transport.clone(), swap(&key, "X")).await;
+    let c_retry = send(transport.clone(), swap(&key, "Y")).await;
     let what = format!("{what}; B's retry got {b_retry:?}, C's retry got {c_retry:?}");
     match (b.0, c.0) {
         // The key was C's by the time B looked.
@@ -221,6 +311,9 @@ async fn round(waiting: Waiting, timing: Timing, layer: impl Fn(SwapStore) -> Id
             assert_eq!(c_retry.0, StatusCode::UNPROCESSABLE_ENTITY, "{what}");
         }
         _ => panic!("unexpected answers: {what}"),
+    }
+    if let Some(server) = server {
+        server.abort();
     }
 }
 
@@ -265,5 +358,46 @@ async fn a_waiter_never_takes_over_another_requests_record() {
     for _ in 0..ROUNDS {
         round(Waiting::Polling, timing, layer).await;
         round(Waiting::Notified, timing, layer).await;
+    }
+}
+
+/// The scenario over HTTP, on a polling store, while every core of the machine is busy:
+/// many rounds, none gives B C's answer or C's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_under_cpu_load_no_waiter_gets_another_requests_answer() {
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let burners: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || {
+                let mut x = 0_u64;
+                while busy.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let lapsing = Timing {
+        a_fails_after_ms: 40,
+        c_takes_ms: 400,
+    };
+    for _ in 0..ROUNDS {
+        round_over(Waiting::Polling, QUICK_C, IdempotencyLayer::new, true).await;
+        round_over(
+            Waiting::Polling,
+            lapsing,
+            |store| {
+                IdempotencyLayer::new(store)
+                    .with_lease(Duration::from_millis(60))
+                    .with_max_run_time(Duration::from_millis(100))
+                    .with_in_flight_wait(Duration::from_secs(3))
+            },
+            true,
+        )
+        .await;
+    }
+    busy.store(false, Ordering::Relaxed);
+    for burner in burners {
+        burner.join().unwrap();
     }
 }

@@ -58,7 +58,7 @@ use hashbrown::hash_table::Entry as TableEntry;
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
-    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, async_trait,
+    RecordState, Reservation, ScopeQuota, StoreError, StoredResponse, Waited, async_trait,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -771,11 +771,7 @@ impl IdempotencyStore for MemoryStore {
             .map(|record| record.to_record(now)))
     }
 
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
         let deadline = Instant::now() + timeout;
         loop {
             let now = Instant::now();
@@ -785,14 +781,14 @@ impl IdempotencyStore for MemoryStore {
                 let (hash, mut shard) = self.shard_of(id);
                 let record = match find(&mut shard, hash, id) {
                     Some(record) if record.is_live(now) => record,
-                    _ => return Ok(None),
+                    _ => return Ok(Waited::Gone),
                 };
                 let lease_until = match record.state {
                     State::InFlight { lease_until, .. } if lease_until > now => lease_until,
-                    _ => return Ok(Some(record.to_record(now))),
+                    _ => return Ok(Waited::Settled(record.to_record(now))),
                 };
                 if now >= deadline {
-                    return Ok(Some(record.to_record(now)));
+                    return Ok(Waited::Running(Some(record.to_record(now))));
                 }
                 wake_at = deadline.min(lease_until).min(record.expires_at);
                 waiters = record

@@ -367,7 +367,7 @@ use std::time::Duration;
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, RecordState,
-    Reservation, ScopeQuota, StoreError, StoredResponse, async_trait, is_settled, wait_by_polling,
+    Reservation, ScopeQuota, StoreError, StoredResponse, Waited, async_trait, wait_by_polling,
 };
 use redis::{Cmd, Value};
 use tokio::sync::broadcast;
@@ -756,11 +756,7 @@ impl IdempotencyStore for RedisStore {
     /// Waiters are woken by the notice finalize, release and evict publish, and look
     /// again at least once a second (a lapsed lease is not announced); without a
     /// subscription they poll (the trait's default).
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
         let key = self.record_key(id);
         let Some(mut heard) = self.notices.listen_for(&key, self.operation_timeout).await else {
             return wait_by_polling(self, id, timeout).await;
@@ -769,8 +765,8 @@ impl IdempotencyStore for RedisStore {
         loop {
             let record = self.load(id).await?;
             let now = tokio::time::Instant::now();
-            if is_settled(&record) || now >= deadline {
-                return Ok(record);
+            if let Some(waited) = Waited::after_load(record, now >= deadline) {
+                return Ok(waited);
             }
             let look_again_at = deadline.min(now + notices::SAFETY_POLL);
             loop {

@@ -164,7 +164,10 @@ async fn without_a_subscription_waiters_poll() {
                 .unwrap(),
             Ownership::Held
         );
-        assert!(waiter.await.unwrap().unwrap().is_some());
+        assert!(matches!(
+            waiter.await.unwrap().unwrap(),
+            idempotency_core::Waited::Settled(_)
+        ));
         // Polling looks every 200 ms at most; looking once a second would take longer.
         let woken_after = finalized_at.elapsed();
         assert!(

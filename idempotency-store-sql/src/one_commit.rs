@@ -12,7 +12,7 @@ use http_body::Body;
 use idempotency_core::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord,
     IdempotencyStore, InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
-    RecordState, Reservation, ReservationHandle, StoreError, async_trait,
+    Reservation, ReservationHandle, StoreError, Waited, async_trait,
 };
 use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
@@ -309,6 +309,9 @@ enum PendingState {
     /// SQLite: the handler wrote the record in its transaction; the claim goes when that
     /// transaction ends.
     Finalized,
+    /// The layer is settling it (finalizing or releasing); it goes once that is done,
+    /// so that a duplicate waiting on it finds the record written, or none.
+    Settling,
 }
 
 /// The reservations whose record is not committed yet, by record, and the signal that
@@ -336,11 +339,46 @@ impl Claims {
         entry
     }
 
+    /// Marks the reservation `token` holds on `id` as being settled, and hands over its
+    /// state and terms; the reservation stays (duplicates keep waiting on it) until the
+    /// returned guard is dropped.
+    fn settle(
+        self: &Arc<Self>,
+        id: &RecordId,
+        token: FencingToken,
+    ) -> Option<(PendingState, Terms, SettlingGuard)> {
+        let mut pending = self.lock();
+        let entry = pending.get_mut(id).filter(|entry| {
+            entry.token == token && !matches!(entry.state, PendingState::Settling)
+        })?;
+        let state = std::mem::replace(&mut entry.state, PendingState::Settling);
+        let guard = SettlingGuard {
+            claims: self.clone(),
+            id: id.clone(),
+            token,
+        };
+        Some((state, entry.terms.clone(), guard))
+    }
+
     /// Marks the reservation as finalized in its handler's transaction.
     fn finalized(&self, id: &RecordId, token: FencingToken) {
         if let Some(entry) = self.lock().get_mut(id).filter(|entry| entry.token == token) {
             entry.state = PendingState::Finalized;
         }
+    }
+}
+
+/// A reservation being settled by the layer: it goes, and its waiters are told, when the
+/// settling is done (or abandoned).
+struct SettlingGuard {
+    claims: Arc<Claims>,
+    id: RecordId,
+    token: FencingToken,
+}
+
+impl Drop for SettlingGuard {
+    fn drop(&mut self) {
+        self.claims.forget(&self.id, self.token);
     }
 }
 
@@ -728,14 +766,13 @@ impl OneCommitStore {
         if let Some(record) = self.records.load(id).await? {
             return Ok(Reservation::Exists(record));
         }
-        let binding = terms.binding.clone();
         if !self.claim(id, token, terms) {
-            return Ok(Reservation::Exists(running(&binding)));
+            return Ok(Reservation::Busy);
         }
         // Read again under the claim: an owner in this process commits before it lets
         // its claim go, so a record it committed since the first read is seen here.
         match self.records.load(id).await {
-            Ok(None) => Ok(Reservation::Reserved(token)),
+            Ok(None) => Ok(Reservation::ReservedUncommitted(token)),
             Ok(Some(record)) => {
                 self.forget(id, token);
                 Ok(Reservation::Exists(record))
@@ -887,19 +924,6 @@ impl OneCommitStore {
     }
 }
 
-/// A record in flight under a live lease, as a duplicate sees one it cannot read (it is
-/// uncommitted): bound like the duplicate, so that the layer waits for it, and after the
-/// wait reserves again and checks the committed record's binding then.
-fn running(binding: &Binding) -> IdempotencyRecord {
-    IdempotencyRecord {
-        binding: binding.clone(),
-        state: RecordState::InFlight {
-            token: FencingToken(0),
-            lease_lapsed: false,
-        },
-    }
-}
-
 /// Sets (or, `None`, resets) how long InnoDB statements of this session wait for a row
 /// lock.
 async fn set_lock_wait(
@@ -994,12 +1018,13 @@ impl IdempotencyStore for OneCommitStore {
                         terms,
                     },
                 );
-                Ok(Reservation::Reserved(token))
+                Ok(Reservation::ReservedUncommitted(token))
             }
             // A committed record (finished, in flight under a typed store, or expired):
             // the typed store's rules, which replace an expired one.
             Attempt::Committed => self.records.reserve(id, binding, lease, lifetime).await,
-            Attempt::Busy => Ok(Reservation::Exists(running(binding))),
+            // Another transaction holds the key, whose record nobody can read yet.
+            Attempt::Busy => Ok(Reservation::Busy),
         }
     }
 
@@ -1007,26 +1032,24 @@ impl IdempotencyStore for OneCommitStore {
         self.records.load(id).await
     }
 
-    /// Waits for the owner that holds the key, then answers `None`, so that the layer
-    /// reserves again and reads the committed record (and its binding) then.
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    /// Waits for the transaction (or, on SQLite, this process's claim) that holds the
+    /// key to end, then reads the key as it then stands: the record its owner committed,
+    /// or none (it rolled back). An owner still running when the wait ends has no record
+    /// to show.
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let ended = match self.dialect {
             Dialect::Sqlite => self.wait_for_claim(id, timeout).await,
             Dialect::Postgres | Dialect::MySql => self.wait_for_owner(id, timeout).await?,
         };
-        if ended {
-            return Ok(None);
+        if !ended {
+            return Ok(Waited::Running(None));
         }
-        // Still running: in flight, bound to nothing the layer checks after a wait.
-        Ok(Some(running(&Binding {
-            method: String::new(),
-            path: String::new(),
-            body_sha256: [0; 32],
-        })))
+        // A committed record may be in flight under a typed store's lease (another
+        // replica's, reserved in a commit of its own): its owner runs, and is waited for
+        // as the typed store's owners are.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.records.wait(id, left).await
     }
 
     async fn renew(
@@ -1035,7 +1058,8 @@ impl IdempotencyStore for OneCommitStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        // An uncommitted record has no lease anyone else can see lapse.
+        // The layer never renews an uncommitted reservation (it has no lease); one that
+        // is asked to anyway is held, and nothing of it can lapse.
         if self.is_pending(id, token) {
             return Ok(Ownership::Held);
         }
@@ -1048,7 +1072,8 @@ impl IdempotencyStore for OneCommitStore {
         token: FencingToken,
         response: &idempotency_core::StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let Some(Pending { state, terms, .. }) = self.forget(id, token) else {
+        // The reservation stays (duplicates wait on it) until the record is written.
+        let Some((state, terms, _settling)) = self.claims.settle(id, token) else {
             return self.records.finalize(id, token, response).await;
         };
         let mut transaction = match state {
@@ -1078,12 +1103,12 @@ impl IdempotencyStore for OneCommitStore {
     }
 
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
-        let Some(Pending { state, .. }) = self.forget(id, token) else {
+        let Some((state, _, _settling)) = self.claims.settle(id, token) else {
             return self.records.release(id, token).await;
         };
         match state {
             // Nothing was written.
-            PendingState::Claimed => {}
+            PendingState::Claimed | PendingState::Settling => {}
             PendingState::Open(transaction) => {
                 transaction.rollback().await.map_err(backend)?;
             }

@@ -9,7 +9,7 @@ use http_body::Body;
 use idempotency_core::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
-    ReservationHandle, ScopeQuota, StoreError, StoredResponse, async_trait, is_settled,
+    ReservationHandle, ScopeQuota, StoreError, StoredResponse, Waited, async_trait,
     wait_by_polling,
 };
 use sha2::{Digest, Sha256};
@@ -717,11 +717,7 @@ impl IdempotencyStore for PostgresStore {
     /// Waits on the announcements of settled records (LISTEN/NOTIFY) instead of polling:
     /// a waiter loads its record when its announcement comes, and otherwise once a
     /// second (a lapsed lease is not announced).
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
         let Some(mut notices) = self.notices().await else {
             return wait_by_polling(self, id, timeout).await;
         };
@@ -730,8 +726,8 @@ impl IdempotencyStore for PostgresStore {
         loop {
             let record = self.load(id).await?;
             let now = Instant::now();
-            if is_settled(&record) || now >= deadline {
-                return Ok(record);
+            if let Some(waited) = Waited::after_load(record, now >= deadline) {
+                return Ok(waited);
             }
             let look_again_at = deadline.min(now + SAFETY_POLL);
             loop {

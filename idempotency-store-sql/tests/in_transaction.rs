@@ -218,7 +218,7 @@ impl IdempotencyStore for Counting {
         &self,
         id: &RecordId,
         timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    ) -> Result<idempotency_core::Waited, StoreError> {
         self.inner.wait(id, timeout).await
     }
     async fn renew(

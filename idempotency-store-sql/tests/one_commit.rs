@@ -413,26 +413,34 @@ async fn abandoned_transactions_leave_nothing_open(backend: Backend) {
     database.drop_tables().await;
 }
 
-/// The store contract's checks that hold on this path. Those that do not: a reservation is
-/// not visible (`load`, `inspect`, a loser's view of the winner's token) until it
-/// commits; it has no lease that could lapse, be renewed or be taken over; and a fenced
-/// call with another token on a key whose reservation is open waits for that
-/// transaction on MySQL/MariaDB (no such caller exists on this path, where nobody takes
-/// a reservation over). The checks that leave reservations open (scopes, concurrent
-/// reserves, expiry, eviction) outgrow the room this store gives open transactions, or
-/// wait on them; those rules are tested through the layer here and in `multi_node.rs`.
+/// Every check of the store contract that applies to this path, found by the suite
+/// itself: its reservations are uncommitted (nobody else sees them before they commit;
+/// they have no lease to renew, lapse or take over), and it has every capability.
 async fn the_conformance_checks_that_apply(backend: Backend) {
-    use idempotency_core::conformance;
+    use idempotency_core::conformance::Suite;
     let Some(database) = Database::open(backend).await else {
         return;
     };
     let store: Arc<dyn FullStore> = database.store.clone();
-    conformance::finalize_then_replay(&store).await;
-    conformance::tokens_are_never_reused(&store).await;
-    conformance::multi_megabyte_body_round_trips(&store).await;
-    conformance::empty_response_without_headers_round_trips(&store).await;
-    conformance::header_values_that_are_not_utf8_round_trip(&store).await;
-    conformance::trailers_round_trip(&store).await;
+    let report = Suite::full(store).run().await;
+    assert!(
+        report
+            .ran
+            .contains(&"a_held_key_shows_its_owners_binding_or_busy")
+            && report
+                .ran
+                .contains(&"a_wait_sees_the_key_released_and_finished_by_another_request")
+            && report
+                .ran
+                .contains(&"through_layer::a_waiting_retry_never_gets_another_requests_answer"),
+        "{report}"
+    );
+    for (check, why) in &report.skipped {
+        assert!(
+            why.contains("uncommitted"),
+            "{check} was skipped for another reason than the reservations' kind: {why}"
+        );
+    }
     database.drop_tables().await;
 }
 

@@ -1,31 +1,42 @@
 //! A conformance suite for store implementations: the request path
-//! ([`IdempotencyStore`]), the operators' [`RecordAdmin`] and maintenance's
-//! [`PurgeExpired`], together a [`FullStore`].
+//! ([`IdempotencyStore`]), and, for stores that have them, the operators'
+//! [`RecordAdmin`] and maintenance's [`PurgeExpired`].
 //!
 //! Every store in this workspace runs it, and so can yours: enable the `conformance`
-//! feature in your dev-dependencies and call [`run_all`] from a test with a fresh store
-//! (multi-threaded runtime recommended, since the races are real). A store shared by
-//! several processes should also run [`run_multi_node`] with two handles on one backend
-//! (two pools, two connections), as two replicas would hold them:
+//! feature in your dev-dependencies and run a [`Suite`] from a test with a fresh store
+//! (multi-threaded runtime recommended, since the races are real). The suite runs the
+//! checks that apply to what the store has: give it the capabilities your store
+//! implements, and it finds out by itself whether its reservations have a lease
+//! ([`Reservation::Reserved`]) or are uncommitted until the owner's transaction commits
+//! ([`Reservation::ReservedUncommitted`]), and skips, by name and with the reason, the
+//! checks that do not apply:
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # use idempotency_core::FullStore;
-//! # async fn example(store: Arc<dyn FullStore>, second_handle: Arc<dyn FullStore>) {
-//! idempotency_core::conformance::run_all(&store).await;
-//! idempotency_core::conformance::run_multi_node(&store, &second_handle).await;
+//! # use idempotency_core::{FullStore, IdempotencyStore};
+//! use idempotency_core::conformance::Suite;
+//! # async fn example(request_path_only: Arc<dyn IdempotencyStore>, full: Arc<dyn FullStore>, second_handle: Arc<dyn FullStore>) {
+//! // A store that implements the request path alone:
+//! Suite::new(request_path_only).run().await;
+//! // A store that also implements RecordAdmin and PurgeExpired:
+//! Suite::full(full.clone()).run().await;
+//! // A store shared by several processes, with two handles on one backend (two pools,
+//! // two connections), as two replicas would hold them:
+//! idempotency_core::conformance::run_multi_node(&full, &second_handle).await;
 //! # }
 //! ```
 //!
-//! Each check is also a public `async fn` taking the store as `&Arc<dyn FullStore>`
-//! (`Arc::new(my_store)` coerces to it), so a backend can run them one by one. Most
-//! exercise the request path alone; the purge checks use [`PurgeExpired`] too, and
-//! [`inspect_shows_state_and_times_without_the_body`] and the `evict_*` checks
-//! [`RecordAdmin`]. [`model`] compares random sequences of
-//! operations from several owners with a reference model. Checks panic with a message
-//! that says what the store did wrong. They use random keys and scopes, so they can run
-//! against a shared database, in parallel, and repeatedly. Timing checks use leases and
-//! lifetimes of a few hundred milliseconds and tolerate a slow machine.
+//! [`run_all`] is `Suite::full(store).run()`.
+//!
+//! Each check is also a public `async fn`, generic over the store (`&Arc<S>`, where `S`
+//! may be your store type or a `dyn` trait object), so a backend can run them one by
+//! one. [`through_layer`] checks run an [`IdempotencyLayer`](crate::IdempotencyLayer)
+//! over the store, for what the store alone cannot show (what a waiting retry is
+//! answered). [`model`] compares random sequences of operations from several owners with
+//! a reference model. Checks panic with a message that says what the store did wrong.
+//! They use random keys and scopes, so they can run against a shared database, in
+//! parallel, and repeatedly. Timing checks use leases and lifetimes of a few hundred
+//! milliseconds and tolerate a slow machine.
 //!
 //! The rules they check are written on the [request path's trait](crate::IdempotencyStore#the-rules-every-store-keeps)
 //! and on [`RecordAdmin`](crate::RecordAdmin#the-rules).
@@ -37,11 +48,14 @@ mod operator;
 mod ownership;
 mod reservation;
 mod round_trips;
+mod suite;
+pub mod through_layer;
 mod waiting;
 
 pub use expiry::{
-    expired_record_counts_as_absent, in_flight_record_outlives_its_lifetime_under_a_live_lease,
-    purge_removes_expired_in_batches, renewals_keep_a_record_alive_past_its_lifetime,
+    expired_record_counts_as_absent, expired_reservation_fences_its_owner,
+    in_flight_record_outlives_its_lifetime_under_a_live_lease, purge_removes_expired_in_batches,
+    renewals_keep_a_record_alive_past_its_lifetime,
 };
 pub use multi_node::{
     concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
@@ -60,14 +74,18 @@ pub use ownership::{
     tokens_are_never_reused,
 };
 pub use reservation::{
-    concurrent_reserves_from_tasks, concurrent_reserves_have_one_winner, reserve_then_load,
-    scope_and_key_never_run_together, scope_quota_holds_under_concurrency, scopes_are_isolated,
+    a_held_key_shows_its_owners_binding_or_busy, concurrent_reserves_from_tasks,
+    concurrent_reserves_have_one_winner, reserve_then_load, scope_and_key_never_run_together,
+    scope_quota_holds_under_concurrency, scopes_are_isolated,
 };
 pub use round_trips::{
     empty_response_without_headers_round_trips, header_values_that_are_not_utf8_round_trip,
     multi_megabyte_body_round_trips, trailers_round_trip,
 };
+pub use suite::{Report, Suite};
 pub use waiting::{
+    a_wait_sees_the_key_released_and_finished_by_another_request,
+    a_wait_sees_the_key_released_and_left_by_another_request_whose_lease_lapses,
     wait_gives_up_after_the_timeout, wait_returns_when_the_lease_lapses,
     wait_returns_when_the_owner_finalizes, wait_returns_when_the_owner_releases,
 };
@@ -80,53 +98,16 @@ use tokio::task::JoinSet;
 
 use crate::purge::purge_all_expired;
 use crate::store::{
-    Binding, FencingToken, FullStore, IdempotencyStore, Ownership, Purged, RecordId, RecordState,
-    Reservation, StoredResponse,
+    Binding, FencingToken, FullStore, IdempotencyStore, Ownership, PurgeExpired, Purged,
+    RecordAdmin, RecordId, RecordState, Reservation, StoredResponse, Waited,
 };
-#[cfg(doc)]
-use crate::store::{PurgeExpired, RecordAdmin};
 
 const LONG: Duration = Duration::from_secs(60);
 const SHORT: Duration = Duration::from_millis(300);
 
-/// Runs every single-store check in this module and the [`model`], one after another.
+/// Runs every check that applies to a store with every capability ([`Suite::full`]).
 pub async fn run_all(store: &Arc<dyn FullStore>) {
-    concurrent_reserves_from_tasks(store).await;
-    reserve_then_load(store).await;
-    concurrent_reserves_have_one_winner(store).await;
-    finalize_then_replay(store).await;
-    finalize_is_fenced(store).await;
-    release_frees_the_key(store).await;
-    release_is_fenced(store).await;
-    renew_extends_the_lease(store).await;
-    repeated_renewals_are_held(store).await;
-    lapsed_owner_may_finish_until_taken_over(store).await;
-    lapsed_lease_is_taken_over_once(store).await;
-    takeover_keeps_the_binding(store).await;
-    live_lease_is_not_taken_over(store).await;
-    completed_record_is_not_taken_over(store).await;
-    tokens_are_never_reused(store).await;
-    expired_record_counts_as_absent(store).await;
-    in_flight_record_outlives_its_lifetime_under_a_live_lease(store).await;
-    renewals_keep_a_record_alive_past_its_lifetime(store).await;
-    purge_removes_expired_in_batches(store).await;
-    wait_returns_when_the_owner_finalizes(store).await;
-    wait_returns_when_the_owner_releases(store).await;
-    wait_returns_when_the_lease_lapses(store).await;
-    wait_gives_up_after_the_timeout(store).await;
-    multi_megabyte_body_round_trips(store).await;
-    empty_response_without_headers_round_trips(store).await;
-    header_values_that_are_not_utf8_round_trip(store).await;
-    trailers_round_trip(store).await;
-    scopes_are_isolated(store).await;
-    scope_and_key_never_run_together(store).await;
-    inspect_shows_state_and_times_without_the_body(store).await;
-    evict_deletes_a_completed_record_and_the_key_runs_again(store).await;
-    evict_refuses_an_in_flight_record_unless_forced(store).await;
-    evict_of_an_absent_or_expired_record_finds_nothing(store).await;
-    evict_wakes_waiters(store).await;
-    evict_never_acts_on_a_stale_verdict(store).await;
-    model::check_random_sequences(store, 0, 20, 60).await;
+    Suite::full(store.clone()).run().await;
 }
 
 fn fresh_id() -> RecordId {
@@ -145,6 +126,16 @@ fn binding(body: &[u8]) -> Binding {
     }
 }
 
+/// A plain answer whose body is `body`.
+fn response_with(body: String) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![],
+        body: Bytes::from(body),
+        trailers: vec![],
+    }
+}
+
 fn response(body: &'static [u8]) -> StoredResponse {
     StoredResponse {
         status: 200,
@@ -160,30 +151,73 @@ fn response(body: &'static [u8]) -> StoredResponse {
     }
 }
 
-async fn reserve_new(
-    store: &dyn IdempotencyStore,
+/// Reserves a key nobody holds, leased or uncommitted, and returns its token.
+async fn reserve_new<S: IdempotencyStore + ?Sized>(
+    store: &S,
     id: &RecordId,
     lease: Duration,
     lifetime: Duration,
 ) -> FencingToken {
+    reserve_bound(store, id, &binding(b"{}"), lease, lifetime).await
+}
+
+/// [`reserve_new`] with another binding.
+async fn reserve_bound<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    id: &RecordId,
+    bound: &Binding,
+    lease: Duration,
+    lifetime: Duration,
+) -> FencingToken {
     match store
-        .reserve(id, &binding(b"{}"), lease, lifetime)
+        .reserve(id, bound, lease, lifetime)
         .await
         .expect("reserve failed")
     {
-        Reservation::Reserved(token) => token,
-        Reservation::Exists(record) => {
-            panic!("reserve of a fresh key returned an existing record: {record:?}")
-        }
+        Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => token,
+        other => panic!("reserve of a key nobody holds answered {other:?}"),
     }
 }
 
-async fn wait_in_background(
-    store: &dyn IdempotencyStore,
+/// Reserves a key that no record holds, as the layer does: a store may answer
+/// [`Busy`](Reservation::Busy) while something else holds the key for a moment (a
+/// waiter, on a store whose waiters take the key's lock), and is then waited for.
+async fn reserve_when_free<S: IdempotencyStore + ?Sized>(
+    store: &S,
+    id: &RecordId,
+    bound: &Binding,
+    lease: Duration,
+    lifetime: Duration,
+) -> FencingToken {
+    for _ in 0..20 {
+        match store
+            .reserve(id, bound, lease, lifetime)
+            .await
+            .expect("reserve failed")
+        {
+            Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => {
+                return token;
+            }
+            Reservation::Busy => {
+                store
+                    .wait(id, Duration::from_secs(1))
+                    .await
+                    .expect("wait failed");
+            }
+            other => panic!("reserve of a key no record holds answered {other:?}"),
+        }
+    }
+    panic!("a key nobody holds stayed busy through 20 reservations")
+}
+
+/// Waits on `id` while `act` runs (from 100 ms on), and checks that the wait ended
+/// before its timeout.
+async fn wait_in_background<S: IdempotencyStore + ?Sized>(
+    store: &S,
     id: &RecordId,
     timeout: Duration,
     act: impl std::future::Future<Output = ()>,
-) -> Option<crate::IdempotencyRecord> {
+) -> Waited {
     let started = tokio::time::Instant::now();
     let (waited, ()) = tokio::join!(store.wait(id, timeout), async {
         tokio::time::sleep(Duration::from_millis(100)).await;

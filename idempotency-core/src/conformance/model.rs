@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{
-    Binding, FencingToken, FullStore, Ownership, RecordId, RecordState, Reservation, StoredResponse,
+    Binding, FencingToken, Ownership, PurgeExpired, RecordId, RecordState, Reservation,
+    StoredResponse,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -152,7 +153,7 @@ fn binding() -> Binding {
 
 /// Runs `steps` against `store` and against the model, panicking at the first answer
 /// that differs, with the step number and the whole sequence so far.
-pub async fn check_steps(store: &Arc<dyn FullStore>, steps: &[Step]) {
+pub async fn check_steps<S: PurgeExpired + ?Sized>(store: &Arc<S>, steps: &[Step]) {
     let store = store.as_ref();
     let scope = format!("model-{}", uuid::Uuid::new_v4());
     let ids: Vec<RecordId> = (0..3)
@@ -383,8 +384,8 @@ fn assert_state(actual: &RecordState, expected: &Model, context: &dyn Fn() -> St
 }
 
 /// Runs `runs` random sequences of `len` steps, seeds `first_seed..`, against `store`.
-pub async fn check_random_sequences(
-    store: &Arc<dyn FullStore>,
+pub async fn check_random_sequences<S: PurgeExpired + ?Sized>(
+    store: &Arc<S>,
     first_seed: u64,
     runs: u64,
     len: usize,

@@ -6,8 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use super::{LONG, SHORT, binding, fresh_id, reserve_new, response, wait_in_background};
 use crate::store::{
-    EvictInFlight, Eviction, FullStore, InspectedRecord, InspectedState, Ownership, RecordId,
-    RecordState, Reservation,
+    EvictInFlight, Eviction, InspectedRecord, InspectedState, Ownership, RecordAdmin, RecordId,
+    RecordState, Reservation, Waited,
 };
 
 /// Millisecond rounding of the stored times, plus a slow machine between two statements.
@@ -78,7 +78,9 @@ fn assert_about(earlier: SystemTime, later: SystemTime, after: Duration, what: &
 
 /// Inspection shows binding, state, status and times, never the body, and changes
 /// nothing; a takeover keeps the creation time; an expired record is absent.
-pub async fn inspect_shows_state_and_times_without_the_body(store: &Arc<dyn FullStore>) {
+pub async fn inspect_shows_state_and_times_without_the_body<S: RecordAdmin + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     let id = fresh_id();
     assert!(
@@ -92,7 +94,7 @@ pub async fn inspect_shows_state_and_times_without_the_body(store: &Arc<dyn Full
         .unwrap()
     {
         Reservation::Reserved(token) => token,
-        Reservation::Exists(record) => panic!("fresh key already held: {record:?}"),
+        other => panic!("a reserve of a key nobody holds answered {other:?}"),
     };
 
     let reserved = inspect_live(store.inspect(&id).await.unwrap(), "after reserve");
@@ -215,7 +217,9 @@ pub async fn inspect_shows_state_and_times_without_the_body(store: &Arc<dyn Full
 }
 
 /// Evicting a completed record deletes it, in its scope only, and the key runs again.
-pub async fn evict_deletes_a_completed_record_and_the_key_runs_again(store: &Arc<dyn FullStore>) {
+pub async fn evict_deletes_a_completed_record_and_the_key_runs_again<S: RecordAdmin + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     let id = fresh_id();
     let neighbour = RecordId::new(format!("{}-other", id.scope), id.key.clone());
@@ -252,11 +256,14 @@ pub async fn evict_deletes_a_completed_record_and_the_key_runs_again(store: &Arc
         "evicting a key in one scope must leave the same key in another scope alone"
     );
     // The next request with the key runs as a first execution.
-    reserve_new(store, &id, LONG, LONG).await;
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    store.release(&id, token).await.unwrap();
 }
 
 /// An in-flight record is left alone unless forced; forced, its owner is fenced out.
-pub async fn evict_refuses_an_in_flight_record_unless_forced(store: &Arc<dyn FullStore>) {
+pub async fn evict_refuses_an_in_flight_record_unless_forced<S: RecordAdmin + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     let id = fresh_id();
     let owner = reserve_new(store, &id, LONG, LONG).await;
@@ -316,7 +323,9 @@ pub async fn evict_refuses_an_in_flight_record_unless_forced(store: &Arc<dyn Ful
 }
 
 /// Evicting an unknown or expired key finds nothing; the expired key can be reserved.
-pub async fn evict_of_an_absent_or_expired_record_finds_nothing(store: &Arc<dyn FullStore>) {
+pub async fn evict_of_an_absent_or_expired_record_finds_nothing<S: RecordAdmin + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     assert_eq!(
         store
@@ -334,12 +343,13 @@ pub async fn evict_of_an_absent_or_expired_record_finds_nothing(store: &Arc<dyn 
         Eviction::NotFound,
         "an expired record counts as absent"
     );
-    reserve_new(store, &id, LONG, LONG).await;
+    let token = reserve_new(store, &id, LONG, LONG).await;
+    store.release(&id, token).await.unwrap();
 }
 
 /// A duplicate waiting on a record is woken when an operator evicts it, and finds it
 /// absent.
-pub async fn evict_wakes_waiters(store: &Arc<dyn FullStore>) {
+pub async fn evict_wakes_waiters<S: RecordAdmin + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     reserve_new(store, &id, LONG, LONG).await;
@@ -349,7 +359,8 @@ pub async fn evict_wakes_waiters(store: &Arc<dyn FullStore>) {
     })
     .await;
     assert_eq!(
-        waited, None,
+        waited,
+        Waited::Gone,
         "an evicted record must be absent to its waiters"
     );
 }
@@ -357,7 +368,7 @@ pub async fn evict_wakes_waiters(store: &Arc<dyn FullStore>) {
 /// Eviction racing the owner's finalize decides on the record as it stands: refused
 /// while in flight (and the answer is then stored), or deleted once completed; never a
 /// completed record lost to a verdict taken while it was in flight.
-pub async fn evict_never_acts_on_a_stale_verdict(store: &Arc<dyn FullStore>) {
+pub async fn evict_never_acts_on_a_stale_verdict<S: RecordAdmin + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     for _ in 0..20 {
         let id = fresh_id();

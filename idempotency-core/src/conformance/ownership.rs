@@ -4,7 +4,7 @@
 use super::*;
 
 /// A finalized record is replayed exactly as stored, and a retry cannot reserve it.
-pub async fn finalize_then_replay(store: &Arc<dyn FullStore>) {
+pub async fn finalize_then_replay<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -27,7 +27,7 @@ pub async fn finalize_then_replay(store: &Arc<dyn FullStore>) {
         Reservation::Exists(existing) => {
             assert_eq!(existing.state, RecordState::Completed(stored))
         }
-        Reservation::Reserved(_) => panic!("a finalized key must not be reserved again"),
+        other => panic!("a finalized key must be replayed, not {other:?}"),
     }
     assert_eq!(
         store
@@ -40,7 +40,7 @@ pub async fn finalize_then_replay(store: &Arc<dyn FullStore>) {
 }
 
 /// Finalize with a token that does not own the record changes nothing.
-pub async fn finalize_is_fenced(store: &Arc<dyn FullStore>) {
+pub async fn finalize_is_fenced<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -68,7 +68,7 @@ pub async fn finalize_is_fenced(store: &Arc<dyn FullStore>) {
 }
 
 /// Release deletes the reservation; the key can then be reserved again.
-pub async fn release_frees_the_key(store: &Arc<dyn FullStore>) {
+pub async fn release_frees_the_key<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -90,7 +90,7 @@ pub async fn release_frees_the_key(store: &Arc<dyn FullStore>) {
 }
 
 /// Release with a foreign token, or of a completed record, changes nothing.
-pub async fn release_is_fenced(store: &Arc<dyn FullStore>) {
+pub async fn release_is_fenced<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -113,7 +113,7 @@ pub async fn release_is_fenced(store: &Arc<dyn FullStore>) {
 }
 
 /// Renew keeps a short lease from lapsing; a foreign token cannot renew.
-pub async fn renew_extends_the_lease(store: &Arc<dyn FullStore>) {
+pub async fn renew_extends_the_lease<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
@@ -139,7 +139,7 @@ pub async fn renew_extends_the_lease(store: &Arc<dyn FullStore>) {
 
 /// Renewing several times in a row, within one millisecond, is held every time (a
 /// backend that counts changed rows rather than matched rows would say "lost").
-pub async fn repeated_renewals_are_held(store: &Arc<dyn FullStore>) {
+pub async fn repeated_renewals_are_held<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -153,7 +153,7 @@ pub async fn repeated_renewals_are_held(store: &Arc<dyn FullStore>) {
 }
 
 /// After the lease lapses, exactly one of many takeovers wins; the old owner is fenced out.
-pub async fn lapsed_lease_is_taken_over_once(store: &Arc<dyn FullStore>) {
+pub async fn lapsed_lease_is_taken_over_once<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let old = reserve_new(store, &id, SHORT, LONG).await;
@@ -194,7 +194,7 @@ pub async fn lapsed_lease_is_taken_over_once(store: &Arc<dyn FullStore>) {
 }
 
 /// A record under a live lease cannot be taken over.
-pub async fn live_lease_is_not_taken_over(store: &Arc<dyn FullStore>) {
+pub async fn live_lease_is_not_taken_over<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -207,7 +207,7 @@ pub async fn live_lease_is_not_taken_over(store: &Arc<dyn FullStore>) {
 }
 
 /// A completed record cannot be taken over, even long after its lease would have lapsed.
-pub async fn completed_record_is_not_taken_over(store: &Arc<dyn FullStore>) {
+pub async fn completed_record_is_not_taken_over<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, SHORT, LONG).await;
@@ -221,7 +221,9 @@ pub async fn completed_record_is_not_taken_over(store: &Arc<dyn FullStore>) {
 
 /// An owner whose lease lapsed still owns the record until someone takes it over: it may
 /// renew and finalize. Once finalized, a second finalize is refused.
-pub async fn lapsed_owner_may_finish_until_taken_over(store: &Arc<dyn FullStore>) {
+pub async fn lapsed_owner_may_finish_until_taken_over<S: IdempotencyStore + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, Duration::from_millis(50), LONG).await;
@@ -254,7 +256,7 @@ pub async fn lapsed_owner_may_finish_until_taken_over(store: &Arc<dyn FullStore>
 }
 
 /// A takeover replaces the token and the lease, and keeps what the key was bound to.
-pub async fn takeover_keeps_the_binding(store: &Arc<dyn FullStore>) {
+pub async fn takeover_keeps_the_binding<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let bound = binding(b"the first request");
@@ -288,7 +290,7 @@ pub async fn takeover_keeps_the_binding(store: &Arc<dyn FullStore>) {
 
 /// Every reservation of a key gets a token the key never had, however often it is
 /// released and reserved again.
-pub async fn tokens_are_never_reused(store: &Arc<dyn FullStore>) {
+pub async fn tokens_are_never_reused<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let mut tokens = std::collections::HashSet::new();

@@ -3,7 +3,7 @@
 use super::*;
 
 /// A reserved key is in flight under a live lease and keeps its binding.
-pub async fn reserve_then_load(store: &Arc<dyn FullStore>) {
+pub async fn reserve_then_load<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     assert!(
@@ -31,12 +31,61 @@ pub async fn reserve_then_load(store: &Arc<dyn FullStore>) {
         .unwrap()
     {
         Reservation::Exists(existing) => assert_eq!(existing, record),
-        Reservation::Reserved(_) => panic!("a second reserve of a live key must not win"),
+        other => panic!("a second reserve of a key in flight must see its record: {other:?}"),
+    }
+}
+
+/// A key held by an owner is shown to everyone else as it is — the owner's record, bound
+/// as the owner bound it — or as [`Busy`](Reservation::Busy) by a store that cannot show
+/// it (an [uncommitted](Reservation::ReservedUncommitted) reservation): never as a record
+/// the store does not hold (bound like the caller), never reserved twice. Once finalized
+/// it is the completed record, bound as its owner reserved it; once released the key is
+/// free.
+pub async fn a_held_key_shows_its_owners_binding_or_busy<S: IdempotencyStore + ?Sized>(
+    store: &Arc<S>,
+) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    let mine = binding(b"the owner's request");
+    let token = reserve_bound(store, &id, &mine, LONG, LONG).await;
+    for other in [binding(b"the owner's request"), binding(b"another request")] {
+        match store.reserve(&id, &other, LONG, LONG).await.unwrap() {
+            Reservation::Busy => {}
+            Reservation::Exists(record) => assert_eq!(
+                record.binding, mine,
+                "a reserve of a held key was shown a record bound to another request than the owner's: one the store does not hold"
+            ),
+            answer => panic!("a reserve of a key held by another owner answered {answer:?}"),
+        }
+    }
+    assert_eq!(
+        store.release(&id, token).await.unwrap(),
+        Ownership::Held,
+        "the owner could not release its reservation"
+    );
+    let token = reserve_bound(store, &id, &mine, LONG, LONG).await;
+    assert_eq!(
+        store
+            .finalize(&id, token, &response(b"done"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+    match store
+        .reserve(&id, &binding(b"another request"), LONG, LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::Exists(record) => {
+            assert_eq!(record.binding, mine, "the record lost its owner's binding");
+            assert_eq!(record.state, RecordState::Completed(response(b"done")));
+        }
+        answer => panic!("a reserve of a finalized key answered {answer:?}"),
     }
 }
 
 /// Many tasks reserving one key at once: exactly one wins, all others see its record.
-pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn FullStore>) {
+pub async fn concurrent_reserves_have_one_winner<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     // Joined futures on one task: the store's own I/O interleaves. The variant with
     // spawned tasks on several threads is `concurrent_reserves_from_tasks`.
@@ -48,8 +97,10 @@ pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn FullStore>) {
         .iter()
         .filter_map(
             |r| match r.as_ref().expect("reserve failed under contention") {
-                Reservation::Reserved(token) => Some(*token),
-                Reservation::Exists(_) => None,
+                Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => {
+                    Some(*token)
+                }
+                Reservation::Exists(_) | Reservation::Busy => None,
             },
         )
         .collect();
@@ -66,11 +117,12 @@ pub async fn concurrent_reserves_have_one_winner(store: &Arc<dyn FullStore>) {
             );
         }
     }
+    store.release(&id, winners[0]).await.unwrap();
 }
 
 /// 64 reserves of one key from spawned tasks (several threads on a multi-threaded
 /// runtime): exactly one wins.
-pub async fn concurrent_reserves_from_tasks(store: &Arc<dyn FullStore>) {
+pub async fn concurrent_reserves_from_tasks<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let id = fresh_id();
     let mut tasks = JoinSet::new();
     for _ in 0..64 {
@@ -78,44 +130,57 @@ pub async fn concurrent_reserves_from_tasks(store: &Arc<dyn FullStore>) {
         let id = id.clone();
         tasks.spawn(async move { store.reserve(&id, &binding(b"{}"), LONG, LONG).await });
     }
-    let mut winners = 0;
+    let mut winners = Vec::new();
     while let Some(result) = tasks.join_next().await {
-        if let Reservation::Reserved(_) = result.unwrap().expect("reserve failed") {
-            winners += 1;
+        if let Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) =
+            result.unwrap().expect("reserve failed")
+        {
+            winners.push(token);
         }
     }
-    assert_eq!(winners, 1, "exactly one of 64 spawned reserves must win");
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one of 64 spawned reserves must win"
+    );
+    store.release(&id, winners[0]).await.unwrap();
 }
 
-/// One key in many scopes is many independent records, reserved concurrently.
-pub async fn scopes_are_isolated(store: &Arc<dyn FullStore>) {
+/// One key in many scopes is many independent records, reserved and finalized
+/// concurrently: each scope gets its own token and keeps its own answer.
+pub async fn scopes_are_isolated<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let key = uuid::Uuid::new_v4().to_string();
     let ids: Vec<RecordId> = (0..50)
         .map(|i| RecordId::new(format!("tenant-{i}-{}", uuid::Uuid::new_v4()), key.clone()))
         .collect();
-    let bound = binding(b"{}");
-    let reserved =
-        futures_util::future::join_all(ids.iter().map(|id| store.reserve(id, &bound, LONG, LONG)))
-            .await;
-    let mut tokens = Vec::new();
-    for (id, result) in ids.iter().zip(reserved) {
-        match result.expect("reserve failed") {
-            Reservation::Reserved(token) => tokens.push(token),
-            Reservation::Exists(_) => panic!("scope {} saw another scope's record", id.scope),
-        }
+    let answer = |i: usize| response_with(format!("tenant-{i}"));
+    let finished =
+        futures_util::future::join_all(ids.iter().enumerate().map(|(i, id)| async move {
+            let token = match store.reserve(id, &binding(b"{}"), LONG, LONG).await {
+                Ok(Reservation::Reserved(token) | Reservation::ReservedUncommitted(token)) => token,
+                other => panic!(
+                    "scope {} saw another scope's reservation: {other:?}",
+                    id.scope
+                ),
+            };
+            store.finalize(id, token, &answer(i)).await.unwrap()
+        }))
+        .await;
+    for (id, finished) in ids.iter().zip(finished) {
+        assert_eq!(
+            finished,
+            Ownership::Held,
+            "scope {} lost its record",
+            id.scope
+        );
     }
-    store
-        .finalize(&ids[0], tokens[0], &response(b"tenant-0"))
-        .await
-        .unwrap();
-    for id in &ids[1..] {
-        assert!(
-            matches!(
-                store.load(id).await.unwrap().unwrap().state,
-                RecordState::InFlight { .. }
-            ),
-            "finalizing one scope changed another"
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(
+            store.load(id).await.unwrap().map(|record| record.state),
+            Some(RecordState::Completed(answer(i))),
+            "scope {} got another scope's answer",
+            id.scope
         );
     }
     let unscoped = RecordId::new("", key);
@@ -125,7 +190,7 @@ pub async fn scopes_are_isolated(store: &Arc<dyn FullStore>) {
 /// Scope and key are two values, not one string: pairs that would read the same when
 /// joined (`a:b` + `c` and `a` + `b:c`) are different records, whatever separator,
 /// brace or escape they hold.
-pub async fn scope_and_key_never_run_together(store: &Arc<dyn FullStore>) {
+pub async fn scope_and_key_never_run_together<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let unique = uuid::Uuid::new_v4();
     let pairs = [
@@ -143,22 +208,16 @@ pub async fn scope_and_key_never_run_together(store: &Arc<dyn FullStore>) {
         (String::new(), format!("{unique}:a:b:c")),
         (format!("{unique}:a:b:c"), String::new()),
     ];
-    let mut tokens = Vec::new();
-    for (scope, key) in &pairs {
-        let id = RecordId::new(scope.clone(), key.clone());
-        tokens.push(reserve_new(store, &id, LONG, LONG).await);
-    }
+    // Each pair reserved and finalized in turn: a pair that shared a record with an
+    // earlier one would find it held.
     for (i, (scope, key)) in pairs.iter().enumerate() {
         let id = RecordId::new(scope.clone(), key.clone());
-        let body = Bytes::from(format!("answer {i}"));
-        let answer = StoredResponse {
-            status: 200,
-            headers: vec![],
-            body,
-            trailers: vec![],
-        };
+        let token = reserve_new(store, &id, LONG, LONG).await;
         assert_eq!(
-            store.finalize(&id, tokens[i], &answer).await.unwrap(),
+            store
+                .finalize(&id, token, &response_with(format!("answer {i}")))
+                .await
+                .unwrap(),
             Ownership::Held,
             "scope {scope:?} with key {key:?} lost its own record"
         );
@@ -181,7 +240,10 @@ pub async fn scope_and_key_never_run_together(store: &Arc<dyn FullStore>) {
 /// scope (and no smaller store-wide bound): many concurrent reservations in one scope win
 /// exactly `max_records` times and the rest get `QuotaExceeded`; another scope is not
 /// affected; a released record gives its room back.
-pub async fn scope_quota_holds_under_concurrency(store: &Arc<dyn FullStore>, max_records: u64) {
+pub async fn scope_quota_holds_under_concurrency<S: IdempotencyStore + ?Sized>(
+    store: &Arc<S>,
+    max_records: u64,
+) {
     let scope = format!("quota-{}", uuid::Uuid::new_v4());
     let mut tasks = JoinSet::new();
     for i in 0..(max_records * 2 + 8) {
@@ -195,7 +257,9 @@ pub async fn scope_quota_holds_under_concurrency(store: &Arc<dyn FullStore>, max
     let mut winners = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined.unwrap() {
-            (id, Ok(Reservation::Reserved(token))) => winners.push((id, token)),
+            (id, Ok(Reservation::Reserved(token) | Reservation::ReservedUncommitted(token))) => {
+                winners.push((id, token))
+            }
             (_, Err(crate::StoreError::QuotaExceeded { .. })) => {}
             (_, other) => panic!("a reserve over the quota answered {other:?}"),
         }
@@ -210,7 +274,7 @@ pub async fn scope_quota_holds_under_concurrency(store: &Arc<dyn FullStore>, max
     assert!(
         matches!(
             store.reserve(&other, &binding(b"{}"), LONG, LONG).await,
-            Ok(Reservation::Reserved(_))
+            Ok(Reservation::Reserved(_) | Reservation::ReservedUncommitted(_))
         ),
         "a scope at its quota locked another scope out"
     );
@@ -220,7 +284,7 @@ pub async fn scope_quota_holds_under_concurrency(store: &Arc<dyn FullStore>, max
     assert!(
         matches!(
             store.reserve(&again, &binding(b"{}"), LONG, LONG).await,
-            Ok(Reservation::Reserved(_))
+            Ok(Reservation::Reserved(_) | Reservation::ReservedUncommitted(_))
         ),
         "a released record did not give its room back to its scope"
     );

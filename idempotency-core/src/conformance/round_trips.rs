@@ -3,7 +3,7 @@
 use super::*;
 
 /// A 6 MiB binary body (real Iceberg metadata can be this large) round-trips byte for byte.
-pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn FullStore>) {
+pub async fn multi_megabyte_body_round_trips<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -41,7 +41,9 @@ pub async fn multi_megabyte_body_round_trips(store: &Arc<dyn FullStore>) {
 }
 
 /// A 204 with no headers and an empty body comes back as exactly that.
-pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn FullStore>) {
+pub async fn empty_response_without_headers_round_trips<S: IdempotencyStore + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -64,7 +66,9 @@ pub async fn empty_response_without_headers_round_trips(store: &Arc<dyn FullStor
 
 /// Header values are bytes, not text: values that are not UTF-8, values holding `:`
 /// and repeated names come back as they went in, in order.
-pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn FullStore>) {
+pub async fn header_values_that_are_not_utf8_round_trip<S: IdempotencyStore + ?Sized>(
+    store: &Arc<S>,
+) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;
@@ -101,7 +105,7 @@ pub async fn header_values_that_are_not_utf8_round_trip(store: &Arc<dyn FullStor
 
 /// Trailers (gRPC's status travels in them) come back as they went in, in order, values
 /// that are not UTF-8 included, and a response without trailers comes back without any.
-pub async fn trailers_round_trip(store: &Arc<dyn FullStore>) {
+pub async fn trailers_round_trip<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
     let token = reserve_new(store, &id, LONG, LONG).await;

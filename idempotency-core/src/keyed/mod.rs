@@ -67,9 +67,11 @@ where
 
     // 3. Reserve, then 4–6 as the owner, or 7.
     match reserve::reserve(&settings, &id, &binding).await {
-        Reserved::Owner(token, outcome) => {
-            run::<S, B>(settings, inner, request, id, token, outcome, held).await
-        }
+        Reserved::Owner {
+            token,
+            leased,
+            outcome,
+        } => run::<S, B>(settings, inner, request, id, (token, leased), outcome, held).await,
         Reserved::Replay(stored) => {
             let replayed = replay::replay::<S, B>(&settings, inner, &request, stored).await;
             Ok(answered(&settings, replayed))
@@ -103,7 +105,7 @@ fn run<S, B>(
     inner: S,
     request: Request<Bytes>,
     id: RecordId,
-    token: FencingToken,
+    (token, leased): (FencingToken, bool),
     outcome: Outcome,
     held: Held,
 ) -> FinishOnDrop<Answer<B, S::Error>>
@@ -118,7 +120,7 @@ where
         .profile
         .to_store_reads_request()
         .then(|| request.clone());
-    let reservation = ReservationHandle::new(settings.clone(), kept, id, token);
+    let reservation = ReservationHandle::new(settings.clone(), kept, id, token, leased);
     let tracker = settings.in_flight.clone();
     // The request's bytes (and then its answer's) stay taken from the budget while it
     // runs, even after its caller went away.
@@ -147,14 +149,14 @@ where
         Ok(Ok(answer)) => answer,
         Ok(Err(error)) => {
             let why = "the inner service returned an error";
-            settle::release(&settings, reservation.id(), reservation.token(), why).await;
-            metrics::outcome(&settings, Outcome::Released);
+            let outcome = settle::release(&settings, reservation.id(), reservation.token(), why);
+            metrics::outcome(&settings, outcome.await);
             return Err(error);
         }
         Err(panic) => {
             let why = "the inner service panicked";
-            settle::release(&settings, reservation.id(), reservation.token(), why).await;
-            metrics::outcome(&settings, Outcome::Released);
+            let outcome = settle::release(&settings, reservation.id(), reservation.token(), why);
+            metrics::outcome(&settings, outcome.await);
             std::panic::resume_unwind(panic);
         }
     };

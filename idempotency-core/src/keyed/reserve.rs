@@ -17,7 +17,7 @@ use crate::rejection::Rejection;
 use crate::settings::Settings;
 use crate::store::{
     Binding, FencingToken, IdempotencyRecord, RecordId, RecordState, Reservation, StoreError,
-    StoredResponse,
+    StoredResponse, Waited,
 };
 
 /// Reservation attempts before a duplicate gives up: a key that keeps being released and
@@ -27,8 +27,13 @@ const MAX_ATTEMPTS: usize = 4;
 /// Where the reservation left the request.
 pub(crate) enum Reserved {
     /// The request owns the key and runs: a first execution, or a takeover of a key
-    /// whose owner stopped renewing its lease.
-    Owner(FencingToken, Outcome),
+    /// whose owner stopped renewing its lease. `leased` says whether the ownership has a
+    /// lease to renew while it runs (an uncommitted reservation has none).
+    Owner {
+        token: FencingToken,
+        leased: bool,
+        outcome: Outcome,
+    },
     /// The key holds a finished answer for this very request: replay it.
     Replay(StoredResponse),
     /// The layer answers instead: the key is bound to another request, or its owner is
@@ -75,23 +80,25 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
     // most requests never do, and reading the clock for them is a cost of its own.
     let mut wait_until = None;
     for _ in 0..MAX_ATTEMPTS {
-        let record = match store.reserve(id, binding).await {
-            Ok(Reservation::Reserved(token)) => {
-                tracing::debug!(outcome = "reserved", key = %settings.log_key(id), "idempotency: reserved the key");
-                return Reserved::Owner(token, Outcome::Executed);
+        let mut step = match store.reserve(id, binding).await {
+            Ok(Reservation::Reserved(token)) => return owner(settings, id, token, true),
+            Ok(Reservation::ReservedUncommitted(token)) => {
+                return owner(settings, id, token, false);
             }
-            Ok(Reservation::Exists(record)) => record,
+            Ok(Reservation::Exists(record)) => next_step(record, binding),
+            Ok(Reservation::Busy) => Step::Wait,
             Err(error) => return Reserved::StoreFailed(error),
         };
-        let mut step = next_step(record, binding);
         if step == Step::Wait {
             let now = Instant::now();
             let until = *wait_until.get_or_insert(now + settings.in_flight_wait);
             tracing::debug!(outcome = "waiting", key = %settings.log_key(id), "idempotency: waiting for the in-flight owner");
             step = match store.wait(id, until.saturating_duration_since(now)).await {
-                Ok(Some(record)) => next_step(record, binding),
-                // Released or expired while we waited: reserve again.
-                Ok(None) => continue,
+                Ok(Waited::Settled(record)) => next_step(record, binding),
+                // Released, rolled back or expired while we waited: reserve again.
+                Ok(Waited::Gone) => continue,
+                Ok(Waited::Running(Some(record))) if record.binding != *binding => Step::KeyReused,
+                Ok(Waited::Running(_)) => Step::Wait,
                 Err(error) => return Reserved::StoreFailed(error),
             };
         }
@@ -107,7 +114,11 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
             Step::TakeOver(lapsed) => match store.take_over(id, lapsed).await {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(id), "idempotency: took over a reservation whose owner stopped renewing its lease");
-                    return Reserved::Owner(token, Outcome::TookOver);
+                    return Reserved::Owner {
+                        token,
+                        leased: true,
+                        outcome: Outcome::TookOver,
+                    };
                 }
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
@@ -119,6 +130,16 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
     }
     tracing::info!(outcome = "conflict", key = %settings.log_key(id), "idempotency: the owner is still running; answered in flight");
     Reserved::Refused(Rejection::in_flight(settings))
+}
+
+/// A first execution: the key is this request's.
+fn owner(settings: &Settings, id: &RecordId, token: FencingToken, leased: bool) -> Reserved {
+    tracing::debug!(outcome = "reserved", key = %settings.log_key(id), "idempotency: reserved the key");
+    Reserved::Owner {
+        token,
+        leased,
+        outcome: Outcome::Executed,
+    }
 }
 
 #[cfg(test)]

@@ -42,16 +42,19 @@ pub(crate) async fn settle<B: Bodies>(
                 &bytes,
                 trailers.as_ref(),
             );
-            finalize(settings, id, token, &stored).await;
-            (executed, Readable::Whole(bytes, trailers))
+            let settled = finalize(settings, id, token, &stored).await;
+            (
+                settled.unless_unsettled(executed),
+                Readable::Whole(bytes, trailers),
+            )
         }
         Verdict::Release(body) => {
-            release(settings, id, token, "the response releases the key").await;
-            (Outcome::Released, body)
+            let why = "the response releases the key";
+            (release(settings, id, token, why).await, body)
         }
         Verdict::NotKept(why, body) => {
-            remember_not_kept(settings, id, token, status, why).await;
-            (Outcome::ExecutedNotStored, body)
+            let settled = remember_not_kept(settings, id, token, status, why).await;
+            (settled.unless_unsettled(Outcome::ExecutedNotStored), body)
         }
         Verdict::Failed { release, error } => {
             return Box::pin(body_failed::<B>(
@@ -106,8 +109,7 @@ async fn body_failed<B: Bodies>(
 ) -> Response<B::Answer> {
     tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), %error, "idempotency: the response body failed while it was read");
     let outcome = if released {
-        release(settings, id, token, "the response body failed").await;
-        Outcome::Released
+        release(settings, id, token, "the response body failed").await
     } else {
         let why = "its response failed before it could be stored";
         finalize_rejection(
@@ -116,8 +118,8 @@ async fn body_failed<B: Bodies>(
             token,
             Rejection::not_stored(settings, status, why),
         )
-        .await;
-        Outcome::ExecutedNotStored
+        .await
+        .unless_unsettled(Outcome::ExecutedNotStored)
     };
     let mut response = Rejection::response_failed(status, released).into_response::<B>(settings);
     response.extensions_mut().insert(outcome);
@@ -132,7 +134,7 @@ async fn remember_not_kept(
     token: FencingToken,
     status: StatusCode,
     why: NotKept,
-) {
+) -> Settled {
     let why = match why {
         NotKept::TooLarge => {
             tracing::warn!(outcome = "not-stored", key = %settings.log_key(id), limit = settings.max_response_body, "idempotency: response too large to store (over the limit, or the memory budget); it streams on to its caller, and retries will be told it already ran");
@@ -152,7 +154,7 @@ async fn remember_not_kept(
         token,
         Rejection::not_stored(settings, status, &why),
     )
-    .await;
+    .await
 }
 
 /// Stores a rendered rejection as the key's answer, for every retry to get.
@@ -164,7 +166,7 @@ fn finalize_rejection<'a>(
     id: &'a RecordId,
     token: FencingToken,
     rejection: Rejection,
-) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+) -> Pin<Box<dyn Future<Output = Settled> + Send + 'a>> {
     Box::pin(async move {
         let rendered = settings.render(&rejection);
         let stored = StoredResponse {
@@ -173,21 +175,48 @@ fn finalize_rejection<'a>(
             body: rendered.into_body(),
             trailers: Vec::new(),
         };
-        finalize(settings, id, token, &stored).await;
+        finalize(settings, id, token, &stored).await
     })
 }
 
-/// Releases the key `token` owns, saying `why` in the log.
-pub(crate) async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) {
+/// Whether the store took the owner's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Settled {
+    Yes,
+    /// The store failed, or the key was no longer this request's.
+    No,
+}
+
+impl Settled {
+    /// `outcome` if the store took it, else [`Outcome::Unsettled`].
+    fn unless_unsettled(self, outcome: Outcome) -> Outcome {
+        match self {
+            Self::Yes => outcome,
+            Self::No => Outcome::Unsettled,
+        }
+    }
+}
+
+/// Releases the key `token` owns, saying `why` in the log: [`Outcome::Released`] if it
+/// was released, [`Outcome::Unsettled`] if not.
+pub(crate) async fn release(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    why: &str,
+) -> Outcome {
     match MeasuredStore::of(settings).release(id, token).await {
         Ok(Ownership::Held) => {
-            tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}")
+            tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}");
+            Outcome::Released
         }
         Ok(Ownership::Lost) => {
-            tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: could not release a key it no longer owns ({why})")
+            tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: could not release a key it no longer owns ({why})");
+            Outcome::Unsettled
         }
         Err(error) => {
-            tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: releasing the key failed; it stays reserved until its lease lapses ({why})")
+            tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: releasing the key failed; it stays reserved until its lease lapses ({why})");
+            Outcome::Unsettled
         }
     }
 }
@@ -199,7 +228,7 @@ async fn finalize(
     id: &RecordId,
     token: FencingToken,
     stored: &StoredResponse,
-) {
+) -> Settled {
     let store = MeasuredStore::of(settings);
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
@@ -207,11 +236,11 @@ async fn finalize(
         match store.finalize(id, token, stored).await {
             Ok(Ownership::Held) => {
                 tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
-                return;
+                return Settled::Yes;
             }
             Ok(Ownership::Lost) => {
                 tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response was not stored: another request took over this key (this request's lease lapsed)");
-                return;
+                return Settled::No;
             }
             Err(error) if Instant::now() + pause < give_up_at => {
                 tracing::warn!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; retrying");
@@ -220,7 +249,7 @@ async fn finalize(
             }
             Err(error) => {
                 tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; giving up, the record will be taken over when its lease lapses");
-                return;
+                return Settled::No;
             }
         }
     }

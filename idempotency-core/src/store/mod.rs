@@ -22,9 +22,9 @@ pub use expiry::{PurgeExpired, Purged};
 pub(crate) use record::LogHash;
 pub use record::{
     Binding, BoxError, FencingToken, IdempotencyRecord, Ownership, RecordId, RecordState,
-    Reservation, ScopeQuota, StoreError, StoredResponse,
+    Reservation, ScopeQuota, StoreError, StoredResponse, Waited,
 };
-pub use request::{IdempotencyStore, MAX_POLLS_PER_SECOND, is_settled, wait_by_polling};
+pub use request::{IdempotencyStore, MAX_POLLS_PER_SECOND, wait_by_polling};
 
 /// A store with every capability: the request path ([`IdempotencyStore`]), the
 /// operators' ([`RecordAdmin`]) and maintenance ([`PurgeExpired`]). It has no methods of

@@ -186,13 +186,67 @@ pub struct IdempotencyRecord {
     pub state: RecordState,
 }
 
-/// The answer to [`IdempotencyStore::reserve`](crate::IdempotencyStore::reserve).
+/// The answer to [`IdempotencyStore::reserve`](crate::IdempotencyStore::reserve): what
+/// the store knows about the key, and what the caller must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reservation {
-    /// The caller now owns the key and must finalize or release it.
+    /// The caller owns the key under a lease. It renews the lease while the request
+    /// runs (a lease that lapses may be taken over by a duplicate), and then finalizes
+    /// or releases the key.
     Reserved(FencingToken),
-    /// A live record already holds the key.
+    /// The caller owns the key, and nobody else can see the reservation until the
+    /// caller's own database transaction commits it (a store that reserves inside the
+    /// handler's transaction). There is no lease to renew and nothing for anyone to take
+    /// over: the reservation ends with that transaction, or with the caller. The caller
+    /// finalizes or releases the key, and never renews it.
+    ReservedUncommitted(FencingToken),
+    /// A live record holds the key: the caller checks its binding, then replays, waits
+    /// for or takes over that record as its state says.
     Exists(IdempotencyRecord),
+    /// Another owner holds the key, and the store cannot show its record (it is not
+    /// committed yet). The caller [waits](crate::IdempotencyStore::wait), then reserves
+    /// again: only then is there a record whose binding it can check.
+    Busy,
+}
+
+/// The answer to [`IdempotencyStore::wait`](crate::IdempotencyStore::wait): how the wait
+/// for an owner ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// The record is no longer in flight under a live lease: it completed, or its
+    /// owner's lease lapsed. It may be another request's record by now (the key was
+    /// released and reserved again while the caller waited): the caller checks its
+    /// binding as on a first look.
+    Settled(IdempotencyRecord),
+    /// No live record holds the key any more (released, rolled back, expired or
+    /// evicted): the caller reserves again.
+    Gone,
+    /// An owner still holds the key when the timeout passed: its record, when the store
+    /// can show it (`None` for an owner whose reservation is not committed yet).
+    Running(Option<IdempotencyRecord>),
+}
+
+impl Waited {
+    /// How a wait that has just loaded `record` ends: `Some` once the owner is done
+    /// ([`Gone`](Self::Gone), [`Settled`](Self::Settled)), or, when it `timed_out`, with
+    /// the owner still [`Running`](Self::Running); `None` while the owner still runs
+    /// under a live lease and the wait goes on.
+    pub fn after_load(record: Option<IdempotencyRecord>, timed_out: bool) -> Option<Self> {
+        match record {
+            None => Some(Self::Gone),
+            Some(
+                running @ IdempotencyRecord {
+                    state:
+                        RecordState::InFlight {
+                            lease_lapsed: false,
+                            ..
+                        },
+                    ..
+                },
+            ) => timed_out.then_some(Self::Running(Some(running))),
+            Some(settled) => Some(Self::Settled(settled)),
+        }
+    }
 }
 
 /// The answer to the fenced operations (renew, finalize, release).

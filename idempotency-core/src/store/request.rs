@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::record::{
-    Binding, FencingToken, IdempotencyRecord, Ownership, RecordId, RecordState, Reservation,
-    StoreError, StoredResponse,
+    Binding, FencingToken, IdempotencyRecord, Ownership, RecordId, Reservation, StoreError,
+    StoredResponse, Waited,
 };
 
 /// The request path: what the layer calls on a store for every keyed request, and what a
@@ -20,8 +20,8 @@ use super::record::{
 /// implements all three, and [`FullStore`] names a store that does.
 ///
 /// Each method is atomic on its own: exactly one of many concurrent `reserve` calls for
-/// one [`RecordId`] gets [`Reservation::Reserved`], and the fenced methods change a
-/// record only while the given token owns it. A record moves through a small life:
+/// one [`RecordId`] gets the key, and the fenced methods change a record only while the
+/// given token owns it. A record moves through a small life:
 ///
 /// ```text
 ///   (absent) --reserve--> in flight (token T, lease) --finalize(T)--> completed --(lifetime)--> expired
@@ -30,6 +30,32 @@ use super::record::{
 ///                          |   +--renew(T)--+
 ///                          +--lease lapses--> take_over(T) --> in flight (token T')
 /// ```
+///
+/// # Who calls what, and what each answer obliges the caller to do
+///
+/// The layer calls [`reserve`](Self::reserve) first, and acts on its [`Reservation`]:
+///
+/// | `reserve` answers | the store knows | the layer then |
+/// |---|---|---|
+/// | [`Reserved(T)`](Reservation::Reserved) | the caller owns the key under a lease | runs the request, [`renew`](Self::renew)s the lease meanwhile, then [`finalize`](Self::finalize)s or [`release`](Self::release)s with `T` |
+/// | [`ReservedUncommitted(T)`](Reservation::ReservedUncommitted) | the caller owns the key in a transaction nobody else sees yet | runs the request, then finalizes or releases with `T`; never renews (there is no lease) |
+/// | [`Exists(record)`](Reservation::Exists) | a live record holds the key | checks the record's binding (another request's record: refused, whatever its state), then replays a completed record, takes over a lapsed lease ([`take_over`](Self::take_over)), or waits for a live one |
+/// | [`Busy`](Reservation::Busy) | another owner holds the key, whose record it cannot show | waits, then reserves again |
+///
+/// A wait ([`wait`](Self::wait)) answers a [`Waited`]: [`Settled(record)`](Waited::Settled)
+/// is checked exactly like a record `reserve` returned (binding first: the key may have
+/// been released and reserved by another request meanwhile), [`Gone`](Waited::Gone)
+/// sends the caller back to `reserve`, and [`Running`](Waited::Running) means the owner
+/// outlasted the wait (the caller answers "in flight", or "key reused" if the record it
+/// can see is bound to another request). The fenced methods answer [`Ownership`]:
+/// [`Lost`](Ownership::Lost) means nothing changed, and the caller does not own the key
+/// any more.
+///
+/// A store answers what it knows and nothing more: it never makes up a record, a token
+/// or a binding to fit an answer. A store that cannot show a record says
+/// [`Busy`](Reservation::Busy) or [`Running(None)`](Waited::Running); one whose
+/// reservations have no lease says so with
+/// [`ReservedUncommitted`](Reservation::ReservedUncommitted).
 ///
 /// # The rules every store keeps
 ///
@@ -60,6 +86,9 @@ use super::record::{
 ///   over, and never after.
 /// - **Takeover** keeps the record's binding, creation time and expiry (extended to the
 ///   end of the new lease if it would end sooner) and replaces only the token and lease.
+/// - **Honest answers.** Every record a store returns is one it holds, with the binding
+///   and token it holds; a wait's answer reflects the key as it then stands, even when
+///   it now belongs to another request.
 /// - **Round trips.** A finalized [`StoredResponse`] comes back exactly as stored: any
 ///   status, no headers or many, header values that are not UTF-8, an empty body or a
 ///   body of several megabytes, no trailers or several.
@@ -69,22 +98,24 @@ use super::record::{
 /// # Writing a store
 ///
 /// A store depends on this crate alone: it re-exports [`async_trait`](crate::async_trait)
-/// and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`], [`RecordAdmin`] and
-/// [`PurgeExpired`] (the store is then a [`FullStore`]) and run the public
-/// [`conformance`](crate::conformance) suite against it (feature `conformance`); the
-/// `custom_store` example in this crate is a skeleton that does all of it.
+/// and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`] (and, for operators and
+/// maintenance, [`RecordAdmin`] and [`PurgeExpired`]: the store is then a
+/// [`FullStore`]) and run the public [`conformance`](crate::conformance) suite against
+/// it (feature `conformance`), which runs the checks that apply to what the store
+/// implements; the `custom_store` example in this crate is a skeleton that does all of
+/// it.
 ///
 /// [`RecordAdmin`]: super::RecordAdmin
 /// [`PurgeExpired`]: super::PurgeExpired
 /// [`FullStore`]: super::FullStore
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
-    /// Inserts an in-flight record if no live one exists (an expired one is replaced).
+    /// Gives the caller the key if no live record holds it (an expired one is replaced),
+    /// or says what holds it: see [`Reservation`].
     ///
-    /// The lease lapses `lease` after now and the record expires `lifetime` after now (or
-    /// when the lease lapses, if that is later), both by the store's clock. The new token
-    /// must differ from every token the key had before. On conflict, returns the existing
-    /// record.
+    /// A leased reservation lapses `lease` after now and its record expires `lifetime`
+    /// after now (or when the lease lapses, if that is later), both by the store's
+    /// clock. The new token must differ from every token the key had before.
     async fn reserve(
         &self,
         id: &RecordId,
@@ -96,22 +127,21 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Reads the live record, if any.
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError>;
 
-    /// Waits until the record is no longer in flight under a live lease — it completed,
-    /// was released, expired, or its lease lapsed — or until `timeout` passes, and returns
-    /// it as it then stands.
+    /// Waits until the key's owner is done — its record completed, was released or
+    /// expired, or its lease lapsed — or until `timeout` passes, and says how the key
+    /// then stands: see [`Waited`].
     ///
     /// The default is [`wait_by_polling`]: at most [`MAX_POLLS_PER_SECOND`] loads per
-    /// second per waiter. Stores that can notify waiters should override it.
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    /// second per waiter. Stores that can notify waiters should override it, and so must
+    /// a store whose owners can hold a key without a record it can [`load`](Self::load)
+    /// (one that answers [`Busy`](Reservation::Busy)).
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
         wait_by_polling(self, id, timeout).await
     }
 
     /// Extends the lease of the record `token` owns to `lease` from now, and its expiry to
-    /// the end of that lease if it would end sooner.
+    /// the end of that lease if it would end sooner. Called only for
+    /// [leased](Reservation::Reserved) reservations and takeovers.
     async fn renew(
         &self,
         id: &RecordId,
@@ -127,7 +157,9 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError>;
 
-    /// Deletes the in-flight record `token` owns, so that a retry runs again.
+    /// Deletes the in-flight record `token` owns (or, for an
+    /// [uncommitted](Reservation::ReservedUncommitted) reservation, drops it), so that a
+    /// retry runs again.
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError>;
 
     /// Takes over an in-flight record whose lease has lapsed while `lapsed` still owns it:
@@ -186,33 +218,18 @@ pub async fn wait_by_polling<S: IdempotencyStore + ?Sized>(
     store: &S,
     id: &RecordId,
     timeout: Duration,
-) -> Result<Option<IdempotencyRecord>, StoreError> {
+) -> Result<Waited, StoreError> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(5);
     loop {
         let record = store.load(id).await?;
         let now = tokio::time::Instant::now();
-        if is_settled(&record) || now >= deadline {
-            return Ok(record);
+        if let Some(waited) = Waited::after_load(record, now >= deadline) {
+            return Ok(waited);
         }
         tokio::time::sleep(pause.min(deadline - now)).await;
         pause = (pause * 2).min(Duration::from_secs(1) / MAX_POLLS_PER_SECOND);
     }
-}
-
-/// Whether a record, as loaded, is no longer in flight under a live lease: what a waiter
-/// waits for.
-pub fn is_settled(record: &Option<IdempotencyRecord>) -> bool {
-    !matches!(
-        record,
-        Some(IdempotencyRecord {
-            state: RecordState::InFlight {
-                lease_lapsed: false,
-                ..
-            },
-            ..
-        })
-    )
 }
 
 /// Forwards every method, provided ones included: `#[deny(clippy::missing_trait_methods)]`
@@ -235,11 +252,7 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         (**self).load(id).await
     }
 
-    async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
         (**self).wait(id, timeout).await
     }
 

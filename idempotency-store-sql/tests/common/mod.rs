@@ -78,6 +78,14 @@ pub fn shared(store: impl FullStore) -> Arc<dyn FullStore> {
     Arc::new(store)
 }
 
+/// The whole conformance suite: a store whose reservations have a lease skips nothing.
+pub async fn passes_every_check(store: Arc<dyn FullStore>) {
+    let report = idempotency_core::conformance::Suite::full(store)
+        .run()
+        .await;
+    assert!(report.skipped.is_empty(), "{report}");
+}
+
 /// The row a release before `response_trailers` existed wrote for a completed request
 /// (as `OLD_ROW_VALUES` inserts it), as the store must read it after `migrate()`.
 pub const OLD_ROW_SCOPE: &str = "upgrade-scope";

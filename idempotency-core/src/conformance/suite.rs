@@ -1,0 +1,251 @@
+//! [`Suite`]: every check that applies to a store, in one call.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::model::check_random_sequences;
+use super::*;
+
+/// The checks that apply to a store, run one after another.
+///
+/// Built from the capabilities the store has: the request path always
+/// ([`Suite::new`]), [`RecordAdmin`] and [`PurgeExpired`] when given
+/// ([`with_admin`](Self::with_admin), [`with_purge`](Self::with_purge), or all three with
+/// [`Suite::full`]). Whether the store's reservations have a lease is found out from its
+/// first reservation: a store that answers
+/// [`ReservedUncommitted`](Reservation::ReservedUncommitted) is not asked to renew, lapse
+/// or take over, nor to show an uncommitted reservation to anyone.
+///
+/// ```
+/// # #[tokio::main(flavor = "multi_thread")]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use idempotency_core::conformance::Suite;
+/// use idempotency_store_memory::MemoryStore;
+///
+/// let report = Suite::full(Arc::new(MemoryStore::new())).run().await;
+/// assert!(report.skipped.is_empty(), "{report}");
+/// # }
+/// ```
+#[must_use = "a suite does nothing until it runs"]
+pub struct Suite {
+    store: Arc<dyn IdempotencyStore>,
+    admin: Option<Arc<dyn RecordAdmin>>,
+    purge: Option<Arc<dyn PurgeExpired>>,
+}
+
+/// What a [`Suite`] ran, and what it skipped and why. Every check that ran passed (a
+/// failing check panics).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// The checks that ran, in order.
+    pub ran: Vec<&'static str>,
+    /// The checks that did not apply, with the reason.
+    pub skipped: Vec<(&'static str, &'static str)>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} checks passed", self.ran.len())?;
+        for (check, why) in &self.skipped {
+            write!(f, "\n  skipped {check}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+const NO_ADMIN: &str = "the store was given without RecordAdmin (Suite::with_admin)";
+const NO_PURGE: &str = "the store was given without PurgeExpired (Suite::with_purge)";
+const NO_LEASE: &str = "the store's reservations are uncommitted: no lease to renew, lapse or take over, and nobody else sees them before they commit";
+
+impl Suite {
+    /// The request-path checks, for a store that implements [`IdempotencyStore`] alone.
+    pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            store,
+            admin: None,
+            purge: None,
+        }
+    }
+
+    /// Every check, for a store with every capability.
+    pub fn full(store: Arc<dyn FullStore>) -> Self {
+        Self {
+            store: store.clone(),
+            admin: Some(store.clone()),
+            purge: Some(store),
+        }
+    }
+
+    /// Adds the operators' checks (inspect, evict), run on `admin`: the same store.
+    pub fn with_admin(mut self, admin: Arc<dyn RecordAdmin>) -> Self {
+        self.admin = Some(admin);
+        self
+    }
+
+    /// Adds the purge checks, run on `purge`: the same store.
+    pub fn with_purge(mut self, purge: Arc<dyn PurgeExpired>) -> Self {
+        self.purge = Some(purge);
+        self
+    }
+
+    /// Runs every check that applies, one after another; panics at the first that
+    /// fails. The checks skipped are printed (to standard error) and reported.
+    pub async fn run(self) -> Report {
+        let leased = has_leases(self.store.as_ref()).await;
+        let mut report = Report::default();
+        self.run_request_path(leased, &mut report).await;
+        self.run_purge(leased, &mut report).await;
+        self.run_admin(leased, &mut report).await;
+        if !report.skipped.is_empty() {
+            eprintln!("conformance: {report}");
+        }
+        report
+    }
+
+    async fn run_request_path(&self, leased: bool, report: &mut Report) {
+        let store = &self.store;
+        let always = Ok(());
+        let lease = if leased { Ok(()) } else { Err(NO_LEASE) };
+        macro_rules! check {
+            ($applies:expr, $check:ident) => {
+                report
+                    .check(stringify!($check), $applies, $check(store))
+                    .await
+            };
+        }
+        check!(always, concurrent_reserves_from_tasks);
+        check!(lease, reserve_then_load);
+        check!(always, a_held_key_shows_its_owners_binding_or_busy);
+        check!(always, concurrent_reserves_have_one_winner);
+        check!(always, finalize_then_replay);
+        check!(lease, finalize_is_fenced);
+        check!(lease, release_frees_the_key);
+        check!(lease, release_is_fenced);
+        check!(lease, renew_extends_the_lease);
+        check!(lease, repeated_renewals_are_held);
+        check!(lease, lapsed_owner_may_finish_until_taken_over);
+        check!(lease, lapsed_lease_is_taken_over_once);
+        check!(lease, takeover_keeps_the_binding);
+        check!(lease, live_lease_is_not_taken_over);
+        check!(always, completed_record_is_not_taken_over);
+        check!(always, tokens_are_never_reused);
+        check!(always, expired_record_counts_as_absent);
+        check!(lease, expired_reservation_fences_its_owner);
+        check!(lease, renewals_keep_a_record_alive_past_its_lifetime);
+        check!(always, wait_returns_when_the_owner_finalizes);
+        check!(always, wait_returns_when_the_owner_releases);
+        check!(lease, wait_returns_when_the_lease_lapses);
+        check!(always, wait_gives_up_after_the_timeout);
+        check!(
+            always,
+            a_wait_sees_the_key_released_and_finished_by_another_request
+        );
+        check!(
+            lease,
+            a_wait_sees_the_key_released_and_left_by_another_request_whose_lease_lapses
+        );
+        check!(always, multi_megabyte_body_round_trips);
+        check!(always, empty_response_without_headers_round_trips);
+        check!(always, header_values_that_are_not_utf8_round_trip);
+        check!(always, trailers_round_trip);
+        check!(always, scopes_are_isolated);
+        check!(always, scope_and_key_never_run_together);
+        report
+            .check(
+                "through_layer::a_waiting_retry_never_gets_another_requests_answer",
+                always,
+                through_layer::a_waiting_retry_never_gets_another_requests_answer(store),
+            )
+            .await;
+    }
+
+    async fn run_purge(&self, leased: bool, report: &mut Report) {
+        let (purge, applies) = match &self.purge {
+            Some(purge) => (Some(purge), Ok(())),
+            None => (None, Err(NO_PURGE)),
+        };
+        let lease = applies.and(leased.then_some(()).ok_or(NO_LEASE));
+        macro_rules! check {
+            ($applies:expr, $check:ident, $($arg:expr),*) => {
+                report
+                    .check(stringify!($check), $applies, async {
+                        $check(purge.expect("applies only with PurgeExpired"), $($arg),*).await
+                    })
+                    .await
+            };
+        }
+        check!(applies, purge_removes_expired_in_batches,);
+        check!(
+            lease,
+            in_flight_record_outlives_its_lifetime_under_a_live_lease,
+        );
+        check!(lease, check_random_sequences, 0, 20, 60);
+    }
+
+    async fn run_admin(&self, leased: bool, report: &mut Report) {
+        let (admin, applies) = match &self.admin {
+            Some(admin) => (Some(admin), Ok(())),
+            None => (None, Err(NO_ADMIN)),
+        };
+        let lease = applies.and(leased.then_some(()).ok_or(NO_LEASE));
+        macro_rules! check {
+            ($applies:expr, $check:ident) => {
+                report
+                    .check(stringify!($check), $applies, async {
+                        $check(admin.expect("applies only with RecordAdmin")).await
+                    })
+                    .await
+            };
+        }
+        check!(lease, inspect_shows_state_and_times_without_the_body);
+        check!(
+            applies,
+            evict_deletes_a_completed_record_and_the_key_runs_again
+        );
+        check!(lease, evict_refuses_an_in_flight_record_unless_forced);
+        check!(applies, evict_of_an_absent_or_expired_record_finds_nothing);
+        check!(lease, evict_wakes_waiters);
+        check!(lease, evict_never_acts_on_a_stale_verdict);
+    }
+}
+
+impl Report {
+    /// Runs `check` if it `applies`, else notes why not.
+    async fn check(
+        &mut self,
+        name: &'static str,
+        applies: Result<(), &'static str>,
+        check: impl Future<Output = ()>,
+    ) {
+        match applies {
+            Ok(()) => {
+                check.await;
+                self.ran.push(name);
+            }
+            Err(why) => self.skipped.push((name, why)),
+        }
+    }
+}
+
+/// Whether the store's reservations have a lease: it reserves a key of its own and
+/// releases it.
+pub(super) async fn has_leases<S: IdempotencyStore + ?Sized>(store: &S) -> bool {
+    let id = fresh_id();
+    let answer = store
+        .reserve(&id, &binding(b"{}"), LONG, LONG)
+        .await
+        .expect("reserve failed");
+    let (token, leased) = match answer {
+        Reservation::Reserved(token) => (token, true),
+        Reservation::ReservedUncommitted(token) => (token, false),
+        other => panic!("reserve of a key nobody holds answered {other:?}"),
+    };
+    assert_eq!(
+        store.release(&id, token).await.expect("release failed"),
+        Ownership::Held,
+        "the owner of a fresh reservation could not release it"
+    );
+    leased
+}
