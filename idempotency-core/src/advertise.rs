@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Response, header};
 
-use crate::bodies::Bodies;
-use crate::body::{Buffered, buffer};
+use crate::body_types::Bodies;
 use crate::encoding;
+use crate::read::read_whole;
 use crate::rejection::Rejection;
 use crate::settings::Settings;
 
@@ -19,21 +19,21 @@ const MAX_ADVERTISED_BODY: usize = 1024 * 1024;
 pub(crate) async fn amend<B, F, E>(
     settings: Arc<Settings>,
     answer: F,
-) -> Result<Response<B::Answer>, E>
+) -> Result<Response<B::ResponseOut>, E>
 where
     B: Bodies,
-    F: Future<Output = Result<Response<B::Inner>, E>>,
+    F: Future<Output = Result<Response<B::ResponseIn>, E>>,
 {
     let (mut parts, body) = answer.await?.into_parts();
     if !parts.status.is_success() {
-        return Ok(Response::from_parts(parts, B::Answer::from(body)));
+        return Ok(Response::from_parts(parts, B::ResponseOut::from(body)));
     }
-    let (bytes, trailers) = match buffer(body, MAX_ADVERTISED_BODY).await {
-        Buffered::Whole(bytes, trailers) => (bytes, trailers),
-        Buffered::TooLarge(bytes, trailers) => {
+    let (bytes, trailers) = match read_whole(body).await {
+        Ok((bytes, trailers)) if bytes.len() > MAX_ADVERTISED_BODY => {
             return Ok(Response::from_parts(parts, B::made(bytes, trailers)));
         }
-        Buffered::Failed(error) => {
+        Ok(whole) => whole,
+        Err(error) => {
             tracing::warn!(%error, "idempotency: an answer to be advertised on failed while it was read");
             return Ok(Rejection::advertised_answer_failed(&error).into_response::<B>(&settings));
         }

@@ -1,169 +1,12 @@
-//! Bodies: reading a response whole, as the layer must to store or amend it, and
 //! [`IdempotencyBody`], the body of a service whose bodies the layer wraps.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
-
-use crate::budget::{Held, MemoryBudget};
-use crate::store::BoxError;
-
-/// How a response body ended up after reading it.
-pub(crate) enum Buffered {
-    /// The whole body, within the limit, and the trailers it ended with.
-    Whole(Bytes, Option<HeaderMap>),
-    /// The whole body, over the limit: delivered, but not kept.
-    TooLarge(Bytes, Option<HeaderMap>),
-    /// The body failed while it was read.
-    Failed(BoxError),
-}
-
-/// A keyed request's answer as its owner read it.
-pub(crate) enum Answered<I> {
-    /// The whole body, within the limit and the memory budget, and its trailers.
-    Whole(Bytes, Option<HeaderMap>),
-    /// Longer than the limit, or than the memory budget allows: the bytes read so far
-    /// (never kept), and the rest, unread, to stream on to the caller.
-    Over(Bytes, Pin<Box<I>>),
-    /// The body failed while it was read.
-    Failed(BoxError),
-}
-
-/// Reads a keyed answer up to `limit` bytes, each taken from the memory budget into
-/// `held`; past either, stops and hands back what it read and the rest of the body.
-pub(crate) async fn read_answer<I>(
-    body: I,
-    limit: usize,
-    budget: &MemoryBudget,
-    held: &mut Held,
-) -> Answered<I>
-where
-    I: Body<Data = Bytes>,
-    I::Error: Into<BoxError>,
-{
-    let mut body = Box::pin(body);
-    let mut bytes = Joined::default();
-    let mut trailers = None;
-    loop {
-        match body.frame().await {
-            None => return Answered::Whole(bytes.freeze(), trailers),
-            Some(Err(error)) => return Answered::Failed(error.into()),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    let over = bytes.len() + data.len() > limit || !budget.grow(held, data.len());
-                    bytes.push(data);
-                    if over {
-                        return Answered::Over(bytes.freeze(), body);
-                    }
-                }
-                Err(frame) => {
-                    if let Ok(more) = frame.into_trailers() {
-                        trailers.get_or_insert_with(HeaderMap::new).extend(more);
-                    }
-                }
-            },
-        }
-    }
-}
-
-/// A body's data frames joined into one byte string. Most bodies the layer reads arrive
-/// as one frame: that frame is kept as it came, with neither a copy nor an allocation;
-/// only a second frame starts a buffer that the frames are copied into.
-#[derive(Default)]
-pub(crate) struct Joined {
-    first: Bytes,
-    more: Option<BytesMut>,
-}
-
-impl Joined {
-    pub(crate) fn len(&self) -> usize {
-        self.more.as_ref().map_or(self.first.len(), BytesMut::len)
-    }
-
-    pub(crate) fn push(&mut self, data: Bytes) {
-        self.push_expecting(data, 0);
-    }
-
-    /// [`push`](Self::push) for a body that declared `expected` bytes: if a buffer has
-    /// to be started, it is sized for them at once.
-    pub(crate) fn push_expecting(&mut self, data: Bytes, expected: usize) {
-        if data.is_empty() {
-            return;
-        }
-        match &mut self.more {
-            Some(more) => more.extend_from_slice(&data),
-            None if self.first.is_empty() => self.first = data,
-            None => {
-                let mut more = BytesMut::with_capacity(expected.max(self.first.len() + data.len()));
-                more.extend_from_slice(&self.first);
-                more.extend_from_slice(&data);
-                self.more = Some(more);
-            }
-        }
-    }
-
-    pub(crate) fn freeze(self) -> Bytes {
-        self.more.map_or(self.first, BytesMut::freeze)
-    }
-}
-
-/// Reads the rest of an answer after `prefix`, within the memory budget: the whole
-/// answer, or `None` when the budget runs out first (the rest is then dropped).
-pub(crate) async fn read_rest<I>(
-    prefix: Bytes,
-    mut rest: Pin<Box<I>>,
-    budget: &MemoryBudget,
-    held: &mut Held,
-) -> Result<Option<(Bytes, Option<HeaderMap>)>, BoxError>
-where
-    I: Body<Data = Bytes>,
-    I::Error: Into<BoxError>,
-{
-    let mut bytes = BytesMut::from(&prefix[..]);
-    let mut trailers = None;
-    while let Some(frame) = rest.frame().await {
-        match frame.map_err(Into::into)?.into_data() {
-            Ok(data) => {
-                if !budget.grow(held, data.len()) {
-                    return Ok(None);
-                }
-                bytes.extend_from_slice(&data);
-            }
-            Err(frame) => {
-                if let Ok(more) = frame.into_trailers() {
-                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
-                }
-            }
-        }
-    }
-    Ok(Some((bytes.freeze(), trailers)))
-}
-
-/// Reads `body` whole; over `limit` bytes it is still read (its caller gets it whole),
-/// but reported as too large to keep.
-pub(crate) async fn buffer<B>(body: B, limit: usize) -> Buffered
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    match body.collect().await {
-        Ok(collected) => {
-            let trailers = collected.trailers().cloned();
-            let bytes = collected.to_bytes();
-            if bytes.len() > limit {
-                Buffered::TooLarge(bytes, trailers)
-            } else {
-                Buffered::Whole(bytes, trailers)
-            }
-        }
-        Err(error) => Buffered::Failed(error.into()),
-    }
-}
 
 pin_project! {
     /// The body of a service whose bodies the layer wraps
@@ -327,7 +170,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::Full;
+    use http_body_util::{BodyExt, Full};
 
     #[tokio::test]
     async fn an_empty_buffered_body_without_trailers_ends_at_once() {
@@ -344,27 +187,6 @@ mod tests {
         );
         assert_eq!(body.size_hint().exact(), None);
         assert_eq!(body.size_hint().lower(), 3);
-    }
-
-    #[test]
-    fn frames_are_joined_and_a_single_frame_is_kept_as_it_came() {
-        let frame = Bytes::from_static(b"abc");
-        let mut one = Joined::default();
-        one.push(Bytes::new());
-        one.push(frame.clone());
-        one.push(Bytes::new());
-        assert_eq!(one.len(), 3);
-        let kept = one.freeze();
-        assert_eq!(kept, "abc");
-        assert_eq!(kept.as_ptr(), frame.as_ptr(), "one frame is not copied");
-
-        let mut many = Joined::default();
-        for part in [&b"abc"[..], b"", b"de", b"fghi"] {
-            many.push_expecting(Bytes::copy_from_slice(part), 9);
-        }
-        assert_eq!(many.len(), 9);
-        assert_eq!(many.freeze(), "abcdefghi");
-        assert_eq!(Joined::default().freeze(), "");
     }
 
     #[tokio::test]

@@ -46,6 +46,7 @@ impl MemoryBudget {
     }
 }
 
+#[cfg(test)]
 impl Held {
     /// How many bytes are held.
     pub(crate) fn bytes(&self) -> usize {

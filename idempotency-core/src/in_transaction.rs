@@ -21,110 +21,17 @@
 //! - The layer sees the mark, does not finalize again, and sends the marked answer as
 //!   it was prepared, whatever happened to the response on its way out.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, StatusCode, Version, header, response};
+use http::{HeaderMap, Response};
 use http_body::Body;
 
-use crate::bodies::Bodies;
-use crate::body::{Answered, Buffered, buffer};
-use crate::keyed::classify::{Verdict, classify, to_store};
-use crate::outcome::Outcome;
-use crate::settings::Settings;
-use crate::store::{BoxError, FencingToken, RecordId, StoredResponse};
-
-/// The reservation a keyed request runs under, added to the request's extensions for
-/// the inner service (requests without a key carry none).
-///
-/// A service that keeps its state in the store's database uses it to finalize the
-/// record inside its own transaction, with the answer it is about to send: the SQL
-/// stores' `finalize_in` takes it (see the `idempotency-store-sql` crate), and a store
-/// of your own builds on [`prepare_answer`](Self::prepare_answer).
-///
-/// ```
-/// use axum::Extension;
-/// use idempotency_core::ReservationHandle;
-///
-/// // In an axum handler: `None` for a request without a key.
-/// async fn handler(reservation: Option<Extension<ReservationHandle>>) -> &'static str {
-///     if let Some(Extension(reservation)) = reservation {
-///         let _ = (reservation.id(), reservation.token());
-///     }
-///     "ok"
-/// }
-/// # let _ = handler;
-/// ```
-#[derive(Clone)]
-pub struct ReservationHandle {
-    reserved: Arc<Reserved>,
-}
-
-/// The reservation, and what the layer knows about the keyed request that the handler's
-/// finalize needs. One allocation per keyed request, shared by the owner and the handler.
-struct Reserved {
-    id: RecordId,
-    token: FencingToken,
-    /// Whether the ownership has a lease the layer renews while the request runs (an
-    /// uncommitted reservation has none).
-    leased: bool,
-    settings: Arc<Settings>,
-    /// The keyed request as the layer read it, for the profile's `to_store`; `None` when
-    /// the profile's `to_store` does not read it
-    /// ([`Profile::to_store_reads_request`](crate::Profile::to_store_reads_request)).
-    request: Option<Request<Bytes>>,
-    /// Set once the handler finalized in its transaction (commit pending or done): the
-    /// layer then stops renewing the lease, and a renewal that finds the record no
-    /// longer in flight is no surprise.
-    finalized: AtomicBool,
-}
+use crate::keyed::classify::{Facts, ReadState, Verdict, verdict_on};
+use crate::keyed::settle::stored_answer;
+use crate::read::read_whole;
+use crate::reservation::{FinalizedInTransaction, ReservationHandle};
+use crate::store::{BoxError, StoredResponse};
 
 impl ReservationHandle {
-    pub(crate) fn new(
-        settings: Arc<Settings>,
-        request: Option<Request<Bytes>>,
-        id: RecordId,
-        token: FencingToken,
-        leased: bool,
-    ) -> Self {
-        Self {
-            reserved: Arc::new(Reserved {
-                id,
-                token,
-                leased,
-                settings,
-                request,
-                finalized: AtomicBool::new(false),
-            }),
-        }
-    }
-
-    /// The record reserved.
-    pub fn id(&self) -> &RecordId {
-        &self.reserved.id
-    }
-
-    /// The token that owns it.
-    pub fn token(&self) -> FencingToken {
-        self.reserved.token
-    }
-
-    /// Whether the ownership has a lease to renew while the request runs.
-    pub(crate) fn is_leased(&self) -> bool {
-        self.reserved.leased
-    }
-
-    /// The keyed request as the layer read it, if the profile's `to_store` reads it.
-    pub(crate) fn request(&self) -> Option<&Request<Bytes>> {
-        self.reserved.request.as_ref()
-    }
-
-    /// Whether the handler finalized this reservation in its own transaction.
-    pub(crate) fn finalized_in_transaction(&self) -> bool {
-        self.reserved.finalized.load(Ordering::Acquire)
-    }
-
     /// Reads `response` whole and applies the layer's rules to it, as the layer would
     /// after the handler returned: what is stored of it (the status, the
     /// [replayed headers](crate::IdempotencyLayer::with_replayed_headers) and the body,
@@ -185,31 +92,27 @@ impl ReservationHandle {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
-        let settings = &self.reserved.settings;
+        let settings = self.settings();
         let (parts, body) = response.into_parts();
-        // Read whole (the handler holds its answer whole anyway); what the layer would
-        // not keep is classified as the layer classifies an answer over its limit.
-        let (bytes, trailers, read) = match buffer(body, settings.max_response_body).await {
-            Buffered::Whole(bytes, trailers) => {
-                let read = Answered::<http_body_util::Empty<Bytes>>::Whole(
-                    bytes.clone(),
-                    trailers.clone(),
-                );
-                (bytes, trailers, read)
-            }
-            Buffered::TooLarge(bytes, trailers) => {
-                let read = Answered::Over(bytes.clone(), Box::pin(http_body_util::Empty::new()));
-                (bytes, trailers, read)
-            }
-            Buffered::Failed(error) => return Err(error),
+        // Read whole: the handler holds its answer whole anyway.
+        let (bytes, trailers) = read_whole(body).await?;
+        let read = if bytes.len() > settings.max_response_body {
+            ReadState::TooLarge
+        } else {
+            ReadState::Whole
         };
-        let stored = match classify(settings, &parts, read) {
-            Verdict::Store(kept, kept_trailers) => Some(to_store(
+        let facts = Facts {
+            parts: &parts,
+            trailers: trailers.as_ref(),
+            read,
+        };
+        let stored = match verdict_on(settings, &facts) {
+            Verdict::Store => Some(stored_answer(
                 settings,
                 self.request(),
                 &parts,
-                &kept,
-                kept_trailers.as_ref(),
+                &bytes,
+                trailers.as_ref(),
             )),
             _ => None,
         };
@@ -219,27 +122,6 @@ impl ReservationHandle {
             trailers,
             stored,
         })
-    }
-}
-
-impl PartialEq for ReservationHandle {
-    fn eq(&self, other: &Self) -> bool {
-        self.id() == other.id() && self.token() == other.token()
-    }
-}
-
-impl Eq for ReservationHandle {}
-
-impl std::fmt::Debug for ReservationHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The key collects the response: show its short hash, as the logs do.
-        f.debug_struct("ReservationHandle")
-            .field(
-                "key",
-                &self.reserved.settings.log_key(self.id()).to_string(),
-            )
-            .field("token", &self.reserved.token)
-            .finish_non_exhaustive()
     }
 }
 
@@ -287,10 +169,7 @@ impl PreparedAnswer {
         if self.stored.is_none() {
             return self.into_response();
         }
-        self.reservation
-            .reserved
-            .finalized
-            .store(true, Ordering::Release);
+        self.reservation.mark_finalized_in_transaction();
         let (mut parts, body) = self.response.into_parts();
         let mark = FinalizedInTransaction {
             reservation: self.reservation,
@@ -309,65 +188,4 @@ impl PreparedAnswer {
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         self.response.map(B::from)
     }
-}
-
-/// The mark on a response whose record the handler finalized in its own transaction,
-/// with the answer exactly as it was prepared.
-#[derive(Clone)]
-struct FinalizedInTransaction {
-    reservation: ReservationHandle,
-    status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
-}
-
-/// Stage 6, done by the handler: if it finalized the record in its transaction, the
-/// answer to send (the one it finalized) instead of classifying and finalizing again. A
-/// mark for another reservation (a response passed between requests) is ignored.
-pub(crate) fn finalized_answer<B: Bodies>(
-    settings: &Settings,
-    reservation: &ReservationHandle,
-    parts: &mut response::Parts,
-    body: &Answered<B::Inner>,
-    outcome: Outcome,
-) -> Option<Response<B::Answer>> {
-    let id = reservation.id();
-    let mark = parts.extensions.remove::<FinalizedInTransaction>()?;
-    if mark.reservation != *reservation {
-        tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response is marked as finalized for another reservation; handling it as an ordinary answer");
-        return None;
-    }
-    let unchanged = mark.status == parts.status
-        && same_apart_from_framing(&mark.headers, &parts.headers)
-        && matches!(body, Answered::Whole(bytes, _) if *bytes == mark.body);
-    if unchanged {
-        tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = mark.status.as_u16(), "idempotency: the handler stored the response in its own transaction");
-    } else {
-        tracing::warn!(outcome = "finalized", key = %settings.log_key(id), "idempotency: the response changed after the handler finalized it in its transaction; sending the finalized answer, which is what retries get");
-    }
-    let mut parts = std::mem::replace(parts, Response::new(()).into_parts().0);
-    parts.status = mark.status;
-    parts.version = mark.version;
-    parts.headers = mark.headers;
-    parts.extensions.insert(outcome);
-    Some(Response::from_parts(
-        parts,
-        B::made(mark.body, mark.trailers),
-    ))
-}
-
-/// Whether two header maps hold the same fields, `Content-Length` aside: a router on the
-/// way out adds it from the body's size (axum does), which changes nothing of the answer.
-fn same_apart_from_framing(a: &HeaderMap, b: &HeaderMap) -> bool {
-    let fields = |map: &HeaderMap| {
-        map.keys()
-            .filter(|name| **name != header::CONTENT_LENGTH)
-            .count()
-    };
-    fields(a) == fields(b)
-        && a.keys()
-            .filter(|name| **name != header::CONTENT_LENGTH)
-            .all(|name| a.get_all(name).iter().eq(b.get_all(name).iter()))
 }

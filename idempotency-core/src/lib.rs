@@ -296,9 +296,10 @@ mod purge;
 mod settings;
 // Bodies: the caller's, the inner service's, and the layer's own; refusals as a
 // configured layer answers them.
-mod bodies;
 mod body;
+mod body_types;
 mod future;
+mod read;
 mod refusals;
 // The request path: a keyed request's stages (`keyed`, in order), the handle its handler
 // gets (`in_transaction`: it applies stage 5's rules and is handed out at stage 4), and
@@ -306,6 +307,7 @@ mod refusals;
 mod advertise;
 mod in_transaction;
 mod keyed;
+mod reservation;
 // The service and the layer, at the top.
 mod layer;
 mod service;
@@ -324,7 +326,7 @@ mod presets;
 pub use body::IdempotencyBody;
 pub use future::ResponseFuture;
 pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-pub use in_transaction::{PreparedAnswer, ReservationHandle};
+pub use in_transaction::PreparedAnswer;
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use keyed::bind::MAX_KEPT_PATH;
 pub use layer::{IdempotencyLayer, InFlightRequests};
@@ -335,6 +337,7 @@ pub use policy::{
 pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
 pub use purge::{PURGE_BATCH_TIME, PURGE_REST_FACTOR, purge_all_expired, spawn_purge_task};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
+pub use reservation::ReservationHandle;
 pub use service::{Idempotency, InnerBodies, WrappedBodies};
 pub use settings::{
     DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,

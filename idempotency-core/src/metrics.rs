@@ -44,9 +44,7 @@ use ::metrics::{Key, Label, Level, Metadata, Unit};
 use crate::outcome::Outcome;
 use crate::rejection::RejectionKind;
 use crate::settings::Settings;
-use crate::store::{
-    Binding, FencingToken, Ownership, RecordId, Reservation, StoreError, StoredResponse, Waited,
-};
+use crate::store::StoreError;
 
 /// Counter: keyed requests, by [`OUTCOME`] (and [`REJECTION`] when refused).
 pub const REQUESTS: &str = "idempotency.requests";
@@ -201,8 +199,8 @@ fn count_request(outcome: Outcome) {
     });
 }
 
-/// Runs one store call, timing it when the layer records metrics.
-async fn store_call<T>(
+/// Runs one store call, timing it as [`STORE_DURATION`] when the layer records metrics.
+pub(crate) async fn store_call<T>(
     settings: &Settings,
     call: StoreCall,
     operation: impl Future<Output = Result<T, StoreError>>,
@@ -220,7 +218,7 @@ async fn store_call<T>(
 /// and the like): `None`, and nothing recorded, when the store has to be awaited.
 ///
 /// [`IdempotencyStore::reserve_now`]: crate::IdempotencyStore::reserve_now
-fn store_call_now<T>(
+pub(crate) fn store_call_now<T>(
     settings: &Settings,
     call: StoreCall,
     operation: impl FnOnce() -> Option<Result<T, StoreError>>,
@@ -242,7 +240,7 @@ pub(crate) fn store_duration(call: StoreCall, ok: bool, took: Duration) {
     });
 }
 
-fn wait_duration(settings: &Settings, waited: Duration) {
+pub(crate) fn wait_duration(settings: &Settings, waited: Duration) {
     if settings.metrics {
         ::metrics::with_recorder(|recorder| {
             recorder
@@ -258,108 +256,6 @@ pub(crate) fn records_purged(deleted: u64) {
             .register_counter(key!(RECORDS_PURGED), &METADATA)
             .increment(deleted);
     });
-}
-
-/// The layer's store, measured: each call the request path makes, with the layer's
-/// lease and lifetime, its duration recorded as [`STORE_DURATION`] (and a duplicate's
-/// wait as [`WAIT_DURATION`]) when the layer records metrics. The stages call the store
-/// through it, so that no decision of theirs is interleaved with instrumentation.
-pub(crate) struct MeasuredStore<'a> {
-    settings: &'a Settings,
-}
-
-impl<'a> MeasuredStore<'a> {
-    pub(crate) fn of(settings: &'a Settings) -> Self {
-        Self { settings }
-    }
-
-    /// Reserves the key, with the layer's lease and lifetime: answered at once by a store
-    /// that can ([`IdempotencyStore::reserve_now`](crate::IdempotencyStore::reserve_now)).
-    pub(crate) async fn reserve(
-        &self,
-        id: &RecordId,
-        binding: &Binding,
-    ) -> Result<Reservation, StoreError> {
-        let settings = self.settings;
-        let (lease, lifetime) = (settings.lease(), settings.kept_for());
-        let at_once = store_call_now(settings, StoreCall::Reserve, || {
-            settings.store.reserve_now(id, binding, lease, lifetime)
-        });
-        match at_once {
-            Some(answer) => answer,
-            None => {
-                let reserving = settings.store.reserve(id, binding, lease, lifetime);
-                store_call(settings, StoreCall::Reserve, reserving).await
-            }
-        }
-    }
-
-    /// Waits for the owner of an in-flight record, at most `timeout`.
-    pub(crate) async fn wait(
-        &self,
-        id: &RecordId,
-        timeout: Duration,
-    ) -> Result<Waited, StoreError> {
-        let waiting_since = self.settings.metrics.then(Instant::now);
-        let waited = self.settings.store.wait(id, timeout).await;
-        if let Some(since) = waiting_since {
-            wait_duration(self.settings, since.elapsed());
-        }
-        waited
-    }
-
-    /// Takes over a record whose owner's lease lapsed, with a new lease.
-    pub(crate) async fn take_over(
-        &self,
-        id: &RecordId,
-        lapsed: FencingToken,
-    ) -> Result<Option<FencingToken>, StoreError> {
-        let settings = self.settings;
-        let taking = settings.store.take_over(id, lapsed, settings.lease());
-        store_call(settings, StoreCall::TakeOver, taking).await
-    }
-
-    /// Renews the owner's lease.
-    pub(crate) async fn renew(
-        &self,
-        id: &RecordId,
-        token: FencingToken,
-    ) -> Result<Ownership, StoreError> {
-        let settings = self.settings;
-        let renewing = settings.store.renew(id, token, settings.lease());
-        store_call(settings, StoreCall::Renew, renewing).await
-    }
-
-    /// Stores the answer: at once where the store can
-    /// ([`IdempotencyStore::finalize_now`](crate::IdempotencyStore::finalize_now)).
-    pub(crate) async fn finalize(
-        &self,
-        id: &RecordId,
-        token: FencingToken,
-        stored: &StoredResponse,
-    ) -> Result<Ownership, StoreError> {
-        let settings = self.settings;
-        let at_once = store_call_now(settings, StoreCall::Finalize, || {
-            settings.store.finalize_now(id, token, stored)
-        });
-        match at_once {
-            Some(answer) => answer,
-            None => {
-                let finalizing = settings.store.finalize(id, token, stored);
-                store_call(settings, StoreCall::Finalize, finalizing).await
-            }
-        }
-    }
-
-    /// Releases the key.
-    pub(crate) async fn release(
-        &self,
-        id: &RecordId,
-        token: FencingToken,
-    ) -> Result<Ownership, StoreError> {
-        let releasing = self.settings.store.release(id, token);
-        store_call(self.settings, StoreCall::Release, releasing).await
-    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::bodies::Bodies;
+use crate::body_types::Bodies;
 use crate::outcome::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
 use crate::settings::Settings;
@@ -119,7 +119,7 @@ impl Rejection {
 
     /// The rejection as a response: rendered by the profile (or the layer's renderer),
     /// with `Retry-After` when it has one, and its [`Outcome`].
-    pub(crate) fn into_response<B: Bodies>(self, settings: &Settings) -> Response<B::Answer> {
+    pub(crate) fn into_response<B: Bodies>(self, settings: &Settings) -> Response<B::ResponseOut> {
         let mut response = settings.render(&self).map(|body| B::made(body, None));
         if let Some(retry_after) = self.retry_after {
             let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);

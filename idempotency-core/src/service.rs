@@ -22,12 +22,11 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::advertise;
-use crate::bodies::{Bodies, Inner, Same, Wrap};
 use crate::body::IdempotencyBody;
+use crate::body_types::{Bodies, InnerService, Same, Wrap};
 use crate::encoding::ask_for_identity;
 use crate::future::ResponseFuture;
-use crate::keyed::{self, parse};
-use crate::rejection::Rejection;
+use crate::keyed::{self, parse, parse::Parsed};
 use crate::settings::Settings;
 use crate::store::BoxError;
 
@@ -124,11 +123,11 @@ impl<S, M> Idempotency<S, M> {
     /// Where each request's path begins, for either body mode.
     fn dispatch<B>(
         &mut self,
-        mut request: Request<B::In>,
-    ) -> ResponseFuture<S::Future, B::Answer, S::Error>
+        mut request: Request<B::RequestIn>,
+    ) -> ResponseFuture<S::Future, B::ResponseOut, S::Error>
     where
         B: Bodies,
-        S: Inner<B::Request, B::Inner> + Clone,
+        S: InnerService<B::RequestOut, B::ResponseIn> + Clone,
     {
         let settings = &self.settings;
         if settings
@@ -143,26 +142,22 @@ impl<S, M> Idempotency<S, M> {
                 answer,
             )));
         }
-        let key = match parse::read_key(settings, &request) {
-            Ok(Some(key)) => key,
-            Ok(None) => return ResponseFuture::passthrough(self.inner.call(request.map(B::pass))),
-            Err(rejection) => {
-                return ResponseFuture::ready(reject_key::<B, _>(settings, &request, rejection));
+        match parse::parse(settings, request) {
+            Parsed::PassThrough(request) => {
+                ResponseFuture::passthrough(self.inner.call(request.map(B::pass)))
             }
-        };
-        let (request, id, span) = match parse::begin(settings, request, key) {
-            Ok(begun) => begun,
-            Err(rejection) => {
-                crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
-                return ResponseFuture::ready(rejection.into_response::<B>(settings));
+            Parsed::Refused(rejection) => {
+                ResponseFuture::ready(rejection.into_response::<B>(settings))
             }
-        };
-        let settings = settings.clone();
-        let inner = self.take_ready_inner();
-        ResponseFuture::in_span(
-            Box::pin(keyed::handle::<S, B>(settings, inner, request, id)),
-            span,
-        )
+            Parsed::Keyed(request, id, span) => {
+                let settings = settings.clone();
+                let inner = self.take_ready_inner();
+                ResponseFuture::in_span(
+                    Box::pin(keyed::respond::<S, B>(settings, inner, request, id)),
+                    span,
+                )
+            }
+        }
     }
 }
 
@@ -214,19 +209,4 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         self.dispatch::<Wrap<ReqBody, ResBody>>(request)
     }
-}
-
-fn reject_key<B: Bodies, ReqBody>(
-    settings: &Settings,
-    request: &Request<ReqBody>,
-    rejection: Rejection,
-) -> Response<B::Answer> {
-    tracing::info!(
-        outcome = rejection.kind.as_str(),
-        method = %request.method(),
-        "idempotency: refused the key header: {}",
-        rejection.message
-    );
-    crate::metrics::count(settings, crate::Outcome::Rejected(rejection.kind));
-    rejection.into_response::<B>(settings)
 }

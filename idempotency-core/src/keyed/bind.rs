@@ -17,15 +17,12 @@
 
 use std::fmt::Write as _;
 
-use bytes::{Buf, Bytes};
-use futures_util::FutureExt as _;
-use http::{HeaderMap, Request, header};
-use http_body_util::BodyExt;
+use bytes::Bytes;
+use http::{Request, header};
 use sha2::{Digest, Sha256};
-use tokio::time::Instant;
 
-use crate::body::Joined;
 use crate::budget::Held;
+use crate::read::{BodyRead, Past, Reader};
 use crate::rejection::Rejection;
 use crate::settings::Settings;
 use crate::store::Binding;
@@ -35,19 +32,21 @@ use crate::store::Binding;
 pub const MAX_KEPT_PATH: usize = 512;
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
-/// service again), within the memory budget, the size limit and the time limit. A
-/// declared `Content-Length` over the limit is refused before anything is read (so no
-/// `100 Continue` is sent). The bytes stay taken from the budget while `held` lives.
-pub(crate) async fn read_body<B>(
+/// service again), within the memory budget, the size limit and the time limit, and
+/// binds the record to the request. A declared `Content-Length` over the limit is
+/// refused before anything is read (so no `100 Continue` is sent). The bytes stay taken
+/// from the budget while `held` lives.
+pub(crate) async fn bind<B>(
     settings: &Settings,
-    headers: &HeaderMap,
-    body: B,
+    request: Request<B>,
     held: &mut Held,
-) -> Result<Bytes, Rejection>
+) -> Result<(Request<Bytes>, Binding), Rejection>
 where
     B: http_body::Body<Data: Send, Error: Into<crate::BoxError>>,
 {
-    let declared = headers
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|length| length > settings.max_request_body as u64) {
@@ -59,48 +58,30 @@ where
     if !settings.memory.grow(held, upfront) {
         return Err(Rejection::over_budget(settings));
     }
-    // The time limit starts when the body first makes us wait: frames that are already
-    // there are read without a timer (and without reading the clock).
-    let mut deadline = None;
-    let mut body = std::pin::pin!(body);
-    let mut bytes = Joined::default();
-    loop {
-        // A frame that is already there is taken without arming a timer; only a body
-        // that makes us wait is raced against the deadline.
-        let frame = if let Some(frame) = body.as_mut().frame().now_or_never() {
-            frame
-        } else {
-            let deadline =
-                *deadline.get_or_insert_with(|| Instant::now() + settings.request_body_timeout);
-            match tokio::time::timeout_at(deadline, body.as_mut().frame()).await {
-                Err(_elapsed) => return Err(Rejection::body_timeout(settings)),
-                Ok(frame) => frame,
-            }
-        };
-        let frame = match frame {
-            None => return Ok(bytes.freeze()),
-            Some(Err(error)) => return Err(Rejection::unreadable_body(&error.into())),
-            Some(Ok(frame)) => frame,
-        };
-        let Ok(mut data) = frame.into_data() else {
-            continue; // trailers of a request body are not part of the binding
-        };
-        let length = bytes.len() + data.remaining();
-        if length > settings.max_request_body {
-            return Err(Rejection::body_too_large(settings));
-        }
-        if length > held.bytes() && !settings.memory.grow(held, length - held.bytes()) {
-            return Err(Rejection::over_budget(settings));
-        }
-        // A frame of `Bytes` (what hyper and axum send) is taken without a copy. What
-        // is held from the budget is the declared length, if any, else what was read.
-        let data = data.copy_to_bytes(data.remaining());
-        bytes.push_expecting(data, held.bytes());
-    }
+    let body = std::pin::pin!(body);
+    let read = Reader::up_to(settings.max_request_body)
+        .within(&settings.memory, held, upfront)
+        .in_time(settings.request_body_timeout)
+        .read(body, Bytes::new())
+        .await;
+    let bytes = match read {
+        BodyRead::Whole(bytes, _trailers) => bytes,
+        BodyRead::Over {
+            past: Past::Limit, ..
+        } => return Err(Rejection::body_too_large(settings)),
+        BodyRead::Over {
+            past: Past::Budget, ..
+        } => return Err(Rejection::over_budget(settings)),
+        BodyRead::TimedOut => return Err(Rejection::body_timeout(settings)),
+        BodyRead::Failed(error) => return Err(Rejection::unreadable_body(&error)),
+    };
+    let request = Request::from_parts(parts, bytes);
+    let binding = binding(&request);
+    Ok((request, binding))
 }
 
 /// The binding of a keyed request, its body read whole.
-pub(crate) fn bind(request: &Request<Bytes>) -> Binding {
+fn binding(request: &Request<Bytes>) -> Binding {
     let uri = request.uri();
     let mut path = normalized_path(uri.path());
     if path.len() > MAX_KEPT_PATH {
@@ -193,7 +174,7 @@ mod tests {
     use super::*;
 
     fn binding_of(uri: &str) -> Binding {
-        bind(&Request::post(uri).body(Bytes::from_static(b"{}")).unwrap())
+        binding(&Request::post(uri).body(Bytes::from_static(b"{}")).unwrap())
     }
 
     #[test]

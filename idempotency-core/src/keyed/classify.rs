@@ -1,27 +1,39 @@
-//! Stage 5, **classify**: what happens to the inner service's answer, decided without
-//! I/O. 5xx and the release statuses release the key; the profile decides the rest; an
-//! answer that cannot be kept (too large, or encoded although the layer asked for none)
-//! is remembered as "already ran"; an answer whose body failed is released or kept by its
-//! status. Also what is stored of a kept answer.
+//! Stage 5, **classify**: what happens to what the inner service did, decided from the
+//! facts, without I/O. An error or a panic releases the key. An answer the handler
+//! already finalized in its own transaction is sent as it was finalized. Otherwise 5xx
+//! and the release statuses release the key; the profile decides the rest; an answer
+//! that cannot be kept (too large, or encoded although the layer asked for none) is
+//! remembered as "already ran"; an answer whose body failed is released or remembered by
+//! its status.
 
-use std::pin::Pin;
+use http::{HeaderMap, StatusCode, response};
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, StatusCode, response};
-
-use crate::body::Answered;
 use crate::encoding::is_encoded;
+use crate::keyed::execute::Ran;
 use crate::profile::Disposition;
+use crate::read::BodyRead;
+use crate::reservation::{FinalizedInTransaction, ReservationHandle};
 use crate::settings::Settings;
-use crate::store::{BoxError, StoredResponse};
 
-/// An answer its caller can still get: read whole, or read in part with the rest to
-/// stream on.
-pub(crate) enum Readable<I> {
-    /// The whole body and the trailers it ended with.
-    Whole(Bytes, Option<HeaderMap>),
-    /// The bytes read so far, and the rest, unread.
-    Over(Bytes, Pin<Box<I>>),
+/// What classifying an answer looks at.
+pub(crate) struct Facts<'a> {
+    /// Its status, headers and extensions.
+    pub(crate) parts: &'a response::Parts,
+    /// The trailers its body ended with, once read whole.
+    pub(crate) trailers: Option<&'a HeaderMap>,
+    /// How far its body was read.
+    pub(crate) read: ReadState,
+}
+
+/// How far an answer's body was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadState {
+    /// Whole, within the limit and the memory budget.
+    Whole,
+    /// Past the limit or the budget.
+    TooLarge,
+    /// It failed.
+    Failed,
 }
 
 /// Why an answer that ran is not kept for replay: its retries are told it already ran.
@@ -34,106 +46,80 @@ pub(crate) enum NotKept {
     Encoded,
 }
 
-/// What happens to an answer, with the answer.
-pub(crate) enum Verdict<I> {
-    /// Store it and replay it to every retry; the caller gets it.
-    Store(Bytes, Option<HeaderMap>),
-    /// Release the key, so that a retry runs again; the caller gets the answer.
-    Release(Readable<I>),
-    /// Remember that the request ran, without its answer; the caller gets the answer.
-    NotKept(NotKept, Readable<I>),
-    /// The body failed while it was read: released if the status releases the key, else
-    /// remembered as "already ran" (the mutation most likely happened). The caller is
-    /// told the body failed.
-    Failed { release: bool, error: BoxError },
+/// What happens to what the inner service did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The handler stored its answer in its own transaction: that answer is sent, and
+    /// nothing more is written.
+    FinalizedByHandler,
+    /// Store the answer and replay it to every retry.
+    Store,
+    /// Release the key, so that a retry runs again; the reason, for the log.
+    Release(&'static str),
+    /// Remember that the request ran, without its answer.
+    NotKept(NotKept),
+    /// The answer's body failed while it was read: the key is released if the status
+    /// releases it, else remembered as "already ran" (the mutation most likely happened).
+    BodyFailed { release: bool },
+}
+
+/// The verdict on what the owner's inner service did.
+pub(crate) fn classify<I, E>(
+    settings: &Settings,
+    reservation: &ReservationHandle,
+    ran: &Ran<I, E>,
+) -> Verdict {
+    let (parts, read) = match ran {
+        Ran::Error(_) => return Verdict::Release("the inner service returned an error"),
+        Ran::Panic(_) => return Verdict::Release("the inner service panicked"),
+        Ran::Response { parts, read, .. } => (parts, read),
+    };
+    if let Some(mark) = parts.extensions.get::<FinalizedInTransaction>() {
+        if mark.reservation == *reservation {
+            return Verdict::FinalizedByHandler;
+        }
+        tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(reservation.id()), "idempotency: the response is marked as finalized for another reservation; handling it as an ordinary answer");
+    }
+    let (trailers, read) = match read {
+        BodyRead::Whole(_, trailers) => (trailers.as_ref(), ReadState::Whole),
+        BodyRead::Over { .. } => (None, ReadState::TooLarge),
+        BodyRead::Failed(_) | BodyRead::TimedOut => (None, ReadState::Failed),
+    };
+    verdict_on(
+        settings,
+        &Facts {
+            parts,
+            trailers,
+            read,
+        },
+    )
+}
+
+/// The verdict on an answer: the generic rules first, then the profile's.
+pub(crate) fn verdict_on(settings: &Settings, facts: &Facts<'_>) -> Verdict {
+    let status = facts.parts.status;
+    let release = releases(settings, status);
+    if facts.read == ReadState::Failed {
+        return Verdict::BodyFailed { release };
+    }
+    if release {
+        return Verdict::Release("the response releases the key");
+    }
+    // An answer over the limit has its trailers still to come.
+    if settings.profile.classify(facts.parts, facts.trailers) == Disposition::Release {
+        return Verdict::Release("the profile releases the key for this response");
+    }
+    if facts.read == ReadState::TooLarge {
+        return Verdict::NotKept(NotKept::TooLarge);
+    }
+    if is_encoded(&facts.parts.headers) {
+        return Verdict::NotKept(NotKept::Encoded);
+    }
+    Verdict::Store
 }
 
 /// Whether `status` releases the key by the generic rules: 5xx, and the layer's release
 /// statuses (401, 403, 408, 419, 429 by default).
 fn releases(settings: &Settings, status: StatusCode) -> bool {
     status.is_server_error() || settings.release_statuses.contains(&status)
-}
-
-/// The verdict on an answer: the generic rules first, then the profile's.
-pub(crate) fn classify<I>(
-    settings: &Settings,
-    parts: &response::Parts,
-    body: Answered<I>,
-) -> Verdict<I> {
-    let release = releases(settings, parts.status);
-    let readable = match body {
-        Answered::Failed(error) => return Verdict::Failed { release, error },
-        Answered::Whole(bytes, trailers) => Readable::Whole(bytes, trailers),
-        Answered::Over(read, rest) => Readable::Over(read, rest),
-    };
-    if release {
-        return Verdict::Release(readable);
-    }
-    // An answer over the limit has its trailers still to come.
-    let trailers = match &readable {
-        Readable::Whole(_, trailers) => trailers.as_ref(),
-        Readable::Over(..) => None,
-    };
-    match (settings.profile.classify(parts, trailers), readable) {
-        (Disposition::Release, readable) => Verdict::Release(readable),
-        (_, over @ Readable::Over(..)) => Verdict::NotKept(NotKept::TooLarge, over),
-        (_, whole) if is_encoded(&parts.headers) => Verdict::NotKept(NotKept::Encoded, whole),
-        (_, Readable::Whole(bytes, trailers)) => Verdict::Store(bytes, trailers),
-    }
-}
-
-/// What is stored of a kept answer: the generic rules' part ([`stored_response`]), then
-/// the profile's `to_store`, given the keyed request if it was kept for it (and an empty
-/// one otherwise, as [`Profile::to_store_reads_request`] says).
-///
-/// [`Profile::to_store_reads_request`]: crate::Profile::to_store_reads_request
-pub(crate) fn to_store(
-    settings: &Settings,
-    request: Option<&Request<Bytes>>,
-    parts: &response::Parts,
-    body: &Bytes,
-    trailers: Option<&HeaderMap>,
-) -> StoredResponse {
-    let answer = stored_response(settings, parts, body, trailers);
-    match request {
-        Some(request) => settings.profile.to_store(request, answer),
-        None => settings
-            .profile
-            .to_store(&Request::new(Bytes::new()), answer),
-    }
-}
-
-/// The answer as the generic rules keep it: status, the replayed headers, the body, and
-/// every trailer.
-fn stored_response(
-    settings: &Settings,
-    parts: &response::Parts,
-    body: &Bytes,
-    trailers: Option<&HeaderMap>,
-) -> StoredResponse {
-    StoredResponse {
-        status: parts.status.as_u16(),
-        headers: kept_headers(&parts.headers, |name| {
-            settings.replayed_headers.contains(name)
-        }),
-        body: body.clone(),
-        trailers: trailers.map_or_else(Vec::new, |trailers| kept_headers(trailers, |_| true)),
-    }
-}
-
-/// The header fields `keep` keeps, as a store holds them.
-pub(crate) fn kept_headers(
-    headers: &HeaderMap,
-    keep: impl Fn(&HeaderName) -> bool,
-) -> Vec<(String, Bytes)> {
-    headers
-        .iter()
-        .filter(|(name, _)| keep(name))
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                Bytes::copy_from_slice(value.as_bytes()),
-            )
-        })
-        .collect()
 }

@@ -14,22 +14,35 @@ use http::{HeaderMap, Request, response};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::bodies::{Bodies, Inner};
-use crate::body::{Answered, read_answer};
+use crate::body_types::{Bodies, InnerService};
 use crate::budget::Held;
 use crate::encoding::ask_for_identity;
 use crate::headers::IDEMPOTENCY_KEY;
-use crate::in_transaction::ReservationHandle;
-use crate::metrics::MeasuredStore;
+use crate::keyed::store::RequestPathStore;
+use crate::read::{BodyRead, Reader};
+use crate::reservation::ReservationHandle;
 use crate::settings::Settings;
 use crate::store::Ownership;
 
 /// A panic of the inner service, caught to release the key and then resumed.
 pub(crate) type Panic = Box<dyn std::any::Any + Send>;
 
-/// What the inner service answered (its head and its body as read), its error, or its
-/// panic.
-pub(crate) type Executed<I, E> = Result<Result<(response::Parts, Answered<I>), E>, Panic>;
+/// What running the inner service came to.
+// The large variant is the common one: boxing it would cost every request an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Ran<I, E> {
+    /// It answered: the head, the body as read, and the body itself, whose rest is still
+    /// unread when the read stopped at the limit or the budget.
+    Response {
+        parts: response::Parts,
+        read: BodyRead,
+        body: Pin<Box<I>>,
+    },
+    /// It returned an error.
+    Error(E),
+    /// It panicked.
+    Panic(Panic),
+}
 
 /// Runs the inner service on `request` and reads its answer, while the lease is renewed.
 pub(crate) async fn execute<S, B>(
@@ -38,28 +51,34 @@ pub(crate) async fn execute<S, B>(
     reservation: &ReservationHandle,
     request: Request<Bytes>,
     held: &mut Held,
-) -> Executed<B::Inner, S::Error>
+) -> Ran<B::ResponseIn, S::Error>
 where
-    S: Inner<B::Request, B::Inner>,
+    S: InnerService<B::RequestOut, B::ResponseIn>,
     B: Bodies,
 {
     // Built and pinned in place, and the request handed over inside it: the work is kept
     // once, in this future, not moved into another one (a copy of every byte of it).
     let work = std::pin::pin!(
         AssertUnwindSafe(async move {
-            let mut request = request.map(B::request);
+            let mut request = request.map(B::keyed_request);
             prepare_for_inner(settings, request.headers_mut());
             request.extensions_mut().insert(reservation.clone());
-            let (parts, body) = inner.call(request).await?.into_parts();
-            let budget = &settings.memory;
-            Ok((
-                parts,
-                read_answer(body, settings.max_response_body, budget, held).await,
-            ))
+            let (parts, body) = match inner.call(request).await {
+                Ok(response) => response.into_parts(),
+                Err(error) => return Ran::Error(error),
+            };
+            let mut body = Box::pin(body);
+            let read = Reader::up_to(settings.max_response_body)
+                .within(&settings.memory, held, 0)
+                .read(body.as_mut(), Bytes::new())
+                .await;
+            Ran::Response { parts, read, body }
         })
         .catch_unwind()
     );
-    hold_lease(settings, reservation.clone(), work).await
+    hold_lease(settings, reservation.clone(), work)
+        .await
+        .unwrap_or_else(Ran::Panic)
 }
 
 /// The headers a keyed request reaches the inner service with: asking for an unencoded
@@ -76,8 +95,9 @@ pub(crate) fn prepare_for_inner(settings: &Settings, headers: &mut HeaderMap) {
 /// The renewal runs on a task of its own, so the lease is kept even while nobody polls
 /// `work` (a caller may hold the response future for a while without polling it). It
 /// starts only if `work` does not finish on its first poll, and stops when `work` ends or
-/// is dropped. An uncommitted reservation has no lease, and nothing is renewed. Losing the lease does not stop the work: the request is already running,
-/// and the store's fencing keeps the stale owner from overwriting the new one.
+/// is dropped. An uncommitted reservation has no lease, and nothing is renewed. Losing
+/// the lease does not stop the work: the request is already running, and the store's
+/// fencing keeps the stale owner from overwriting the new one.
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
     reservation: ReservationHandle,
@@ -97,7 +117,7 @@ async fn hold_lease<F: Future>(
 
 async fn renew_lease(settings: Arc<Settings>, reservation: ReservationHandle) {
     let (id, token) = (reservation.id(), reservation.token());
-    let store = MeasuredStore::of(&settings);
+    let store = RequestPathStore::of(&settings);
     let lease = settings.lease();
     let give_up_at = settings.max_run_time.map(|max| Instant::now() + max);
     loop {

@@ -1,23 +1,56 @@
 //! Stage 1, **parse**: does the request take part, and with which key; and whose key is
 //! it (the scope). Runs before anything is awaited or allocated for the request: a
-//! request without a key costs a method check and a header look-up, and a bad key is
-//! answered at once.
+//! request without a key costs a method check and a header look-up, and a bad key or an
+//! unseen caller is answered at once.
 
 use http::Request;
 
 use crate::headers::IDEMPOTENCY_KEY;
+use crate::outcome::Outcome;
 use crate::policy::is_mutation;
 use crate::profile::RequestHead;
 use crate::rejection::Rejection;
 use crate::settings::Settings;
 use crate::store::RecordId;
 
+/// Where parsing leaves a request.
+pub(crate) enum Parsed<B> {
+    /// It does not take part, or carries no key: it passes through untouched.
+    PassThrough(Request<B>),
+    /// Its key header is bad, or its caller cannot be seen: the layer answers at once.
+    Refused(Rejection),
+    /// It takes part: its record's id (scope and key), and its span.
+    Keyed(Request<B>, RecordId, tracing::Span),
+}
+
+/// Parses a request: whether it takes part, its key, its scope.
+pub(crate) fn parse<B>(settings: &Settings, request: Request<B>) -> Parsed<B> {
+    let key = match read_key(settings, &request) {
+        Ok(Some(key)) => key,
+        Ok(None) => return Parsed::PassThrough(request),
+        Err(rejection) => {
+            tracing::info!(
+                outcome = rejection.kind.as_str(),
+                method = %request.method(),
+                "idempotency: refused the key header: {}",
+                rejection.message
+            );
+            crate::metrics::count(settings, Outcome::Rejected(rejection.kind));
+            return Parsed::Refused(rejection);
+        }
+    };
+    match begin(settings, request, key) {
+        Ok((request, id, span)) => Parsed::Keyed(request, id, span),
+        Err(rejection) => {
+            crate::metrics::count(settings, Outcome::Rejected(rejection.kind));
+            Parsed::Refused(rejection)
+        }
+    }
+}
+
 /// The key: `Ok(None)` for a request that does not take part or carries no key
 /// (it passes through), `Err` for a bad key header.
-pub(crate) fn read_key<B>(
-    settings: &Settings,
-    request: &Request<B>,
-) -> Result<Option<String>, Rejection> {
+fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<String>, Rejection> {
     let method = request.method();
     if !is_mutation(method) {
         return Ok(None);
@@ -54,9 +87,9 @@ pub(crate) fn read_key<B>(
 /// The span (`idempotency`) carries the key as logs show it (a short hash of scope and
 /// key, never the key: a key is what collects a response) and, once decided, the
 /// `outcome` ([`Outcome`](crate::Outcome)'s `Display`, e.g. `replayed`, `rejected:key-reused`). The
-/// [`ResponseFuture`](crate::ResponseFuture) enters it on every poll of [`handle`](super::handle)'s
+/// [`ResponseFuture`](crate::ResponseFuture) enters it on every poll of [`respond`](super::respond)'s
 /// future, which saves wrapping (and moving) that large future once more.
-pub(crate) fn begin<Body>(
+fn begin<Body>(
     settings: &Settings,
     request: Request<Body>,
     key: String,

@@ -5,11 +5,11 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 
-use crate::bodies::{Bodies, Inner};
-use crate::body::{Buffered, buffer};
+use crate::body_types::{Bodies, InnerService};
 use crate::encoding;
 use crate::headers::IDEMPOTENT_REPLAYED;
 use crate::outcome::Outcome;
+use crate::read::read_whole;
 use crate::settings::Settings;
 use crate::store::StoredResponse;
 
@@ -21,9 +21,9 @@ pub(crate) async fn replay<S, B>(
     inner: S,
     retry: &Request<Bytes>,
     stored: StoredResponse,
-) -> Response<B::Answer>
+) -> Response<B::ResponseOut>
 where
-    S: Inner<B::Request, B::Inner>,
+    S: InnerService<B::RequestOut, B::ResponseIn>,
     B: Bodies,
 {
     // The refresh calls the inner service: its future is boxed, so that the keyed
@@ -44,16 +44,16 @@ async fn refresh_for_replay<S, B>(
     mut refresh: Request<Bytes>,
 ) -> Option<Response<Bytes>>
 where
-    S: Inner<B::Request, B::Inner>,
+    S: InnerService<B::RequestOut, B::ResponseIn>,
     B: Bodies,
 {
     encoding::ask_for_identity(refresh.headers_mut());
-    match inner.call(refresh.map(B::request)).await {
+    match inner.call(refresh.map(B::keyed_request)).await {
         Ok(answer) if answer.status().is_success() => {
             let (mut parts, body) = answer.into_parts();
-            match buffer(body, settings.max_response_body).await {
+            match read_whole(body).await {
                 // Asked for identity; decoded if the service compressed anyway.
-                Buffered::Whole(bytes, _) => {
+                Ok((bytes, _)) if bytes.len() <= settings.max_response_body => {
                     encoding::decode(&mut parts.headers, &bytes, settings.max_response_body)
                         .inspect_err(|unreadable| tracing::warn!(outcome = "replayed", "idempotency: the load that refreshes a replay could not be read because {}", unreadable.why))
                         .ok()
@@ -68,7 +68,7 @@ where
 
 /// A stored answer as a response: same status, same stored headers, same body, same
 /// trailers, plus `idempotent-replayed: true`.
-fn replay_response<B: Bodies>(stored: StoredResponse) -> Response<B::Answer> {
+fn replay_response<B: Bodies>(stored: StoredResponse) -> Response<B::ResponseOut> {
     let trailers = (!stored.trailers.is_empty()).then(|| header_map(stored.trailers));
     let mut response = Response::new(B::made(stored.body, trailers));
     *response.status_mut() =

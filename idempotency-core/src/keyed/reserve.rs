@@ -1,7 +1,9 @@
 //! Stage 3, **reserve**: make this request the key's owner, or find what the key already
 //! holds. A key in flight under a live lease is waited for (bounded by the in-flight
 //! wait), one whose owner stopped renewing is taken over, a finished one is replayed, and
-//! one bound to another request is refused.
+//! one bound to another request is refused. A store that fails here fails the request
+//! closed (503), or lets it run unprotected if the layer was told to fail open
+//! ([`store_failed`]).
 //!
 //! What to do with a record found under the key is decided by [`next_step`], a pure
 //! function; [`reserve`] does the store calls around it. Every record goes through it,
@@ -9,9 +11,15 @@
 //! request while this one waited, and then that request's record is not this one's to
 //! replay or take over.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Request;
 use tokio::time::Instant;
 
-use crate::metrics::MeasuredStore;
+use crate::body_types::{Answer, Bodies, InnerService};
+use crate::keyed::execute::prepare_for_inner;
+use crate::keyed::store::RequestPathStore;
 use crate::outcome::Outcome;
 use crate::rejection::Rejection;
 use crate::settings::Settings;
@@ -24,22 +32,23 @@ use crate::store::{
 /// re-reserved by others under our feet is answered as in flight.
 const MAX_ATTEMPTS: usize = 4;
 
-/// Where the reservation left the request.
-pub(crate) enum Reserved {
-    /// The request owns the key and runs: a first execution, or a takeover of a key
-    /// whose owner stopped renewing its lease. `leased` says whether the ownership has a
-    /// lease to renew while it runs (an uncommitted reservation has none).
-    Owner {
+/// What comes after the reservation.
+pub(crate) enum Next {
+    /// The request owns the key and runs (stages 4 to 6): a first execution, or a
+    /// takeover of a key whose owner stopped renewing its lease. `leased` says whether
+    /// the ownership has a lease to renew while it runs (an uncommitted reservation has
+    /// none); `outcome` is what a stored answer's outcome will be.
+    Run {
         token: FencingToken,
         leased: bool,
         outcome: Outcome,
     },
-    /// The key holds a finished answer for this very request: replay it.
+    /// The key holds a finished answer for this very request: replay it (stage 7).
     Replay(StoredResponse),
     /// The layer answers instead: the key is bound to another request, or its owner is
     /// still running after the wait.
-    Refused(Rejection),
-    /// The store failed before anything ran.
+    Refuse(Rejection),
+    /// The store failed before anything ran: [`store_failed`].
     StoreFailed(StoreError),
 }
 
@@ -74,8 +83,8 @@ fn next_step(record: IdempotencyRecord, binding: &Binding) -> Step {
 
 /// Reserves the key, waiting for its owner or taking over a dead one as [`next_step`]
 /// says, for at most [`MAX_ATTEMPTS`] rounds.
-pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Binding) -> Reserved {
-    let store = MeasuredStore::of(settings);
+pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Binding) -> Next {
+    let store = RequestPathStore::of(settings);
     // The wait for an in-flight owner is bounded from the first time this request waits:
     // most requests never do, and reading the clock for them is a cost of its own.
     let mut wait_until = None;
@@ -87,7 +96,7 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
             }
             Ok(Reservation::Exists(record)) => next_step(record, binding),
             Ok(Reservation::Busy) => Step::Wait,
-            Err(error) => return Reserved::StoreFailed(error),
+            Err(error) => return Next::StoreFailed(error),
         };
         if step == Step::Wait {
             let now = Instant::now();
@@ -99,22 +108,22 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
                 Ok(Waited::Gone) => continue,
                 Ok(Waited::Running(Some(record))) if record.binding != *binding => Step::KeyReused,
                 Ok(Waited::Running(_)) => Step::Wait,
-                Err(error) => return Reserved::StoreFailed(error),
+                Err(error) => return Next::StoreFailed(error),
             };
         }
         match step {
             Step::KeyReused => {
                 tracing::info!(outcome = "key-reused", key = %settings.log_key(id), "idempotency: key reused for another request");
-                return Reserved::Refused(Rejection::key_reused(settings));
+                return Next::Refuse(Rejection::key_reused(settings));
             }
             Step::Replay(stored) => {
                 tracing::debug!(outcome = "replayed", key = %settings.log_key(id), status = stored.status, "idempotency: replayed the stored response");
-                return Reserved::Replay(stored);
+                return Next::Replay(stored);
             }
             Step::TakeOver(lapsed) => match store.take_over(id, lapsed).await {
                 Ok(Some(token)) => {
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(id), "idempotency: took over a reservation whose owner stopped renewing its lease");
-                    return Reserved::Owner {
+                    return Next::Run {
                         token,
                         leased: true,
                         outcome: Outcome::TookOver,
@@ -122,24 +131,63 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
                 }
                 // Someone else took it over, or the owner finished: look again.
                 Ok(None) => continue,
-                Err(error) => return Reserved::StoreFailed(error),
+                Err(error) => return Next::StoreFailed(error),
             },
             // Still running when the wait ended.
             Step::Wait => break,
         }
     }
     tracing::info!(outcome = "conflict", key = %settings.log_key(id), "idempotency: the owner is still running; answered in flight");
-    Reserved::Refused(Rejection::in_flight(settings))
+    Next::Refuse(Rejection::in_flight(settings))
 }
 
 /// A first execution: the key is this request's.
-fn owner(settings: &Settings, id: &RecordId, token: FencingToken, leased: bool) -> Reserved {
+fn owner(settings: &Settings, id: &RecordId, token: FencingToken, leased: bool) -> Next {
     tracing::debug!(outcome = "reserved", key = %settings.log_key(id), "idempotency: reserved the key");
-    Reserved::Owner {
+    Next::Run {
         token,
         leased,
         outcome: Outcome::Executed,
     }
+}
+
+/// The store failed before anything ran: fail closed, or run unprotected if configured.
+/// Its caller boxes its future (it may call the inner service): a rare path, which should
+/// not make every keyed request's future larger.
+pub(crate) async fn store_failed<S, B>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<Bytes>,
+    id: &RecordId,
+    error: &StoreError,
+) -> Answer<B, S::Error>
+where
+    S: InnerService<B::RequestOut, B::ResponseIn>,
+    B: Bodies,
+{
+    match error {
+        StoreError::Full { retry_after, .. } => {
+            tracing::warn!(outcome = "store-full", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(Rejection::store_full(&settings, *retry_after).into_response::<B>(&settings));
+        }
+        StoreError::QuotaExceeded { retry_after, .. } => {
+            tracing::info!(outcome = "quota-exceeded", key = %settings.log_key(id), "idempotency: {error}");
+            return Ok(
+                Rejection::quota_exceeded(&settings, *retry_after).into_response::<B>(&settings)
+            );
+        }
+        _ => {}
+    }
+    if settings.fail_open {
+        tracing::warn!(outcome = "ran-unprotected", key = %settings.log_key(id), %error, "idempotency: store failed; running the request without protection (fail-open)");
+        let mut request = request.map(B::keyed_request);
+        prepare_for_inner(&settings, request.headers_mut());
+        let mut response = inner.call(request).await?.map(B::ResponseOut::from);
+        response.extensions_mut().insert(Outcome::RanUnprotected);
+        return Ok(response);
+    }
+    tracing::error!(outcome = "store-unavailable", key = %settings.log_key(id), %error, "idempotency: store failed before the request ran");
+    Ok(Rejection::store_unavailable(&settings).into_response::<B>(&settings))
 }
 
 #[cfg(test)]

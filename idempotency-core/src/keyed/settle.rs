@@ -1,69 +1,90 @@
-//! Stage 6, **finalize or release**: the verdict of stage 5 written to the store — the
-//! answer stored for every retry, the key released so that a retry runs again, or "it
-//! already ran" remembered for an answer that cannot be kept — and the caller's answer.
-//! This is the one place that writes an owner's outcome to the store (a handler that
-//! finalized in its own transaction already did: see `in_transaction.rs`).
+//! Stage 6, **settle**: the verdict of stage 5 written to the store — the answer stored
+//! for every retry, the key released so that a retry runs again, or "it already ran"
+//! remembered for an answer that cannot be kept; nothing, when the handler finalized in
+//! its own transaction — and the caller's answer. This is the one place that writes an
+//! owner's outcome to the store, and [`stored_answer`] says what of an answer is stored.
 
 use std::pin::Pin;
 use std::time::Duration;
 
-use http::{Response, StatusCode, response};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode, header, response};
 use tokio::time::Instant;
 
-use crate::bodies::Bodies;
-use crate::body::read_rest;
+use crate::body_types::{Answer, Bodies};
 use crate::budget::Held;
-use crate::in_transaction::ReservationHandle;
-use crate::keyed::classify::{NotKept, Readable, Verdict, kept_headers, to_store};
-use crate::metrics::MeasuredStore;
+use crate::keyed::classify::{NotKept, Verdict};
+use crate::keyed::execute::Ran;
+use crate::keyed::store::RequestPathStore;
+use crate::metrics;
 use crate::outcome::Outcome;
+use crate::read::{BodyRead, Reader};
 use crate::rejection::Rejection;
+use crate::reservation::{FinalizedInTransaction, ReservationHandle};
 use crate::settings::Settings;
-use crate::store::{BoxError, FencingToken, Ownership, RecordId, StoredResponse};
+use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 
-/// Writes the verdict to the store and builds the caller's answer, which carries its
-/// [`Outcome`].
-pub(crate) async fn settle<B: Bodies>(
+/// Writes the verdict to the store and gives the caller its answer, which carries its
+/// [`Outcome`]; `first_run` is the outcome of a request that ran and was stored
+/// ([`Outcome::Executed`], or [`Outcome::TookOver`]). The inner service's error is
+/// returned, and its panic resumed, once the key is released.
+pub(crate) async fn settle<B: Bodies, E>(
     settings: &Settings,
     reservation: &ReservationHandle,
-    parts: response::Parts,
-    verdict: Verdict<B::Inner>,
-    executed: Outcome,
+    ran: Ran<B::ResponseIn, E>,
+    verdict: Verdict,
+    first_run: Outcome,
     held: &mut Held,
-) -> Response<B::Answer> {
+) -> Answer<B, E> {
     let (id, token) = (reservation.id(), reservation.token());
+    let (mut parts, read, body) = match ran {
+        Ran::Response { parts, read, body } => (parts, read, body),
+        Ran::Error(error) => {
+            let why = release_reason(verdict);
+            metrics::outcome(settings, release(settings, id, token, why).await);
+            return Err(error);
+        }
+        Ran::Panic(panic) => {
+            let why = release_reason(verdict);
+            metrics::outcome(settings, release(settings, id, token, why).await);
+            std::panic::resume_unwind(panic);
+        }
+    };
+    let mark = parts.extensions.remove::<FinalizedInTransaction>();
     let status = parts.status;
-    let (outcome, body) = match verdict {
-        Verdict::Store(bytes, trailers) => {
-            let stored = to_store(
+    let outcome = match verdict {
+        Verdict::FinalizedByHandler => {
+            let mark = mark.expect("classified as finalized by its mark");
+            return Ok(finalized_by_handler::<B>(
+                settings, parts, &read, mark, first_run,
+            ));
+        }
+        Verdict::Store => {
+            let BodyRead::Whole(bytes, trailers) = &read else {
+                unreachable!("only a whole answer is stored")
+            };
+            let stored = stored_answer(
                 settings,
                 reservation.request(),
                 &parts,
-                &bytes,
+                bytes,
                 trailers.as_ref(),
             );
-            let settled = finalize(settings, id, token, &stored).await;
-            (
-                settled.unless_unsettled(executed),
-                Readable::Whole(bytes, trailers),
-            )
+            finalize(settings, id, token, &stored)
+                .await
+                .unless_unsettled(first_run)
         }
-        Verdict::Release(body) => {
-            let why = "the response releases the key";
-            (release(settings, id, token, why).await, body)
-        }
-        Verdict::NotKept(why, body) => {
-            let settled = remember_not_kept(settings, id, token, status, why).await;
-            (settled.unless_unsettled(Outcome::ExecutedNotStored), body)
-        }
-        Verdict::Failed { release, error } => {
-            return Box::pin(body_failed::<B>(
-                settings, id, token, status, release, error,
-            ))
-            .await;
+        Verdict::Release(why) => release(settings, id, token, why).await,
+        Verdict::NotKept(why) => remember_not_kept(settings, id, token, status, why)
+            .await
+            .unless_unsettled(Outcome::ExecutedNotStored),
+        Verdict::BodyFailed { release } => {
+            return Ok(
+                Box::pin(body_failed::<B>(settings, id, token, status, release, read)).await,
+            );
         }
     };
-    let mut response = match deliver::<B>(settings, body, held).await {
+    let mut response = match deliver::<B>(settings, read, body, held).await {
         Some(answer) => Response::from_parts(parts, answer),
         None => {
             tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
@@ -71,6 +92,23 @@ pub(crate) async fn settle<B: Bodies>(
         }
     };
     response.extensions_mut().insert(outcome);
+    Ok(recorded(settings, response))
+}
+
+/// Why the key is released after an error or a panic.
+fn release_reason(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Release(why) => why,
+        _ => "the inner service failed",
+    }
+}
+
+/// The caller's answer, its [`Outcome`] recorded (in the request's span and as a
+/// metric).
+pub(crate) fn recorded<B>(settings: &Settings, response: Response<B>) -> Response<B> {
+    if let Some(outcome) = response.extensions().get::<Outcome>() {
+        metrics::outcome(settings, *outcome);
+    }
     response
 }
 
@@ -79,22 +117,110 @@ pub(crate) async fn settle<B: Bodies>(
 /// allows (`None` past it).
 async fn deliver<B: Bodies>(
     settings: &Settings,
-    body: Readable<B::Inner>,
+    read: BodyRead,
+    body: Pin<Box<B::ResponseIn>>,
     held: &mut Held,
-) -> Option<B::Answer> {
-    match body {
-        Readable::Whole(bytes, trailers) => Some(B::made(bytes, trailers)),
-        Readable::Over(read, rest) => match B::continued(read, rest) {
-            Ok(streamed) => Some(streamed),
-            // Boxed: a rare path, whose future should not make every owner's larger.
-            Err((read, rest)) => {
-                match Box::pin(read_rest(read, rest, &settings.memory, held)).await {
-                    Ok(Some((bytes, trailers))) => Some(B::made(bytes, trailers)),
-                    Ok(None) | Err(_) => None,
-                }
-            }
-        },
+) -> Option<B::ResponseOut> {
+    let (read, taken) = match read {
+        BodyRead::Whole(bytes, trailers) => return Some(B::made(bytes, trailers)),
+        BodyRead::Over { read, taken, .. } => (read, taken),
+        BodyRead::Failed(_) | BodyRead::TimedOut => unreachable!("a failed body is not delivered"),
+    };
+    let (read, mut body) = match B::continued(read, body) {
+        Ok(streamed) => return Some(streamed),
+        Err(parts) => parts,
+    };
+    // Boxed: a rare path, whose future should not make every owner's larger.
+    let rest = Reader::whole()
+        .within(&settings.memory, held, taken)
+        .read(body.as_mut(), read);
+    match Box::pin(rest).await {
+        BodyRead::Whole(bytes, trailers) => Some(B::made(bytes, trailers)),
+        _ => None,
     }
+}
+
+/// The answer a handler finalized in its own transaction, exactly as it was prepared
+/// (the record holds it), whatever happened to the response on its way out.
+fn finalized_by_handler<B: Bodies>(
+    settings: &Settings,
+    mut parts: response::Parts,
+    read: &BodyRead,
+    mark: FinalizedInTransaction,
+    outcome: Outcome,
+) -> Response<B::ResponseOut> {
+    let id = mark.reservation.id();
+    let unchanged = mark.status == parts.status
+        && same_apart_from_framing(&mark.headers, &parts.headers)
+        && matches!(read, BodyRead::Whole(bytes, _) if *bytes == mark.body);
+    if unchanged {
+        tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = mark.status.as_u16(), "idempotency: the handler stored the response in its own transaction");
+    } else {
+        tracing::warn!(outcome = "finalized", key = %settings.log_key(id), "idempotency: the response changed after the handler finalized it in its transaction; sending the finalized answer, which is what retries get");
+    }
+    parts.status = mark.status;
+    parts.version = mark.version;
+    parts.headers = mark.headers;
+    parts.extensions.insert(outcome);
+    recorded(
+        settings,
+        Response::from_parts(parts, B::made(mark.body, mark.trailers)),
+    )
+}
+
+/// Whether two header maps hold the same fields, `Content-Length` aside: a router on the
+/// way out adds it from the body's size (axum does), which changes nothing of the answer.
+fn same_apart_from_framing(a: &HeaderMap, b: &HeaderMap) -> bool {
+    let fields = |map: &HeaderMap| {
+        map.keys()
+            .filter(|name| **name != header::CONTENT_LENGTH)
+            .count()
+    };
+    fields(a) == fields(b)
+        && a.keys()
+            .filter(|name| **name != header::CONTENT_LENGTH)
+            .all(|name| a.get_all(name).iter().eq(b.get_all(name).iter()))
+}
+
+/// What is stored of a kept answer: status, the replayed headers, the body and every
+/// trailer, then what the profile's `to_store` keeps of that, given the keyed request if
+/// it was kept for it (an empty one otherwise, as
+/// [`Profile::to_store_reads_request`](crate::Profile::to_store_reads_request) says).
+pub(crate) fn stored_answer(
+    settings: &Settings,
+    request: Option<&Request<Bytes>>,
+    parts: &response::Parts,
+    body: &Bytes,
+    trailers: Option<&HeaderMap>,
+) -> StoredResponse {
+    let answer = StoredResponse {
+        status: parts.status.as_u16(),
+        headers: kept_headers(&parts.headers, |name| {
+            settings.replayed_headers.contains(name)
+        }),
+        body: body.clone(),
+        trailers: trailers.map_or_else(Vec::new, |trailers| kept_headers(trailers, |_| true)),
+    };
+    match request {
+        Some(request) => settings.profile.to_store(request, answer),
+        None => settings
+            .profile
+            .to_store(&Request::new(Bytes::new()), answer),
+    }
+}
+
+/// The header fields `keep` keeps, as a store holds them.
+fn kept_headers(headers: &HeaderMap, keep: impl Fn(&HeaderName) -> bool) -> Vec<(String, Bytes)> {
+    headers
+        .iter()
+        .filter(|(name, _)| keep(name))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                Bytes::copy_from_slice(value.as_bytes()),
+            )
+        })
+        .collect()
 }
 
 /// A response body that failed half way: the key released if its status releases it,
@@ -105,9 +231,11 @@ async fn body_failed<B: Bodies>(
     token: FencingToken,
     status: StatusCode,
     released: bool,
-    error: BoxError,
-) -> Response<B::Answer> {
-    tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), %error, "idempotency: the response body failed while it was read");
+    read: BodyRead,
+) -> Response<B::ResponseOut> {
+    if let BodyRead::Failed(error) = &read {
+        tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), %error, "idempotency: the response body failed while it was read");
+    }
     let outcome = if released {
         release(settings, id, token, "the response body failed").await
     } else {
@@ -123,7 +251,7 @@ async fn body_failed<B: Bodies>(
     };
     let mut response = Rejection::response_failed(status, released).into_response::<B>(settings);
     response.extensions_mut().insert(outcome);
-    response
+    recorded(settings, response)
 }
 
 /// Records that the request ran, with the answer retries get instead of one that could
@@ -181,7 +309,7 @@ fn finalize_rejection<'a>(
 
 /// Whether the store took the owner's outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settled {
+enum Settled {
     Yes,
     /// The store failed, or the key was no longer this request's.
     No,
@@ -199,13 +327,8 @@ impl Settled {
 
 /// Releases the key `token` owns, saying `why` in the log: [`Outcome::Released`] if it
 /// was released, [`Outcome::Unsettled`] if not.
-pub(crate) async fn release(
-    settings: &Settings,
-    id: &RecordId,
-    token: FencingToken,
-    why: &str,
-) -> Outcome {
-    match MeasuredStore::of(settings).release(id, token).await {
+async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) -> Outcome {
+    match RequestPathStore::of(settings).release(id, token).await {
         Ok(Ownership::Held) => {
             tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}");
             Outcome::Released
@@ -229,7 +352,7 @@ async fn finalize(
     token: FencingToken,
     stored: &StoredResponse,
 ) -> Settled {
-    let store = MeasuredStore::of(settings);
+    let store = RequestPathStore::of(settings);
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {

@@ -1,8 +1,10 @@
 //! How one [`Idempotency`](crate::Idempotency) service types its bodies, under one name
-//! for the stages of a keyed request: [`Bodies`] says what the caller sends, what the
-//! inner service takes and answers, and what the caller gets, and how the layer converts
-//! between them. [`Same`] is the default mode ([`InnerBodies`](crate::InnerBodies)), [`Wrap`]
-//! the wrapping one ([`WrappedBodies`](crate::WrappedBodies)).
+//! for the stages of a keyed request. [`Bodies`] names the four bodies a request meets —
+//! the caller's request (`RequestIn`), the inner service's request (`RequestOut`), the
+//! inner service's response (`ResponseIn`), the caller's response (`ResponseOut`) — and
+//! how the layer converts between them. [`Same`] is the default mode
+//! ([`InnerBodies`](crate::InnerBodies)), [`Wrap`] the wrapping one
+//! ([`WrappedBodies`](crate::WrappedBodies)).
 
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -15,9 +17,9 @@ use tower_service::Service;
 use crate::body::IdempotencyBody;
 use crate::store::BoxError;
 
-/// The inner services the layer wraps, under one name for the functions of the keyed
-/// path. Every service the public `Service` impls accept is one.
-pub(crate) trait Inner<ReqBody, ResBody>:
+/// The inner service a layer wraps, under one name for the functions of the keyed path.
+/// Every service the public `Service` impls accept is one.
+pub(crate) trait InnerService<ReqBody, ResBody>:
     Service<
         Request<ReqBody>,
         Response = Response<ResBody>,
@@ -28,7 +30,7 @@ pub(crate) trait Inner<ReqBody, ResBody>:
 {
 }
 
-impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
+impl<S, ReqBody, ResBody> InnerService<ReqBody, ResBody> for S where
     S: Service<
             Request<ReqBody>,
             Response = Response<ResBody>,
@@ -39,35 +41,35 @@ impl<S, ReqBody, ResBody> Inner<ReqBody, ResBody> for S where
 {
 }
 
-/// The body types of one [`Idempotency`] service, and how the layer converts between
-/// them: what the caller sends (`In`), what the inner service takes (`Request`) and
-/// answers with (`Inner`), and what the caller gets (`Answer`).
+/// The four body types of one [`Idempotency`](crate::Idempotency) service, and how the
+/// layer converts between them.
 pub(crate) trait Bodies: 'static {
     /// The caller's request body, read whole when the request is keyed.
-    type In: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
+    type RequestIn: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
     /// The inner service's request body.
-    type Request: Send + 'static;
+    type RequestOut: Send + 'static;
     /// The inner service's response body, read whole when the request is keyed.
-    type Inner: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+    type ResponseIn: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
     /// The caller's response body.
-    type Answer: From<Self::Inner> + Send + 'static;
+    type ResponseOut: From<Self::ResponseIn> + Send + 'static;
 
     /// A request body passed through, untouched.
-    fn pass(body: Self::In) -> Self::Request;
+    fn pass(body: Self::RequestIn) -> Self::RequestOut;
     /// A keyed request's body, read whole, for the inner service.
-    fn request(bytes: Bytes) -> Self::Request;
-    /// An answer the layer makes: the bytes, then the trailers.
-    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> Self::Answer;
-    /// An answer whose first bytes the layer read and whose rest streams on unread; the
+    fn keyed_request(bytes: Bytes) -> Self::RequestOut;
+    /// A response the layer makes: the bytes, then the trailers.
+    fn made(bytes: Bytes, trailers: Option<HeaderMap>) -> Self::ResponseOut;
+    /// A response whose first bytes the layer read and whose rest streams on unread; the
     /// parts back when this mode cannot stream (a body type built from bytes alone).
     #[allow(clippy::type_complexity)]
     fn continued(
         read: Bytes,
-        rest: Pin<Box<Self::Inner>>,
-    ) -> Result<Self::Answer, (Bytes, Pin<Box<Self::Inner>>)>;
+        rest: Pin<Box<Self::ResponseIn>>,
+    ) -> Result<Self::ResponseOut, (Bytes, Pin<Box<Self::ResponseIn>>)>;
 }
 
-/// [`InnerBodies`]: the inner service's own types, built with `From<Bytes>`.
+/// [`InnerBodies`](crate::InnerBodies): the inner service's own types, built with
+/// `From<Bytes>`.
 pub(crate) struct Same<ReqBody, ResBody>(PhantomData<fn() -> (ReqBody, ResBody)>);
 
 impl<ReqBody, ResBody> Bodies for Same<ReqBody, ResBody>
@@ -75,16 +77,16 @@ where
     ReqBody: Body<Data: Send, Error: Into<BoxError>> + From<Bytes> + Send + 'static,
     ResBody: Body<Data = Bytes, Error: Into<BoxError>> + From<Bytes> + Send + 'static,
 {
-    type In = ReqBody;
-    type Request = ReqBody;
-    type Inner = ResBody;
-    type Answer = ResBody;
+    type RequestIn = ReqBody;
+    type RequestOut = ReqBody;
+    type ResponseIn = ResBody;
+    type ResponseOut = ResBody;
 
     fn pass(body: ReqBody) -> ReqBody {
         body
     }
 
-    fn request(bytes: Bytes) -> ReqBody {
+    fn keyed_request(bytes: Bytes) -> ReqBody {
         ReqBody::from(bytes)
     }
 
@@ -110,7 +112,7 @@ where
     }
 }
 
-/// [`WrappedBodies`]: every body wrapped in [`IdempotencyBody`].
+/// [`WrappedBodies`](crate::WrappedBodies): every body wrapped in [`IdempotencyBody`].
 pub(crate) struct Wrap<ReqBody, ResBody>(PhantomData<fn() -> (ReqBody, ResBody)>);
 
 impl<ReqBody, ResBody> Bodies for Wrap<ReqBody, ResBody>
@@ -118,16 +120,16 @@ where
     ReqBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
     ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
 {
-    type In = ReqBody;
-    type Request = IdempotencyBody<ReqBody>;
-    type Inner = ResBody;
-    type Answer = IdempotencyBody<ResBody>;
+    type RequestIn = ReqBody;
+    type RequestOut = IdempotencyBody<ReqBody>;
+    type ResponseIn = ResBody;
+    type ResponseOut = IdempotencyBody<ResBody>;
 
     fn pass(body: ReqBody) -> IdempotencyBody<ReqBody> {
         IdempotencyBody::new(body)
     }
 
-    fn request(bytes: Bytes) -> IdempotencyBody<ReqBody> {
+    fn keyed_request(bytes: Bytes) -> IdempotencyBody<ReqBody> {
         IdempotencyBody::buffered(bytes, None)
     }
 
@@ -143,6 +145,6 @@ where
     }
 }
 
-/// What the keyed path's functions return: the caller's response or the inner service's
-/// error.
-pub(crate) type Answer<B, E> = Result<Response<<B as Bodies>::Answer>, E>;
+/// What the keyed path's functions return: the caller's response, or the inner
+/// service's error.
+pub(crate) type Answer<B, E> = Result<Response<<B as Bodies>::ResponseOut>, E>;

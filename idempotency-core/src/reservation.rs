@@ -1,0 +1,143 @@
+//! [`ReservationHandle`]: the reservation a keyed request runs under, as its handler sees
+//! it, and the mark on an answer the handler finalized in its own transaction. What a
+//! handler does with it is in `in_transaction`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode, Version};
+
+use crate::settings::Settings;
+use crate::store::{FencingToken, RecordId};
+
+/// The reservation a keyed request runs under, added to the request's extensions for
+/// the inner service (requests without a key carry none).
+///
+/// A service that keeps its state in the store's database uses it to finalize the
+/// record inside its own transaction, with the answer it is about to send: the SQL
+/// stores take it (see the `idempotency-store-sql` crate), and a store of your own
+/// builds on [`prepare_answer`](Self::prepare_answer).
+///
+/// ```
+/// use axum::Extension;
+/// use idempotency_core::ReservationHandle;
+///
+/// // In an axum handler: `None` for a request without a key.
+/// async fn handler(reservation: Option<Extension<ReservationHandle>>) -> &'static str {
+///     if let Some(Extension(reservation)) = reservation {
+///         let _ = (reservation.id(), reservation.token());
+///     }
+///     "ok"
+/// }
+/// # let _ = handler;
+/// ```
+#[derive(Clone)]
+pub struct ReservationHandle {
+    shared: Arc<Shared>,
+}
+
+/// The reservation, and what the layer knows about the keyed request that the handler's
+/// finalize needs. One allocation per keyed request, shared by the owner and the handler.
+struct Shared {
+    id: RecordId,
+    token: FencingToken,
+    /// Whether the ownership has a lease the layer renews while the request runs (an
+    /// uncommitted reservation has none).
+    leased: bool,
+    settings: Arc<Settings>,
+    /// The keyed request as the layer read it, for the profile's `to_store`; `None` when
+    /// the profile's `to_store` does not read it
+    /// ([`Profile::to_store_reads_request`](crate::Profile::to_store_reads_request)).
+    request: Option<Request<Bytes>>,
+    /// Set once the handler finalized in its transaction (commit pending or done): the
+    /// layer then stops renewing the lease, and a renewal that finds the record no
+    /// longer in flight is no surprise.
+    finalized: AtomicBool,
+}
+
+impl ReservationHandle {
+    pub(crate) fn new(
+        settings: Arc<Settings>,
+        request: Option<Request<Bytes>>,
+        id: RecordId,
+        token: FencingToken,
+        leased: bool,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                id,
+                token,
+                leased,
+                settings,
+                request,
+                finalized: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The record reserved.
+    pub fn id(&self) -> &RecordId {
+        &self.shared.id
+    }
+
+    /// The token that owns it.
+    pub fn token(&self) -> FencingToken {
+        self.shared.token
+    }
+
+    /// Whether the ownership has a lease to renew while the request runs.
+    pub(crate) fn is_leased(&self) -> bool {
+        self.shared.leased
+    }
+
+    /// The layer the request runs in.
+    pub(crate) fn settings(&self) -> &Arc<Settings> {
+        &self.shared.settings
+    }
+
+    /// The keyed request as the layer read it, if the profile's `to_store` reads it.
+    pub(crate) fn request(&self) -> Option<&Request<Bytes>> {
+        self.shared.request.as_ref()
+    }
+
+    /// Whether the handler finalized this reservation in its own transaction.
+    pub(crate) fn finalized_in_transaction(&self) -> bool {
+        self.shared.finalized.load(Ordering::Acquire)
+    }
+
+    /// Notes that the handler finalized this reservation in its own transaction.
+    pub(crate) fn mark_finalized_in_transaction(&self) {
+        self.shared.finalized.store(true, Ordering::Release);
+    }
+}
+
+impl PartialEq for ReservationHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.id() == other.id() && self.token() == other.token()
+    }
+}
+
+impl Eq for ReservationHandle {}
+
+impl std::fmt::Debug for ReservationHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key collects the response: show its short hash, as the logs do.
+        f.debug_struct("ReservationHandle")
+            .field("key", &self.shared.settings.log_key(self.id()).to_string())
+            .field("token", &self.shared.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The mark on a response whose record the handler finalized in its own transaction,
+/// with the answer exactly as it was prepared: what the layer sends.
+#[derive(Clone)]
+pub(crate) struct FinalizedInTransaction {
+    pub(crate) reservation: ReservationHandle,
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) trailers: Option<HeaderMap>,
+}
