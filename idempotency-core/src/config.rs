@@ -96,11 +96,9 @@ const KNOWN_KEYS: [&str; 11] = [
 /// The default record lifetime: 30 minutes.
 pub const DEFAULT_KEY_LIFETIME: Duration = Duration::from_secs(30 * 60);
 
-/// How many expired records the purge task deletes per statement. Each batch holds up
-/// the reservations that arrive while it runs, so batches are kept small: purging
-/// 1,000,000 expired PostgreSQL rows raised reservation p99 about 2.1× in batches of 100
-/// against 6–8× in batches of 1,000, with the rest between batches that
-/// `purge_all_expired` takes (see BENCHMARKS.md).
+/// How many expired records the purge task deletes per statement, at most. Each batch
+/// holds up the reservations that arrive while it runs, so batches are kept small (the
+/// workspace's BENCHMARKS.md, "Purge under load", compares sizes).
 pub const PURGE_BATCH_SIZE: usize = 100;
 
 /// Which store the configuration builds.

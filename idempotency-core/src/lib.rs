@@ -32,28 +32,28 @@
 //!    ([`KeyFormat`]: [`OpaqueKey`] by default, [`UuidKey`] for Iceberg). The
 //!    [`ScopeExtractor`] says whose key it is; a request whose caller it cannot see is
 //!    refused.
-//! 2. **Bind.** The body is buffered (413 over the limit) and the record is bound to the
-//!    method, path and query, and the SHA-256 of the body. The record is found by
-//!    (scope, key).
-//! 3. **Reserve** atomically in the [`IdempotencyStore`]. One request wins; it owns the
-//!    key under a lease and a fencing token. A duplicate that finds the key in flight
-//!    waits for its owner (then replays, or gets 409 with `Retry-After` if the wait runs
-//!    out); one that finds the owner's lease lapsed (its process died) takes the record
-//!    over with a new token, and the old owner can no longer write to it; one whose
-//!    binding differs gets 422. If the store fails here, the layer answers 503 (fail
-//!    closed).
+//! 2. **Bind.** The body is read whole (413 over the limit, 408 if it does not arrive in
+//!    time) and the record is bound to the method, path and query, and the SHA-256 of the
+//!    body. The record is found by (scope, key).
+//! 3. **Reserve** in the [`IdempotencyStore`]. One request wins and owns the key. A
+//!    duplicate that finds the key in flight waits for its owner (then replays, or gets
+//!    409 with `Retry-After` if the wait runs out); one that finds the owner's lease
+//!    lapsed (its process died) takes the record over with a new fencing token, and the
+//!    old owner can no longer write to it; one whose binding differs gets 422, also when
+//!    the key changed hands while it waited. If the store fails here, the layer answers
+//!    503 (fail closed).
 //! 4. **Execute** the inner service, renewing the lease while it runs. A client that
 //!    disconnects does not cancel it: the rest of the work moves to a task of its own.
-//!    The response body is read whole (it has to be stored); a response over the limit
-//!    is still delivered whole, but not stored.
-//! 5. **Classify.** 2xx and deterministic 4xx are kept; 5xx and 401, 403, 408, 419, 429
-//!    release the key; an answer too large to store or encoded is remembered as "already
-//!    ran"; a response body that fails half way is released or remembered by its status.
-//! 6. **Finalize or release.** The verdict is written to the store: status, allow-listed
-//!    headers and the whole body stored, or the key freed so a retry runs again (a panic
-//!    releases too). The caller gets the answer; a body that failed half way gets it a
-//!    502. A handler that finalized in its own transaction (next section) already did
-//!    this stage.
+//!    The response body is read up to the limit; a response over it is still delivered
+//!    whole, but not stored.
+//! 5. **Classify** what the inner service did: an answer the handler already finalized in
+//!    its own transaction (next section) is sent as finalized; 2xx and deterministic 4xx
+//!    are kept; 5xx, 401, 403, 408, 419, 429, an error and a panic release the key; an
+//!    answer too large to store or encoded is remembered as "already ran"; a response
+//!    body that fails half way is released or remembered by its status.
+//! 6. **Settle.** The verdict is written to the store — status, allow-listed headers and
+//!    the whole body stored (finalize), or the key freed so a retry runs again (release)
+//!    — and the caller gets the answer; a body that failed half way gets a 502.
 //! 7. **Replay.** A retry with the same binding gets the stored answer byte for byte,
 //!    with `idempotent-replayed: true`; the inner service is not called.
 //!

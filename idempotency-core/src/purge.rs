@@ -11,40 +11,20 @@ use crate::store::{PurgeExpired, Purged, StoreError};
 
 /// How long [`purge_all_expired`] rests after each full batch, as a multiple of the time
 /// that batch took: the purge then keeps the database busy at most a quarter of the time,
-/// and foreground statements queued behind a batch (its WAL flush, its CPU, its I/O) get
-/// through before the next one starts.
-///
-/// Chosen by measurement (BENCHMARKS.md, purge of 1,000,000 expired PostgreSQL rows in
-/// batches of 100): reservation p99 during the purge was 2.7× the p99 without a purge
-/// when the batches ran back to back, 2.1× resting 3× as long as each batch, and no better
-/// resting 1× or 9×: once more than 1% of reservations meet a batch at all, the p99 is
-/// set by how long a batch lasts, not by how often one runs (see [`PURGE_BATCH_TIME`]).
-/// Resting makes the purge take about 4 times as long as back to back.
+/// and foreground statements queued behind a batch get through before the next one
+/// starts. Resting makes a large purge take about four times as long; resting longer did
+/// not lower the reservations' p99 further (the workspace's BENCHMARKS.md, "Purge under
+/// load").
 pub const PURGE_REST_FACTOR: u32 = 3;
 
 /// How long one batch of [`purge_all_expired`] should take at most: the batch size
 /// halves while batches take longer (down to 10 rows, or the size asked for if smaller),
 /// and doubles back (up to the size asked for) while they take less than half of it. A
-/// reservation that queues behind a batch then waits about this long at worst, unless the
-/// database is so slow that even 10 rows take longer.
-///
-/// Chosen by measurement (BENCHMARKS.md, "Issue 15"): with a bound of 1 ms the
-/// reservation p99 during a purge of 1,000,000 PostgreSQL rows was a steady 768–782 µs,
-/// while the p99 without a purge it is compared with moved between 337 and 422 µs, so the
-/// ratio landed on either side of 2× (1.83–2.28× in five quick runs). A batch must stay
-/// well under twice the quiet p99 for a reservation that meets one to stay under 2× it;
-/// 0.5 ms leaves that margin: on a quiet machine the p99 during the purge was 637–753 µs
-/// and the ratio 1.47–1.80× in five quick runs in a row (1.70× in a full run). The price
-/// is speed: 1,000,000 rows took 270–302 s, against 41–63 s at 1 ms.
-///
-/// The floor of 10 rows is for a loaded machine, where one statement with its commit
-/// takes longer than the bound whatever its size: halving further then only multiplies the
-/// statements and commits the purge needs without making any of them shorter. Without the
-/// floor (and with a bound of 1 ms) the batches came down to 1 or 2 rows: 23,046 batches,
-/// 205 rows a second, at a load average of 4–6; with it (and 0.5 ms), 750 rows a second
-/// at a load average of 3–4. Ten rows cost little more than one: deleting 100 took
-/// 0.66 ms of execution there, a few µs a row, against a round trip and a commit of
-/// hundreds.
+/// reservation that queues behind a batch then waits about this long at worst, which
+/// keeps the reservations' p99 during a purge under twice the p99 without one; the floor
+/// of 10 rows keeps a loaded database, where no statement is that short, from purging a
+/// row or two per statement. The measurements are in the workspace's BENCHMARKS.md
+/// ("Purge under load").
 pub const PURGE_BATCH_TIME: Duration = Duration::from_micros(500);
 
 /// The size a batch of [`purge_all_expired`] does not shrink below (see
