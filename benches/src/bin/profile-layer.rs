@@ -20,15 +20,24 @@
 //! A third argument `metrics-off` builds the layer `with_metrics(false)`: the same
 //! requests without a single metrics call, to count what recording metrics costs when
 //! no recorder is installed (none ever is here).
+//!
+//! `fresh-awaited` and `replay-awaited` are `fresh` and `replay` over a memory store
+//! that answers only the trait's async methods (the layer then awaits `reserve` and
+//! `finalize` instead of taking `reserve_now` and `finalize_now`): what the store's fast
+//! paths save.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::body::Body;
 use benches::grpc::{BenchOrders, OrdersServer};
 use bytes::{BufMut as _, Bytes, BytesMut};
 use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt as _, Full};
-use idempotency_core::{IDEMPOTENCY_KEY, IdempotencyLayer};
+use idempotency_core::{
+    Binding, FencingToken, IDEMPOTENCY_KEY, IdempotencyLayer, IdempotencyRecord, IdempotencyStore,
+    Ownership, RecordId, Reservation, StoreError, StoredResponse, Waited,
+};
 use idempotency_store_memory::MemoryStore;
 use tower::{Layer, Service, ServiceExt};
 
@@ -50,6 +59,13 @@ fn main() {
         ),
         "per-route" => drive(benches::app::layered(layer), &mode, requests),
         "none" | "fresh" | "replay" => drive(layer.layer(benches::app::bare()), &mode, requests),
+        "fresh-awaited" | "replay-awaited" => drive(
+            IdempotencyLayer::new(Awaited(MemoryStore::new().with_max_entries(100_000_000)))
+                .with_metrics(metrics)
+                .layer(benches::app::bare()),
+            mode.trim_end_matches("-awaited"),
+            requests,
+        ),
         "grpc-bare" => drive_grpc(OrdersServer::new(BenchOrders), &mode, requests),
         "grpc-none" | "grpc-fresh" | "grpc-replay" => drive_grpc(
             benches::grpc::memory_layer(100_000_000)
@@ -137,4 +153,53 @@ where
             std::hint::black_box(body.to_bytes());
         }
     });
+}
+
+/// The memory store without its fast paths: every call is the trait's async one.
+struct Awaited(MemoryStore);
+
+#[idempotency_core::async_trait]
+impl IdempotencyStore for Awaited {
+    async fn reserve(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Reservation, StoreError> {
+        self.0.reserve(id, binding, lease, lifetime).await
+    }
+    async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.0.load(id).await
+    }
+    async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
+        self.0.wait(id, timeout).await
+    }
+    async fn renew(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.0.renew(id, token, lease).await
+    }
+    async fn finalize(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Ownership, StoreError> {
+        self.0.finalize(id, token, response).await
+    }
+    async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError> {
+        self.0.release(id, token).await
+    }
+    async fn take_over(
+        &self,
+        id: &RecordId,
+        lapsed: FencingToken,
+        lease: Duration,
+    ) -> Result<Option<FencingToken>, StoreError> {
+        self.0.take_over(id, lapsed, lease).await
+    }
 }

@@ -18,7 +18,7 @@
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use http::{Request, header};
+use http::{HeaderMap, Request, header};
 use sha2::{Digest, Sha256};
 
 use crate::budget::Held;
@@ -32,21 +32,19 @@ use crate::store::Binding;
 pub const MAX_KEPT_PATH: usize = 512;
 
 /// Reads the request body whole (it is fingerprinted and may be sent to the inner
-/// service again), within the memory budget, the size limit and the time limit, and
-/// binds the record to the request. A declared `Content-Length` over the limit is
-/// refused before anything is read (so no `100 Continue` is sent). The bytes stay taken
-/// from the budget while `held` lives.
-pub(crate) async fn bind<B>(
+/// service again), within the memory budget, the size limit and the time limit. A
+/// declared `Content-Length` over the limit is refused before anything is read (so no
+/// `100 Continue` is sent). The bytes stay taken from the budget while `held` lives.
+pub(crate) async fn read_body<B>(
     settings: &Settings,
-    request: Request<B>,
+    headers: &HeaderMap,
+    body: B,
     held: &mut Held,
-) -> Result<(Request<Bytes>, Binding), Rejection>
+) -> Result<Bytes, Rejection>
 where
     B: http_body::Body<Data: Send, Error: Into<crate::BoxError>>,
 {
-    let (parts, body) = request.into_parts();
-    let declared = parts
-        .headers
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|length| length > settings.max_request_body as u64) {
@@ -64,24 +62,21 @@ where
         .in_time(settings.request_body_timeout)
         .read(body, Bytes::new())
         .await;
-    let bytes = match read {
-        BodyRead::Whole(bytes, _trailers) => bytes,
+    match read {
+        BodyRead::Whole(bytes, _trailers) => Ok(bytes),
         BodyRead::Over {
             past: Past::Limit, ..
-        } => return Err(Rejection::body_too_large(settings)),
+        } => Err(Rejection::body_too_large(settings)),
         BodyRead::Over {
             past: Past::Budget, ..
-        } => return Err(Rejection::over_budget(settings)),
-        BodyRead::TimedOut => return Err(Rejection::body_timeout(settings)),
-        BodyRead::Failed(error) => return Err(Rejection::unreadable_body(&error)),
-    };
-    let request = Request::from_parts(parts, bytes);
-    let binding = binding(&request);
-    Ok((request, binding))
+        } => Err(Rejection::over_budget(settings)),
+        BodyRead::TimedOut => Err(Rejection::body_timeout(settings)),
+        BodyRead::Failed(error) => Err(Rejection::unreadable_body(&error)),
+    }
 }
 
 /// The binding of a keyed request, its body read whole.
-fn binding(request: &Request<Bytes>) -> Binding {
+pub(crate) fn binding(request: &Request<Bytes>) -> Binding {
     let uri = request.uri();
     let mut path = normalized_path(uri.path());
     if path.len() > MAX_KEPT_PATH {

@@ -55,14 +55,17 @@ where
     B: Bodies,
 {
     // 2. Bind. The request's bytes stay taken from the memory budget until it is answered.
+    let (parts, body) = request.into_parts();
     let mut held = Held::default();
-    let (request, binding) = match bind::bind(&settings, request, &mut held).await {
-        Ok(bound) => bound,
+    let body = match bind::read_body(&settings, &parts.headers, body, &mut held).await {
+        Ok(body) => body,
         Err(rejection) => {
             tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
             return Ok(recorded(&settings, rejection.into_response::<B>(&settings)));
         }
     };
+    let request = Request::from_parts(parts, body);
+    let binding = bind::binding(&request);
     // 3. Reserve.
     match reserve::reserve(&settings, &id, &binding).await {
         // 4 to 6.
