@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, RedisFuture, RedisResult, Value};
+use redis::{Cmd, RedisError, RedisFuture, RedisResult, Value};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::scripts::Script;
 
@@ -68,10 +69,17 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// What a store holds: a single server's connection manager (which reconnects by itself),
-/// or a cluster connection and the client to make a new one with.
+/// What a store holds: the connection its commands go over (a single server's connection
+/// manager, which reconnects by itself, or a cluster connection and the client to make a
+/// new one with), and, when writes wait for replicas, the lanes those writes take.
 #[derive(Clone)]
-pub(crate) enum Link {
+pub(crate) struct Link {
+    main: Main,
+    lanes: Option<Arc<AckLanes>>,
+}
+
+#[derive(Clone)]
+enum Main {
     Server(ConnectionManager),
     Cluster(Arc<ClusterLink>),
 }
@@ -92,24 +100,41 @@ pub(crate) struct ClusterLink {
 }
 
 impl Link {
+    pub(crate) fn server(manager: ConnectionManager) -> Self {
+        Self {
+            main: Main::Server(manager),
+            lanes: None,
+        }
+    }
+
     pub(crate) fn cluster(
         client: ClusterClient,
         connection: ClusterConnection,
         connect_budget: Duration,
     ) -> Self {
-        Link::Cluster(Arc::new(ClusterLink {
-            client,
-            current: Mutex::new(connection),
-            replacing: AtomicBool::new(false),
-            connect_budget,
-        }))
+        Self {
+            main: Main::Cluster(Arc::new(ClusterLink {
+                client,
+                current: Mutex::new(connection),
+                replacing: AtomicBool::new(false),
+                connect_budget,
+            })),
+            lanes: None,
+        }
+    }
+
+    /// Sends the writes that wait for replicas over `lanes` instead of the main
+    /// connection.
+    pub(crate) fn with_lanes(mut self, lanes: AckLanes) -> Self {
+        self.lanes = Some(Arc::new(lanes));
+        self
     }
 
     /// The connection to send the next command over.
     pub(crate) fn connection(&self) -> RedisConnection {
-        match self {
-            Link::Server(manager) => RedisConnection::Server(manager.clone()),
-            Link::Cluster(link) => RedisConnection::Cluster(
+        match &self.main {
+            Main::Server(manager) => RedisConnection::Server(manager.clone()),
+            Main::Cluster(link) => RedisConnection::Cluster(
                 link.current
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -118,10 +143,42 @@ impl Link {
         }
     }
 
+    /// Runs `script` followed by `WAIT replicas timeout_ms`, as
+    /// [`RedisConnection::run_acknowledged`] does, on a lane of its own when the store has
+    /// lanes: the `WAIT` then holds up no other command.
+    pub(crate) async fn run_acknowledged(
+        &self,
+        script: &Script,
+        keys: &[Vec<u8>],
+        args: impl Fn(&mut Cmd),
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> RedisResult<(Value, i64)> {
+        let Some(lanes) = &self.lanes else {
+            return self
+                .connection()
+                .run_acknowledged(script, keys, args, replicas, timeout_ms)
+                .await;
+        };
+        let mut lane = lanes.lease().await?;
+        let answer = lane
+            .connection()
+            .run_acknowledged(script, keys, args, replicas, timeout_ms)
+            .await;
+        match &answer {
+            Ok(_) => lane.give_back(),
+            Err(error) if !lost_connection(error) => lane.give_back(),
+            // A lane whose connection failed (or a lease dropped mid-command, by the
+            // operation timeout) is closed: a fresh one is opened for the next write.
+            Err(_) => {}
+        }
+        answer
+    }
+
     /// Called when an operation timed out or lost its connection: a cluster connection
     /// is replaced in the background (a single server's manager reconnects by itself).
     pub(crate) fn suspect(&self) {
-        let Link::Cluster(link) = self else {
+        let Main::Cluster(link) = &self.main else {
             return;
         };
         if link.replacing.swap(true, Ordering::AcqRel) {
@@ -149,6 +206,100 @@ impl Link {
             }
             link.replacing.store(false, Ordering::Release);
         });
+    }
+}
+
+fn lost_connection(error: &RedisError) -> bool {
+    error.is_timeout() || error.is_io_error() || error.is_connection_dropped()
+}
+
+/// Connections of their own for the writes that wait for replicas, each carrying one
+/// write and its `WAIT` at a time.
+///
+/// Redis answers a connection's commands in order, and a `WAIT` holds its connection
+/// until the replicas answer: on the store's one multiplexed connection, every command
+/// sent behind a pending `WAIT` (other requests' writes, reads, replays) waited for it,
+/// so acknowledged writes ran one replication round trip at a time. On lanes, up to
+/// `count` writes wait at once, each on its own connection, and the primary acknowledges
+/// them together (one `REPLCONF GETACK` round serves every `WAIT` pending at that
+/// moment); the main connection never carries a `WAIT`. Lanes are opened when first
+/// needed, and one whose connection failed is replaced by a fresh one.
+pub(crate) struct AckLanes {
+    opener: Opener,
+    idle: Mutex<Vec<RedisConnection>>,
+    free: Semaphore,
+}
+
+/// How a lane's connection is opened.
+pub(crate) enum Opener {
+    Server(redis::Client, ConnectionManagerConfig),
+    Cluster(ClusterClient),
+}
+
+impl AckLanes {
+    pub(crate) fn new(opener: Opener, count: usize) -> Self {
+        Self {
+            opener,
+            idle: Mutex::new(Vec::with_capacity(count)),
+            free: Semaphore::new(count.max(1)),
+        }
+    }
+
+    /// A lane of its own: waits for one to be free, and opens its connection if it has
+    /// none.
+    async fn lease(&self) -> RedisResult<Lane<'_>> {
+        let permit = self
+            .free
+            .acquire()
+            .await
+            .expect("the lanes' semaphore is never closed");
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        let connection = match idle {
+            Some(connection) => connection,
+            None => match &self.opener {
+                Opener::Server(client, config) => RedisConnection::Server(
+                    client
+                        .get_connection_manager_with_config(config.clone())
+                        .await?,
+                ),
+                Opener::Cluster(client) => {
+                    RedisConnection::Cluster(client.get_async_connection().await?)
+                }
+            },
+        };
+        Ok(Lane {
+            lanes: self,
+            connection: Some(connection),
+            _permit: permit,
+        })
+    }
+}
+
+/// A lane leased for one write; its connection goes back to the idle ones only when
+/// [`give_back`](Self::give_back) says it is fit for the next write.
+struct Lane<'a> {
+    lanes: &'a AckLanes,
+    connection: Option<RedisConnection>,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Lane<'_> {
+    fn connection(&self) -> &RedisConnection {
+        self.connection.as_ref().expect("a leased lane has its connection")
+    }
+
+    fn give_back(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            self.lanes
+                .idle
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(connection);
+        }
     }
 }
 

@@ -353,12 +353,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod answers;
+mod config;
 mod connect;
 mod connection;
 mod keys;
 mod lua;
 mod notices;
 mod options;
+mod parameters;
 mod scripts;
 
 use std::sync::Arc;
@@ -372,13 +374,15 @@ use idempotency_core::{
 use redis::{Cmd, Value};
 use tokio::sync::broadcast;
 
+pub use config::open;
 pub use connect::ConnectError;
 pub use connection::RedisConnection;
 pub use keys::{DEFAULT_KEY_PREFIX, InvalidKeyPrefix, KeyPrefix};
 pub use options::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, RedisOptions, ReplicaAcks, Target,
-    UnsupportedUrl,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, DEFAULT_REPLICA_ACK_CONNECTIONS,
+    DEFAULT_REPLICA_ACK_TIMEOUT, RedisOptions, ReplicaAcks, Target, UnsupportedUrl,
 };
+pub use parameters::{OptionsError, URL_PARAMETERS};
 /// The `redis` crate this store is built on (1.x), for options and your own commands.
 pub use redis;
 pub use scripts::{Operation, Script};
@@ -570,7 +574,8 @@ impl RedisStore {
                     .run(operation.script(), &keys, args)
                     .await
                     .map(|value| (value, None)),
-                Some(acks) => connection
+                Some(acks) => self
+                    .link
                     .run_acknowledged(
                         operation.script(),
                         &keys,

@@ -1,0 +1,281 @@
+//! What `replica_acks` costs a keyed request over HTTP: the Redis store on a primary with
+//! one replica (two `redis-server` processes of the benchmark's own on loopback), driven
+//! by `wrk` with a fresh key per request, without acknowledgements and with
+//! `replica-acks=1&replica-ack-timeout=250ms` in the store's URL, in alternating runs.
+//!
+//! Both servers talk to the same primary, which replicates to the same replica either
+//! way; the only difference is the `WAIT` after each write. Each run with
+//! acknowledgements is compared with the mean of the runs without just before and after
+//! it, and the ratio reported is the median over rounds.
+
+use std::path::Path;
+
+use crate::harness::median;
+use crate::http_load::{self, Load, LoadResult, Server};
+use crate::redis_store::BenchRedis;
+use crate::report::{Row, Table, Verdict, micros};
+
+/// The store URL's parameters for the acknowledged side.
+pub const ACKS: &str = "replica-acks=1&replica-ack-timeout=250ms";
+
+/// How long and how hard the comparison runs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// HTTP connections (`wrk -c`), one level after the other.
+    pub connections: Vec<usize>,
+    /// Length of each `wrk` run.
+    pub seconds: u64,
+    /// Rounds per level; each round runs the acknowledged server once, between two runs
+    /// of the other.
+    pub rounds: usize,
+    /// Tokio worker threads of each server.
+    pub server_threads: usize,
+}
+
+/// The runs of one server at one level.
+#[derive(Default)]
+struct Runs {
+    runs: Vec<LoadResult>,
+    /// Acknowledged only: its throughput over the mean of its neighbours'.
+    ratios: Vec<f64>,
+}
+
+impl Runs {
+    fn med(&self, f: impl Fn(&LoadResult) -> f64) -> f64 {
+        median(&mut self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+}
+
+fn skipped(why: impl Into<String>) -> Row {
+    Row {
+        name: "Redis replica_acks: keyed throughput".to_owned(),
+        measured: why.into(),
+        baseline: String::new(),
+        ratio: String::new(),
+        target: String::new(),
+        verdict: Verdict::Skipped,
+    }
+}
+
+/// `calls=` of `cmdstat_wait` in the primary's `INFO commandstats`: how many `WAIT`s it
+/// has run.
+fn waits_run(primary: &BenchRedis) -> u64 {
+    std::process::Command::new("redis-cli")
+        .args(["-p", &primary.port.to_string(), "INFO", "commandstats"])
+        .output()
+        .ok()
+        .and_then(|output| {
+            String::from_utf8_lossy(&output.stdout).lines().find_map(|line| {
+                line.strip_prefix("cmdstat_wait:calls=")?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Runs the comparison with `server_bin` (`bench-server`) and adds its rows and table.
+pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
+    if std::process::Command::new("wrk")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        rows.push(skipped("wrk not found: apt-get install -y wrk"));
+        return;
+    }
+    let (primary, replica) = match BenchRedis::start()
+        .and_then(|primary| Ok((BenchRedis::start_replica_of(&primary)?, primary)))
+    {
+        Ok((replica, primary)) => (primary, replica),
+        Err(error) => {
+            rows.push(skipped(error));
+            return;
+        }
+    };
+    let threads = settings.server_threads.to_string();
+    let acked_url = format!("{}?{ACKS}", primary.url);
+    let spawn = |name: &str, url: &str| {
+        Server::spawn(
+            name,
+            server_bin,
+            &[
+                "--threads",
+                &threads,
+                "--mode",
+                "redis",
+                "--database-url",
+                url,
+            ],
+        )
+    };
+    let servers = match spawn("asynchronous", &primary.url)
+        .and_then(|plain| Ok([plain, spawn("replica-acks=1", &acked_url)?]))
+    {
+        Ok(servers) => servers,
+        Err(error) => {
+            rows.push(skipped(error));
+            return;
+        }
+    };
+    // Both answer a keyed request, and only the acknowledged one makes the primary WAIT.
+    for (server, waits) in servers.iter().zip([false, true]) {
+        let before = waits_run(&primary);
+        let key = format!("k-acks-check-{}-{waits}", std::process::id());
+        match http_load::post_once(server.addr, Some(&key)) {
+            Ok(answer) if answer.status == 201 => {}
+            Ok(answer) => {
+                rows.push(skipped(format!("{} answered {}", server.name, answer.status)));
+                return;
+            }
+            Err(error) => {
+                rows.push(skipped(error));
+                return;
+            }
+        }
+        let ran = waits_run(&primary) - before;
+        if (ran > 0) != waits {
+            rows.push(skipped(format!(
+                "{}: a keyed request made the primary run {ran} WAIT(s)",
+                server.name
+            )));
+            return;
+        }
+    }
+
+    let script = std::env::temp_dir().join(format!(
+        "idempotency-bench-acks-{}.lua",
+        std::process::id()
+    ));
+    std::fs::write(&script, http_load::WRK_SCRIPT).expect("write the wrk script");
+    let mut results: Vec<(usize, [Runs; 2], f64)> = Vec::new();
+    let mut invocation = 0u64;
+    for &connections in &settings.connections {
+        let load = Load {
+            script: &script,
+            connections,
+            threads: 1,
+            seconds: settings.seconds,
+        };
+        let mut run = |server: &Server| -> Option<LoadResult> {
+            invocation += 1;
+            let nonce = format!("acks-{}-{invocation}", std::process::id());
+            http_load::run_wrk(load, server.addr, "fresh", &nonce, "unused")
+                .map_err(|error| eprintln!("{}: {error}", server.name))
+                .ok()
+        };
+        let mut level = [Runs::default(), Runs::default()];
+        let waits_before = waits_run(&primary);
+        let mut before = run(&servers[0]);
+        level[0].runs.extend(before);
+        for round in 0..settings.rounds {
+            eprintln!(
+                "redis-acks: {connections} connections, round {}/{}",
+                round + 1,
+                settings.rounds
+            );
+            let acked = run(&servers[1]);
+            let after = run(&servers[0]);
+            level[0].runs.extend(after);
+            if let (Some(acked), Some(b), Some(a)) = (acked, before, after) {
+                level[1].ratios.push(acked.rps / ((b.rps + a.rps) / 2.0));
+                level[1].runs.push(acked);
+            }
+            before = after;
+        }
+        let acked_requests: u64 = level[1].runs.iter().map(|r| r.requests).sum();
+        let waits_per_request =
+            (waits_run(&primary) - waits_before) as f64 / acked_requests.max(1) as f64;
+        results.push((connections, level, waits_per_request));
+    }
+    let _ = std::fs::remove_file(&script);
+    drop(servers);
+    drop(replica);
+
+    let mut table = Table::new(
+        format!(
+            "Redis store on a primary with one replica, keyed first executions over HTTP \
+             (wrk, 1 thread, a fresh key per request; servers: {} tokio worker thread(s); {} s \
+             per run, {} round(s), each run with acknowledgements between two without)",
+            settings.server_threads, settings.seconds, settings.rounds
+        ),
+        &[
+            "store URL",
+            "connections",
+            "req/s",
+            "× asynchronous",
+            "p50",
+            "p99",
+            "errors",
+            "WAITs per request",
+        ],
+    );
+    for (connections, level, waits) in &results {
+        for (i, runs) in level.iter().enumerate() {
+            if runs.runs.is_empty() {
+                continue;
+            }
+            let errors: u64 = runs.runs.iter().map(|r| r.non_2xx + r.socket_errors).sum();
+            table.push(vec![
+                if i == 0 {
+                    "redis://…".to_owned()
+                } else {
+                    format!("redis://…?{ACKS}")
+                },
+                connections.to_string(),
+                format!("{:.0}", runs.med(|r| r.rps)),
+                if i == 0 {
+                    "1 (baseline)".to_owned()
+                } else {
+                    format!("{:.3}", median(&mut runs.ratios.clone()))
+                },
+                micros(runs.med(|r| r.p50_us)),
+                micros(runs.med(|r| r.p99_us)),
+                errors.to_string(),
+                if i == 0 {
+                    "0".to_owned()
+                } else {
+                    format!("{waits:.2}")
+                },
+            ]);
+        }
+    }
+    tables.push(table);
+
+    let measured: Vec<&(usize, [Runs; 2], f64)> = results
+        .iter()
+        .filter(|(_, level, _)| !level[1].ratios.is_empty())
+        .collect();
+    if measured.is_empty() {
+        rows.push(skipped("no run completed"));
+        return;
+    }
+    let join = |f: &dyn Fn(&(usize, [Runs; 2], f64)) -> String| {
+        measured.iter().map(|l| f(l)).collect::<Vec<_>>().join(" / ")
+    };
+    let ratio = |level: &[Runs; 2]| median(&mut level[1].ratios.clone());
+    rows.push(Row {
+        name: format!(
+            "Redis replica_acks(1, 250 ms), keyed first executions over HTTP (c = {})",
+            join(&|(c, _, _)| c.to_string())
+        ),
+        measured: format!(
+            "{} req/s",
+            join(&|(_, level, _)| format!("{:.0}", level[1].med(|r| r.rps)))
+        ),
+        baseline: format!(
+            "{} req/s (the same store without acknowledgements)",
+            join(&|(_, level, _)| format!("{:.0}", level[0].med(|r| r.rps)))
+        ),
+        ratio: join(&|(_, level, _)| format!("{:.3}×", ratio(level))),
+        target: "≥ 0.8× at 16 and 64 connections".to_owned(),
+        verdict: Verdict::from_bool(
+            measured
+                .iter()
+                .filter(|(c, _, _)| *c >= 16)
+                .all(|(_, level, _)| ratio(level) >= 0.8),
+        ),
+    });
+}
