@@ -80,11 +80,15 @@ impl BenchRedis {
     }
 
     /// Starts a replica of `primary` (same settings) and waits until the primary counts
-    /// it among its connected replicas.
+    /// it online.
     pub fn start_replica_of(primary: &BenchRedis) -> Result<Self, String> {
         let replica = Self::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()])?;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !(primary.info_field("connected_slaves").as_deref() == Some("1")
+        // Online: the primary counts a replica's acknowledgements only once it has heard
+        // from it after the first sync.
+        while !(primary
+            .info_field("slave0")
+            .is_some_and(|slave| slave.contains("state=online"))
             && replica.info_field("master_link_status").as_deref() == Some("up"))
         {
             if Instant::now() > deadline {
