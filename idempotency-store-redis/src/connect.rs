@@ -11,7 +11,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{IntoConnectionInfo, RedisError, Value};
 
-use crate::connection::{AckLanes, Link, Opener, RedisConnection};
+use crate::connection::{Link, RedisConnection};
+use crate::lanes::AckLanes;
 use crate::options::{RedisOptions, Target, redact};
 use crate::parameters::OptionsError;
 
@@ -176,10 +177,13 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<(Link, Board),
     }
     check_servers(&info, options)?;
     let mut link = Link::server(manager);
-    if options.replica_acks.is_some() {
-        link = link.with_lanes(AckLanes::new(
-            Opener::Server(client.clone(), config),
+    if let Some(acks) = options.replica_acks {
+        link = link.with_lanes(AckLanes::grouped(
+            client.clone(),
+            config,
             options.replica_ack_connections,
+            acks.replicas,
+            crate::millis(acks.timeout),
         ));
     }
     let board = Board::server(client, options.prefix.as_str());
@@ -244,10 +248,7 @@ async fn open_cluster(
     })?;
     let mut link = Link::cluster(client.clone(), cluster, budget);
     if options.replica_acks.is_some() {
-        link = link.with_lanes(AckLanes::new(
-            Opener::Cluster(client),
-            options.replica_ack_connections,
-        ));
+        link = link.with_lanes(AckLanes::leased(client, options.replica_ack_connections));
     }
     Ok((link, board))
 }

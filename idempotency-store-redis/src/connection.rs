@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, RedisError, RedisFuture, RedisResult, Value};
-use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::lanes::AckLanes;
 use crate::scripts::Script;
 
 /// The connection a [`RedisStore`](crate::RedisStore) sends its scripts over: one
@@ -144,8 +144,8 @@ impl Link {
     }
 
     /// Runs `script` followed by `WAIT replicas timeout_ms`, as
-    /// [`RedisConnection::run_acknowledged`] does, on a lane of its own when the store has
-    /// lanes: the `WAIT` then holds up no other command.
+    /// [`RedisConnection::run_acknowledged`] does, over the store's lanes when it has
+    /// them (see [`AckLanes`]): the `WAIT` then holds up no other request.
     pub(crate) async fn run_acknowledged(
         &self,
         script: &Script,
@@ -154,25 +154,18 @@ impl Link {
         replicas: u32,
         timeout_ms: u64,
     ) -> RedisResult<(Value, i64)> {
-        let Some(lanes) = &self.lanes else {
-            return self
-                .connection()
-                .run_acknowledged(script, keys, args, replicas, timeout_ms)
-                .await;
-        };
-        let mut lane = lanes.lease().await?;
-        let answer = lane
-            .connection()
-            .run_acknowledged(script, keys, args, replicas, timeout_ms)
-            .await;
-        match &answer {
-            Ok(_) => lane.give_back(),
-            Err(error) if !lost_connection(error) => lane.give_back(),
-            // A lane whose connection failed (or a lease dropped mid-command, by the
-            // operation timeout) is closed: a fresh one is opened for the next write.
-            Err(_) => {}
+        match &self.lanes {
+            Some(lanes) => {
+                lanes
+                    .run_acknowledged(script, keys, args, replicas, timeout_ms)
+                    .await
+            }
+            None => {
+                self.connection()
+                    .run_acknowledged(script, keys, args, replicas, timeout_ms)
+                    .await
+            }
         }
-        answer
     }
 
     /// Called when an operation timed out or lost its connection: a cluster connection
@@ -209,98 +202,25 @@ impl Link {
     }
 }
 
-fn lost_connection(error: &RedisError) -> bool {
+pub(crate) fn lost_connection(error: &RedisError) -> bool {
     error.is_timeout() || error.is_io_error() || error.is_connection_dropped()
 }
 
-/// Connections of their own for the writes that wait for replicas, each carrying one
-/// write and its `WAIT` at a time.
-///
-/// Redis answers a connection's commands in order, and a `WAIT` holds its connection
-/// until the replicas answer: on the store's one multiplexed connection, every command
-/// sent behind a pending `WAIT` (other requests' writes, reads, replays) waited for it,
-/// so acknowledged writes ran one replication round trip at a time. On lanes, up to
-/// `count` writes wait at once, each on its own connection, and the primary acknowledges
-/// them together (one `REPLCONF GETACK` round serves every `WAIT` pending at that
-/// moment); the main connection never carries a `WAIT`. Lanes are opened when first
-/// needed, and one whose connection failed is replaced by a fresh one.
-pub(crate) struct AckLanes {
-    opener: Opener,
-    idle: Mutex<Vec<RedisConnection>>,
-    free: Semaphore,
-}
-
-/// How a lane's connection is opened.
-pub(crate) enum Opener {
-    Server(redis::Client, ConnectionManagerConfig),
-    Cluster(ClusterClient),
-}
-
-impl AckLanes {
-    pub(crate) fn new(opener: Opener, count: usize) -> Self {
-        Self {
-            opener,
-            idle: Mutex::new(Vec::with_capacity(count)),
-            free: Semaphore::new(count.max(1)),
-        }
+/// `verb` (`EVALSHA` or `EVAL`) with `script_ref` (the script's SHA-1 or its source),
+/// `keys`, and the arguments `args` appends.
+pub(crate) fn script_command(
+    verb: &str,
+    script_ref: &str,
+    keys: &[Vec<u8>],
+    args: impl Fn(&mut Cmd),
+) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script_ref).arg(keys.len());
+    for key in keys {
+        cmd.arg(&key[..]);
     }
-
-    /// A lane of its own: waits for one to be free, and opens its connection if it has
-    /// none.
-    async fn lease(&self) -> RedisResult<Lane<'_>> {
-        let permit = self
-            .free
-            .acquire()
-            .await
-            .expect("the lanes' semaphore is never closed");
-        let idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .pop();
-        let connection = match idle {
-            Some(connection) => connection,
-            None => match &self.opener {
-                Opener::Server(client, config) => RedisConnection::Server(
-                    client
-                        .get_connection_manager_with_config(config.clone())
-                        .await?,
-                ),
-                Opener::Cluster(client) => {
-                    RedisConnection::Cluster(client.get_async_connection().await?)
-                }
-            },
-        };
-        Ok(Lane {
-            lanes: self,
-            connection: Some(connection),
-            _permit: permit,
-        })
-    }
-}
-
-/// A lane leased for one write; its connection goes back to the idle ones only when
-/// [`give_back`](Self::give_back) says it is fit for the next write.
-struct Lane<'a> {
-    lanes: &'a AckLanes,
-    connection: Option<RedisConnection>,
-    _permit: SemaphorePermit<'a>,
-}
-
-impl Lane<'_> {
-    fn connection(&self) -> &RedisConnection {
-        self.connection.as_ref().expect("a leased lane has its connection")
-    }
-
-    fn give_back(&mut self) {
-        if let Some(connection) = self.connection.take() {
-            self.lanes
-                .idle
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .push(connection);
-        }
-    }
+    args(&mut cmd);
+    cmd
 }
 
 impl RedisConnection {
@@ -315,15 +235,7 @@ impl RedisConnection {
         keys: &[Vec<u8>],
         args: impl Fn(&mut Cmd),
     ) -> RedisResult<Value> {
-        let command = |verb: &str, script_ref: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script_ref).arg(keys.len());
-            for key in keys {
-                cmd.arg(&key[..]);
-            }
-            args(&mut cmd);
-            cmd
-        };
+        let command = |verb: &str, script_ref: &str| script_command(verb, script_ref, keys, &args);
         let mut connection = self.clone();
         match command("EVALSHA", script.sha1())
             .query_async(&mut connection)
@@ -355,14 +267,8 @@ impl RedisConnection {
         timeout_ms: u64,
     ) -> RedisResult<(Value, i64)> {
         let pipeline = |verb: &str, script_ref: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script_ref).arg(keys.len());
-            for key in keys {
-                cmd.arg(&key[..]);
-            }
-            args(&mut cmd);
             let mut pipeline = redis::pipe();
-            pipeline.add_command(cmd);
+            pipeline.add_command(script_command(verb, script_ref, keys, &args));
             pipeline.cmd("WAIT").arg(replicas).arg(timeout_ms);
             pipeline
         };

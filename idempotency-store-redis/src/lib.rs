@@ -357,6 +357,7 @@ mod config;
 mod connect;
 mod connection;
 mod keys;
+mod lanes;
 mod lua;
 mod notices;
 mod options;
@@ -915,7 +916,7 @@ impl PurgeExpired for RedisStore {
 
 /// A duration as whole milliseconds, rounded up (a 1 µs lease is 1 ms, not 0) and
 /// clamped to [`MAX_DURATION_MS`].
-fn millis(duration: Duration) -> u64 {
+pub(crate) fn millis(duration: Duration) -> u64 {
     duration.as_nanos().div_ceil(1_000_000).min(MAX_DURATION_MS) as u64
 }
 
