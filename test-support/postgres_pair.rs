@@ -347,4 +347,3 @@ pub(crate) async fn streaming(primary: &sqlx::PgPool, synchronous: bool) -> u32 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-

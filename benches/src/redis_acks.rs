@@ -15,8 +15,13 @@ use crate::http_load::{self, Load, LoadResult, Server};
 use crate::redis_store::BenchRedis;
 use crate::report::{Row, Table, Verdict, micros};
 
-/// The store URL's parameters for the acknowledged side.
+/// The store URL's parameters for the acknowledged side (`BENCH_REDIS_ACKS` replaces
+/// them, e.g. to try another `replica-ack-connections`).
 pub const ACKS: &str = "replica-acks=1&replica-ack-timeout=250ms";
+
+fn acks() -> String {
+    std::env::var("BENCH_REDIS_ACKS").unwrap_or_else(|_| ACKS.to_owned())
+}
 
 /// How long and how hard the comparison runs.
 #[derive(Clone, Debug)]
@@ -65,13 +70,15 @@ fn waits_run(primary: &BenchRedis) -> u64 {
         .output()
         .ok()
         .and_then(|output| {
-            String::from_utf8_lossy(&output.stdout).lines().find_map(|line| {
-                line.strip_prefix("cmdstat_wait:calls=")?
-                    .split(',')
-                    .next()?
-                    .parse()
-                    .ok()
-            })
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .find_map(|line| {
+                    line.strip_prefix("cmdstat_wait:calls=")?
+                        .split(',')
+                        .next()?
+                        .parse()
+                        .ok()
+                })
         })
         .unwrap_or(0)
 }
@@ -96,7 +103,8 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
         }
     };
     let threads = settings.server_threads.to_string();
-    let acked_url = format!("{}?{ACKS}", primary.url);
+    let acks = acks();
+    let acked_url = format!("{}?{acks}", primary.url);
     let spawn = |name: &str, url: &str| {
         Server::spawn(
             name,
@@ -127,7 +135,10 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
         match http_load::post_once(server.addr, Some(&key)) {
             Ok(answer) if answer.status == 201 => {}
             Ok(answer) => {
-                rows.push(skipped(format!("{} answered {}", server.name, answer.status)));
+                rows.push(skipped(format!(
+                    "{} answered {}",
+                    server.name, answer.status
+                )));
                 return;
             }
             Err(error) => {
@@ -145,10 +156,8 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
         }
     }
 
-    let script = std::env::temp_dir().join(format!(
-        "idempotency-bench-acks-{}.lua",
-        std::process::id()
-    ));
+    let script =
+        std::env::temp_dir().join(format!("idempotency-bench-acks-{}.lua", std::process::id()));
     std::fs::write(&script, http_load::WRK_SCRIPT).expect("write the wrk script");
     let mut results: Vec<(usize, [Runs; 2], f64)> = Vec::new();
     let mut invocation = 0u64;
@@ -222,7 +231,7 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
                 if i == 0 {
                     "redis://…".to_owned()
                 } else {
-                    format!("redis://…?{ACKS}")
+                    format!("redis://…?{acks}")
                 },
                 connections.to_string(),
                 format!("{:.0}", runs.med(|r| r.rps)),
@@ -253,12 +262,16 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
         return;
     }
     let join = |f: &dyn Fn(&(usize, [Runs; 2], f64)) -> String| {
-        measured.iter().map(|l| f(l)).collect::<Vec<_>>().join(" / ")
+        measured
+            .iter()
+            .map(|l| f(l))
+            .collect::<Vec<_>>()
+            .join(" / ")
     };
     let ratio = |level: &[Runs; 2]| median(&mut level[1].ratios.clone());
     rows.push(Row {
         name: format!(
-            "Redis replica_acks(1, 250 ms), keyed first executions over HTTP (c = {})",
+            "Redis store URL with {acks}, keyed first executions over HTTP (c = {})",
             join(&|(c, _, _)| c.to_string())
         ),
         measured: format!(

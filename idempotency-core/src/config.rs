@@ -48,7 +48,7 @@
 //! | `idempotency-redis-operation-timeout` | 2 s | redis only: a duration |
 //! | `idempotency-redis-replica-acks` | 0 (off) | redis only: replicas that must acknowledge each write |
 //! | `idempotency-redis-replica-ack-timeout` | 250 ms | redis only: how long a write waits for them |
-//! | `idempotency-redis-replica-ack-connections` | 16 | redis only: writes that may wait for replicas at once |
+//! | `idempotency-redis-replica-ack-connections` | 2; 16 on a cluster | redis only: connections that carry the writes waiting for replicas |
 //! | `idempotency-redis-accept-evicting-policy` | `false` | redis only: `true` or `false` |
 //! | `idempotency-redis-cluster` | from the URL's scheme | redis only: `true` or `false` |
 //! | `idempotency-purge-interval` | no purging | ISO-8601 duration, > 0 |
@@ -521,14 +521,13 @@ impl IdempotencyConfig {
             config.database_pool_size = Some(positive_integer(DATABASE_POOL_SIZE, value)?);
         }
         if let Some(value) = seen.get(DATABASE_SYNCHRONOUS_REPLICATION) {
-            config.database_synchronous_replication =
-                Some(value.parse().map_err(|_| {
-                    invalid(
-                        DATABASE_SYNCHRONOUS_REPLICATION,
-                        value,
-                        SynchronousReplication::EXPECTED,
-                    )
-                })?);
+            config.database_synchronous_replication = Some(value.parse().map_err(|_| {
+                invalid(
+                    DATABASE_SYNCHRONOUS_REPLICATION,
+                    value,
+                    SynchronousReplication::EXPECTED,
+                )
+            })?);
         }
         if let Some(value) = seen.get(REDIS_URL) {
             if value.is_empty() {

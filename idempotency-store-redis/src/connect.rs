@@ -181,7 +181,7 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<(Link, Board),
         link = link.with_lanes(AckLanes::grouped(
             client.clone(),
             config,
-            options.replica_ack_connections,
+            options.ack_connections(),
             acks.replicas,
             crate::millis(acks.timeout),
         ));
@@ -248,7 +248,7 @@ async fn open_cluster(
     })?;
     let mut link = Link::cluster(client.clone(), cluster, budget);
     if options.replica_acks.is_some() {
-        link = link.with_lanes(AckLanes::leased(client, options.replica_ack_connections));
+        link = link.with_lanes(AckLanes::leased(client, options.ack_connections()));
     }
     Ok((link, board))
 }

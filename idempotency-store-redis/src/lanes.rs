@@ -220,7 +220,9 @@ async fn send_group(
         .await?;
     let unexpected = |what| RedisError::from((ErrorKind::UnexpectedReturnType, what));
     if values.len() != group.len() + 1 {
-        return Err(unexpected("a group of writes and WAIT did not answer one value each"));
+        return Err(unexpected(
+            "a group of writes and WAIT did not answer one value each",
+        ));
     }
     match values.pop().map(Value::extract_error).transpose()? {
         Some(Value::Int(acknowledged)) => Ok((values, acknowledged)),

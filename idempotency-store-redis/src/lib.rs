@@ -380,8 +380,9 @@ pub use connect::ConnectError;
 pub use connection::RedisConnection;
 pub use keys::{DEFAULT_KEY_PREFIX, InvalidKeyPrefix, KeyPrefix};
 pub use options::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, DEFAULT_REPLICA_ACK_CONNECTIONS,
-    DEFAULT_REPLICA_ACK_TIMEOUT, RedisOptions, ReplicaAcks, Target, UnsupportedUrl,
+    DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT,
+    DEFAULT_REPLICA_ACK_CONNECTIONS, DEFAULT_REPLICA_ACK_TIMEOUT, RedisOptions, ReplicaAcks,
+    Target, UnsupportedUrl,
 };
 pub use parameters::{OptionsError, URL_PARAMETERS};
 /// The `redis` crate this store is built on (1.x), for options and your own commands.

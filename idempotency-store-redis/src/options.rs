@@ -39,7 +39,7 @@ pub struct RedisOptions {
     pub(crate) operation_timeout: Duration,
     pub(crate) accept_evicting_policy: bool,
     pub(crate) replica_acks: Option<ReplicaAcks>,
-    pub(crate) replica_ack_connections: usize,
+    pub(crate) replica_ack_connections: Option<usize>,
 }
 
 /// How many replicas must acknowledge each write of the store before it counts as done,
@@ -62,9 +62,12 @@ pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
 /// `replica-acks` without `replica-ack-timeout`: 250 ms.
 pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// How many writes may wait for replicas at once, by default (see
-/// [`RedisOptions::replica_ack_connections`]).
-pub const DEFAULT_REPLICA_ACK_CONNECTIONS: usize = 16;
+/// How many connections carry a single server's acknowledged writes, by default (see
+/// [`RedisOptions::replica_ack_connections`]): 2.
+pub const DEFAULT_REPLICA_ACK_CONNECTIONS: usize = 2;
+/// How many writes may wait for replicas at once on a cluster, by default (see
+/// [`RedisOptions::replica_ack_connections`]): 16.
+pub const DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS: usize = 16;
 
 impl RedisOptions {
     /// One server (or a proxy): `redis://[user:password@]host:port[/db]`.
@@ -86,7 +89,7 @@ impl RedisOptions {
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             accept_evicting_policy: false,
             replica_acks: None,
-            replica_ack_connections: DEFAULT_REPLICA_ACK_CONNECTIONS,
+            replica_ack_connections: None,
         }
     }
 
@@ -152,11 +155,11 @@ impl RedisOptions {
     /// many replicas as a shard has to close it. Until a failed primary's replacement
     /// replica has synced, a shard with too few replicas refuses keyed requests (503).
     ///
-    /// What it costs: one more command per write, answered when the replicas have
-    /// acknowledged (a replication round trip). A write and its `WAIT` go over a
-    /// connection of their own ([`replica_ack_connections`](Self::replica_ack_connections),
-    /// 16 at once by default), so a pending `WAIT` holds up no other request; see the
-    /// figures in BENCHMARKS.md. `timeout` should stay well below
+    /// What it costs: each write is answered once the replicas have acknowledged it (a
+    /// replication round trip). Acknowledged writes go over connections of their own
+    /// ([`replica_ack_connections`](Self::replica_ack_connections)), so a pending `WAIT`
+    /// holds up no other request; on one server a `WAIT` acknowledges a whole group of
+    /// writes. See the figures in BENCHMARKS.md. `timeout` should stay well below
     /// [`operation_timeout`](Self::operation_timeout), which bounds the whole operation.
     ///
     /// In a store URL or properties: `replica-acks=1&replica-ack-timeout=250ms`
@@ -184,13 +187,30 @@ impl RedisOptions {
 }
 
 impl RedisOptions {
-    /// How many writes may wait for their replicas at once (default 16): each waits on a
-    /// connection of its own (one per node, on a cluster), opened when first needed, so
-    /// that a pending `WAIT` holds up no other command. Only used with
-    /// [`replica_acks`](Self::replica_acks).
+    /// How many connections of their own carry the writes that wait for replicas
+    /// ([`replica_acks`](Self::replica_acks)), so that a pending `WAIT` holds up no other
+    /// request. They are opened when first needed.
+    ///
+    /// - **One server** (default [`DEFAULT_REPLICA_ACK_CONNECTIONS`], 2): group commit. A
+    ///   free connection takes every acknowledged write waiting at that moment and sends
+    ///   them in one pipeline with one `WAIT` after them, which acknowledges them all;
+    ///   while it waits for the replicas, the next group gathers for the other. More
+    ///   connections make smaller groups: more `WAIT`s for the same writes.
+    /// - **A cluster** (default [`DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS`], 16): writes of
+    ///   different slots cannot share a pipeline, so each write and its `WAIT` take a
+    ///   cluster connection (one connection per primary) for themselves: this many writes
+    ///   wait for replicas at once, the others queue for a free one.
     pub fn replica_ack_connections(mut self, connections: usize) -> Self {
-        self.replica_ack_connections = connections.max(1);
+        self.replica_ack_connections = Some(connections.max(1));
         self
+    }
+
+    /// [`replica_ack_connections`](Self::replica_ack_connections) for this target.
+    pub(crate) fn ack_connections(&self) -> usize {
+        self.replica_ack_connections.unwrap_or(match self.target {
+            Target::Server(_) => DEFAULT_REPLICA_ACK_CONNECTIONS,
+            Target::Cluster(_) => DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS,
+        })
     }
 }
 

@@ -403,7 +403,8 @@ fn parse(url: &str, settings: &[(&str, &str)]) -> Result<RedisOptions, Problem> 
                 options = options.replica_ack_connections(connections);
             }
             Parameter::AcceptEvictingPolicy => {
-                options = options.accept_evicting_policy(boolean(value).ok_or_else(|| setting.invalid())?);
+                options = options
+                    .accept_evicting_policy(boolean(value).ok_or_else(|| setting.invalid())?);
             }
             Parameter::Cluster => {
                 let cluster = boolean(value).ok_or_else(|| setting.invalid())?;
@@ -539,7 +540,7 @@ impl RedisOptions {
     /// | `operation-timeout` | `2s` | [`operation_timeout`](Self::operation_timeout) |
     /// | `replica-acks` | `0` (off) | [`replica_acks`](Self::replica_acks): replicas that must acknowledge each write |
     /// | `replica-ack-timeout` | `250ms` | how long a write waits for them (needs `replica-acks`) |
-    /// | `replica-ack-connections` | `16` | [`replica_ack_connections`](Self::replica_ack_connections) |
+    /// | `replica-ack-connections` | `2`, or `16` on a cluster | [`replica_ack_connections`](Self::replica_ack_connections) |
     /// | `accept-evicting-policy` | `false` | [`accept_evicting_policy`](Self::accept_evicting_policy) |
     /// | `cluster` | from the scheme | `true` makes a `redis://` URL a cluster's seed node |
     ///
@@ -570,7 +571,9 @@ impl RedisOptions {
     /// the URL in `idempotency-redis-url`, read as [`from_url`](Self::from_url) reads it,
     /// and each other `idempotency-redis-*` key as the URL parameter of the same name. A
     /// setting given both ways is refused. Errors name the property.
-    pub fn from_config(config: &properties::IdempotencyConfig) -> Result<Self, properties::ConfigError> {
+    pub fn from_config(
+        config: &properties::IdempotencyConfig,
+    ) -> Result<Self, properties::ConfigError> {
         let url = config
             .redis_url
             .as_deref()
@@ -600,7 +603,10 @@ mod tests {
         let mut ours = keys.clone();
         listed.sort_unstable();
         ours.sort_unstable();
-        assert_eq!(ours, listed, "core's REDIS_SETTINGS and the URL parameters differ");
+        assert_eq!(
+            ours, listed,
+            "core's REDIS_SETTINGS and the URL parameters differ"
+        );
         for parameter in Parameter::ALL {
             assert_eq!(
                 parameter.property().strip_prefix("idempotency-redis-"),
@@ -622,7 +628,10 @@ mod tests {
 
     #[test]
     fn percent_escapes_are_decoded() {
-        assert_eq!(percent_decode("orders%3Aidem%20"), Some("orders:idem ".into()));
+        assert_eq!(
+            percent_decode("orders%3Aidem%20"),
+            Some("orders:idem ".into())
+        );
         assert_eq!(percent_decode("%zz"), None);
         assert_eq!(percent_decode("%4"), None);
         assert_eq!(percent_decode("%ff"), None);

@@ -57,7 +57,9 @@ fn every_parameter_means_what_the_builder_means() {
     // The parameters the docs list are the ones read.
     assert_eq!(URL_PARAMETERS.len(), 8);
     for parameter in URL_PARAMETERS {
-        let error = from_url(&format!("{parameter}=%zz")).unwrap_err().to_string();
+        let error = from_url(&format!("{parameter}=%zz"))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains(parameter), "{error}");
     }
 }
@@ -72,7 +74,9 @@ fn replica_acks_alone_take_the_default_timeout_and_zero_is_off() {
         from_url("replica-acks=0").unwrap(),
         RedisOptions::server(URL)
     );
-    let error = from_url("replica-ack-timeout=250ms").unwrap_err().to_string();
+    let error = from_url("replica-ack-timeout=250ms")
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("replica-ack-timeout"), "{error}");
     assert!(error.contains("replica-acks"), "{error}");
     let error = from_properties(&[("idempotency-redis-replica-ack-timeout", "250ms")])
@@ -161,8 +165,16 @@ fn each_bad_value_names_its_key_value_and_what_is_expected() {
         ("replica-acks", "-1", &["\"-1\"", "whole number"]),
         ("replica-ack-timeout", "0ms", &["\"0ms\"", "at least 1 ms"]),
         ("replica-ack-connections", "0", &["\"0\"", "1 to 1024"]),
-        ("replica-ack-connections", "5000", &["\"5000\"", "1 to 1024"]),
-        ("accept-evicting-policy", "yes", &["\"yes\"", "`true` or `false`"]),
+        (
+            "replica-ack-connections",
+            "5000",
+            &["\"5000\"", "1 to 1024"],
+        ),
+        (
+            "accept-evicting-policy",
+            "yes",
+            &["\"yes\"", "`true` or `false`"],
+        ),
         ("cluster", "1", &["\"1\"", "`true` or `false`"]),
     ];
     for (parameter, value, expected) in cases {
@@ -296,5 +308,8 @@ fn the_redis_store_type_takes_redis_keys_only() {
     }
     let config = properties(&[]).unwrap();
     let debug = format!("{config:?}");
-    assert!(!debug.contains("hunter2"), "Debug shows the password: {debug}");
+    assert!(
+        !debug.contains("hunter2"),
+        "Debug shows the password: {debug}"
+    );
 }

@@ -172,7 +172,10 @@ async fn too_few_replicas_fail_closed_and_leave_no_reservation() {
             .await
             .unwrap_err()
             .to_string();
-        assert!(error.contains("Redis reserve was acknowledged by"), "{error}");
+        assert!(
+            error.contains("Redis reserve was acknowledged by"),
+            "{error}"
+        );
         assert!(
             error.contains("fewer than the 2 RedisOptions::replica_acks asks for"),
             "{error}"

@@ -25,8 +25,8 @@ use crate::common::{
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::synchronous;
-use idempotency_core::config::SynchronousReplication;
 use crate::table::{InvalidTableName, TableName};
+use idempotency_core::config::SynchronousReplication;
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 

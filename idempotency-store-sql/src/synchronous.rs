@@ -51,9 +51,7 @@ pub enum InvalidSynchronousReplication {
         value: String,
     },
     /// Given twice in the URL, or in the URL and in the settings with another value.
-    #[error(
-        "`synchronous-replication` is given twice, as {first} and as {second}; give it once"
-    )]
+    #[error("`synchronous-replication` is given twice, as {first} and as {second}; give it once")]
     Repeated {
         /// The first value.
         first: String,
@@ -74,9 +72,11 @@ pub(crate) fn split_url(
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some((URL_PARAMETER, value)) => {
-                let parsed = value.parse().map_err(|_| InvalidSynchronousReplication::Value {
-                    value: value.to_owned(),
-                })?;
+                let parsed = value
+                    .parse()
+                    .map_err(|_| InvalidSynchronousReplication::Value {
+                        value: value.to_owned(),
+                    })?;
                 if let Some(first) = found {
                     return Err(InvalidSynchronousReplication::Repeated {
                         first: first.to_string(),

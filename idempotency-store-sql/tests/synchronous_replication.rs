@@ -233,7 +233,10 @@ async fn the_url_and_the_properties_must_not_both_say_it() {
     let Err(error) = idempotency_store_sql::open(&config).await else {
         panic!("open accepted the setting given twice");
     };
-    assert!(matches!(error, ConfigError::DuplicateKey { .. }), "{error:?}");
+    assert!(
+        matches!(error, ConfigError::DuplicateKey { .. }),
+        "{error:?}"
+    );
     let error = PostgresStore::connect(
         "postgres://127.0.0.1:1/x?synchronous-replication=maybe",
         &PoolSettings::default(),

@@ -54,8 +54,8 @@ fn options() -> Options {
             "redis-acks",
             "scale",
         ]
-            .map(str::to_owned)
-            .to_vec(),
+        .map(str::to_owned)
+        .to_vec(),
         connections: vec![1, 16, 64],
         seconds: None,
         rounds: None,
