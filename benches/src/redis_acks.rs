@@ -6,10 +6,13 @@
 //! Both servers talk to the same primary, which replicates to the same replica either
 //! way; the only difference is the `WAIT` after each write. Each run with
 //! acknowledgements is compared with the mean of the runs without just before and after
-//! it, and the ratio reported is the median over rounds.
+//! it, and the ratio reported is the median over rounds. Beside requests per second it
+//! reads the CPU time the server, the primary and the replica spent per request
+//! (`/proc/PID/task/*/schedstat`), the steadier figure on a shared machine.
 
 use std::path::Path;
 
+use crate::grpc::cpu_ns;
 use crate::harness::median;
 use crate::http_load::{self, Load, LoadResult, Server};
 use crate::redis_store::BenchRedis;
@@ -41,8 +44,12 @@ pub struct Settings {
 #[derive(Default)]
 struct Runs {
     runs: Vec<LoadResult>,
+    /// CPU time of the server, the primary and the replica per request, in µs.
+    cpu_us: Vec<f64>,
     /// Acknowledged only: its throughput over the mean of its neighbours'.
     ratios: Vec<f64>,
+    /// Acknowledged only: its CPU per request over the mean of its neighbours'.
+    cpu_ratios: Vec<f64>,
 }
 
 impl Runs {
@@ -168,17 +175,32 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
             threads: 1,
             seconds: settings.seconds,
         };
-        let mut run = |server: &Server| -> Option<LoadResult> {
+        let pids = |server: &Server| [server.pid(), primary.pid(), replica.pid()];
+        let cpu = |pids: [u32; 3]| -> Option<u64> {
+            pids.iter().map(|pid| cpu_ns(*pid)).sum::<Option<u64>>()
+        };
+        let mut run = |server: &Server| -> Option<(LoadResult, f64)> {
             invocation += 1;
             let nonce = format!("acks-{}-{invocation}", std::process::id());
-            http_load::run_wrk(load, server.addr, "fresh", &nonce, "unused")
+            let before = cpu(pids(server));
+            let load = http_load::run_wrk(load, server.addr, "fresh", &nonce, "unused")
                 .map_err(|error| eprintln!("{}: {error}", server.name))
-                .ok()
+                .ok()?;
+            let spent = cpu(pids(server))
+                .zip(before)
+                .map_or(f64::NAN, |(after, before)| (after - before) as f64 / 1e3);
+            Some((load, spent / load.requests.max(1) as f64))
         };
         let mut level = [Runs::default(), Runs::default()];
+        let record = |runs: &mut Runs, (load, cpu_us): (LoadResult, f64)| {
+            runs.runs.push(load);
+            runs.cpu_us.push(cpu_us);
+        };
         let waits_before = waits_run(&primary);
         let mut before = run(&servers[0]);
-        level[0].runs.extend(before);
+        if let Some(b) = before {
+            record(&mut level[0], b);
+        }
         for round in 0..settings.rounds {
             eprintln!(
                 "redis-acks: {connections} connections, round {}/{}",
@@ -187,10 +209,13 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
             );
             let acked = run(&servers[1]);
             let after = run(&servers[0]);
-            level[0].runs.extend(after);
+            if let Some(a) = after {
+                record(&mut level[0], a);
+            }
             if let (Some(acked), Some(b), Some(a)) = (acked, before, after) {
-                level[1].ratios.push(acked.rps / ((b.rps + a.rps) / 2.0));
-                level[1].runs.push(acked);
+                level[1].ratios.push(acked.0.rps / ((b.0.rps + a.0.rps) / 2.0));
+                level[1].cpu_ratios.push(acked.1 / ((b.1 + a.1) / 2.0));
+                record(&mut level[1], acked);
             }
             before = after;
         }
@@ -202,6 +227,7 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
     let _ = std::fs::remove_file(&script);
     drop(servers);
     drop(replica);
+    drop(primary);
 
     let mut table = Table::new(
         format!(
@@ -217,6 +243,8 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
             "× asynchronous",
             "p50",
             "p99",
+            "CPU per request",
+            "× asynchronous CPU",
             "errors",
             "WAITs per request",
         ],
@@ -242,6 +270,12 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
                 },
                 micros(runs.med(|r| r.p50_us)),
                 micros(runs.med(|r| r.p99_us)),
+                micros(median(&mut runs.cpu_us.clone())),
+                if i == 0 {
+                    "1 (baseline)".to_owned()
+                } else {
+                    format!("{:.3}", median(&mut runs.cpu_ratios.clone()))
+                },
                 errors.to_string(),
                 if i == 0 {
                     "0".to_owned()
@@ -282,7 +316,11 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
             "{} req/s (the same store without acknowledgements)",
             join(&|(_, level, _)| format!("{:.0}", level[0].med(|r| r.rps)))
         ),
-        ratio: join(&|(_, level, _)| format!("{:.3}×", ratio(level))),
+        ratio: format!(
+            "{} (CPU per request: {} the asynchronous store's)",
+            join(&|(_, level, _)| format!("{:.3}×", ratio(level))),
+            join(&|(_, level, _)| format!("{:.2}×", median(&mut level[1].cpu_ratios.clone())))
+        ),
         target: "≥ 0.8× at 16 and 64 connections".to_owned(),
         verdict: Verdict::from_bool(
             measured

@@ -147,6 +147,11 @@ impl BenchRedis {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A field of `INFO replication`, by `redis-cli`.
     pub fn info_field(&self, name: &str) -> Option<String> {
         let output = Command::new("redis-cli")
