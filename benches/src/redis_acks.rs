@@ -213,7 +213,9 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
                 record(&mut level[0], a);
             }
             if let (Some(acked), Some(b), Some(a)) = (acked, before, after) {
-                level[1].ratios.push(acked.0.rps / ((b.0.rps + a.0.rps) / 2.0));
+                level[1]
+                    .ratios
+                    .push(acked.0.rps / ((b.0.rps + a.0.rps) / 2.0));
                 level[1].cpu_ratios.push(acked.1 / ((b.1 + a.1) / 2.0));
                 record(&mut level[1], acked);
             }

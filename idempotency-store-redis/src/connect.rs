@@ -11,8 +11,9 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{IntoConnectionInfo, RedisError, Value};
 
-use crate::connection::{Link, RedisConnection};
+use crate::connection::RedisConnection;
 use crate::lanes::AckLanes;
+use crate::link::Link;
 use crate::options::{RedisOptions, Target, redact};
 use crate::parameters::OptionsError;
 

@@ -207,6 +207,7 @@ enum Problem {
     Conflict {
         parameter: Parameter,
         origin: Origin,
+        value: String,
         reason: &'static str,
     },
 }
@@ -240,6 +241,7 @@ impl Problem {
                 parameter,
                 origin,
                 reason,
+                ..
             } => OptionsError::Conflict {
                 key: describe(parameter, origin),
                 reason,
@@ -258,10 +260,11 @@ impl Problem {
             Problem::Conflict {
                 parameter,
                 origin: Origin::Property,
+                value,
                 reason,
             } => ConfigError::invalid_value(
                 parameter.property(),
-                "",
+                value,
                 format!("a setting that agrees with the others: it {reason}"),
             ),
             Problem::Repeated {
@@ -411,6 +414,7 @@ fn parse(url: &str, settings: &[(&str, &str)]) -> Result<RedisOptions, Problem> 
                 let conflict = |reason| Problem::Conflict {
                     parameter: Parameter::Cluster,
                     origin: setting.origin,
+                    value: setting.value.clone(),
                     reason,
                 };
                 match (&options.target, cluster) {
@@ -444,6 +448,7 @@ fn parse(url: &str, settings: &[(&str, &str)]) -> Result<RedisOptions, Problem> 
             return Err(Problem::Conflict {
                 parameter: Parameter::ReplicaAckTimeout,
                 origin: setting.origin,
+                value: setting.value.clone(),
                 reason: "is set, but no replica acknowledgement is asked for; set replica-acks \
                          to 1 or more, or leave the timeout out",
             });
