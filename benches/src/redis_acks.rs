@@ -58,6 +58,14 @@ impl Runs {
     }
 }
 
+/// One concurrency level: both servers' runs, and the `WAIT`s the primary ran per
+/// acknowledged request.
+struct Level {
+    connections: usize,
+    runs: [Runs; 2],
+    waits_per_request: f64,
+}
+
 fn skipped(why: impl Into<String>) -> Row {
     Row {
         name: "Redis replica_acks: keyed throughput".to_owned(),
@@ -166,7 +174,7 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
     let script =
         std::env::temp_dir().join(format!("idempotency-bench-acks-{}.lua", std::process::id()));
     std::fs::write(&script, http_load::WRK_SCRIPT).expect("write the wrk script");
-    let mut results: Vec<(usize, [Runs; 2], f64)> = Vec::new();
+    let mut results: Vec<Level> = Vec::new();
     let mut invocation = 0u64;
     for &connections in &settings.connections {
         let load = Load {
@@ -224,7 +232,11 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
         let acked_requests: u64 = level[1].runs.iter().map(|r| r.requests).sum();
         let waits_per_request =
             (waits_run(&primary) - waits_before) as f64 / acked_requests.max(1) as f64;
-        results.push((connections, level, waits_per_request));
+        results.push(Level {
+            connections,
+            runs: level,
+            waits_per_request,
+        });
     }
     let _ = std::fs::remove_file(&script);
     drop(servers);
@@ -251,7 +263,12 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
             "WAITs per request",
         ],
     );
-    for (connections, level, waits) in &results {
+    for Level {
+        connections,
+        runs: level,
+        waits_per_request: waits,
+    } in &results
+    {
         for (i, runs) in level.iter().enumerate() {
             if runs.runs.is_empty() {
                 continue;
@@ -289,15 +306,15 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
     }
     tables.push(table);
 
-    let measured: Vec<&(usize, [Runs; 2], f64)> = results
+    let measured: Vec<&Level> = results
         .iter()
-        .filter(|(_, level, _)| !level[1].ratios.is_empty())
+        .filter(|level| !level.runs[1].ratios.is_empty())
         .collect();
     if measured.is_empty() {
         rows.push(skipped("no run completed"));
         return;
     }
-    let join = |f: &dyn Fn(&(usize, [Runs; 2], f64)) -> String| {
+    let join = |f: &dyn Fn(&Level) -> String| {
         measured
             .iter()
             .map(|l| f(l))
@@ -308,27 +325,27 @@ pub fn run(settings: &Settings, server_bin: &Path, rows: &mut Vec<Row>, tables: 
     rows.push(Row {
         name: format!(
             "Redis store URL with {acks}, keyed first executions over HTTP (c = {})",
-            join(&|(c, _, _)| c.to_string())
+            join(&|level| level.connections.to_string())
         ),
         measured: format!(
             "{} req/s",
-            join(&|(_, level, _)| format!("{:.0}", level[1].med(|r| r.rps)))
+            join(&|level| format!("{:.0}", level.runs[1].med(|r| r.rps)))
         ),
         baseline: format!(
             "{} req/s (the same store without acknowledgements)",
-            join(&|(_, level, _)| format!("{:.0}", level[0].med(|r| r.rps)))
+            join(&|level| format!("{:.0}", level.runs[0].med(|r| r.rps)))
         ),
         ratio: format!(
             "{} (CPU per request: {} the asynchronous store's)",
-            join(&|(_, level, _)| format!("{:.3}×", ratio(level))),
-            join(&|(_, level, _)| format!("{:.2}×", median(&mut level[1].cpu_ratios.clone())))
+            join(&|level| format!("{:.3}×", ratio(&level.runs))),
+            join(&|level| format!("{:.2}×", median(&mut level.runs[1].cpu_ratios.clone())))
         ),
         target: "≥ 0.8× at 16 and 64 connections".to_owned(),
         verdict: Verdict::from_bool(
             measured
                 .iter()
-                .filter(|(c, _, _)| *c >= 16)
-                .all(|(_, level, _)| ratio(level) >= 0.8),
+                .filter(|level| level.connections >= 16)
+                .all(|level| ratio(&level.runs) >= 0.8),
         ),
     });
 }

@@ -32,7 +32,7 @@ const MAX_GROUP: usize = 128;
 /// Where a store's acknowledged writes go.
 pub(crate) enum AckLanes {
     Grouped(Grouped),
-    Leased(Leased),
+    Leased(Box<Leased>),
 }
 
 impl AckLanes {
@@ -63,11 +63,11 @@ impl AckLanes {
     /// Up to `count` cluster connections of their own, each carrying one write and its
     /// `WAIT` at a time, opened when first needed.
     pub(crate) fn leased(client: ClusterClient, count: usize) -> Self {
-        AckLanes::Leased(Leased {
+        AckLanes::Leased(Box::new(Leased {
             client,
             idle: Mutex::new(Vec::with_capacity(count)),
             free: Semaphore::new(count.max(1)),
-        })
+        }))
     }
 
     /// Runs `script` on `keys` and waits until `replicas` replicas have it (for at most
