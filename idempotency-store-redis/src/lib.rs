@@ -298,10 +298,10 @@
 //!   (that is its `appendfsync`).
 //! - **What it costs.** Each write is answered after a replication round trip. On one
 //!   server with one replica (loopback, release build, a shared 2-core machine), keyed
-//!   requests over HTTP kept 0.79–0.85× their throughput with 16 clients and 0.85–0.99×
-//!   with 64 (one `WAIT` per group of about 5 and 20 writes), against 0.33× and 0.37×
-//!   when every write had its own `WAIT` on the store's one connection; one client at a
-//!   time pays the round trip in full (0.75×). On a cluster, where each write has its
+//!   requests over HTTP kept about 0.8× their throughput with 16 clients and 0.9× with
+//!   64 (medians of eight runs; one `WAIT` per group of about 5 and 20 writes), against
+//!   0.33× and 0.37× when every write had its own `WAIT` on the store's one connection;
+//!   one client at a time pays the round trip in full (0.75×). On a cluster, where each write has its
 //!   own `WAIT`, 16 clients kept 0.61× (a debug build). A shard without a connected
 //!   replica refuses keyed writes until one is back (in the failover test, until the
 //!   killed primary has restarted and resynced as the new primary's replica). See
