@@ -9,6 +9,8 @@ pub mod harness;
 pub mod http_load;
 pub mod inprocess;
 #[cfg(feature = "redis")]
+pub mod redis_acks;
+#[cfg(feature = "redis")]
 pub mod redis_store;
 pub mod report;
 pub mod scale;

@@ -68,12 +68,42 @@ pub struct BenchRedis {
     child: Child,
     /// `redis://127.0.0.1:PORT`.
     pub url: String,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
     dir: PathBuf,
 }
 
 impl BenchRedis {
     /// Starts it and waits until it answers.
     pub fn start() -> Result<Self, String> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a replica of `primary` (same settings) and waits until the primary counts
+    /// it online.
+    pub fn start_replica_of(primary: &BenchRedis) -> Result<Self, String> {
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()])?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Online: the primary counts a replica's acknowledgements only once it has heard
+        // from it after the first sync.
+        while !(primary
+            .info_field("slave0")
+            .is_some_and(|slave| slave.contains("state=online"))
+            && replica.info_field("master_link_status").as_deref() == Some("up"))
+        {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the replica on port {} did not sync with its primary on port {} within 30 s",
+                    replica.port, primary.port
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(replica)
+    }
+
+    /// `--port`, persistence off, `noeviction`, and `extra`.
+    fn start_with(extra: &[&str]) -> Result<Self, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("no free port: {e}"))?
@@ -84,6 +114,9 @@ impl BenchRedis {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--maxmemory-policy", "noeviction"])
+            // A replica's first sync starts at once instead of after 5 s.
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args(extra)
             .arg("--dir")
             .arg(&dir)
             .stdout(Stdio::null())
@@ -95,6 +128,7 @@ impl BenchRedis {
         let redis = Self {
             child,
             url: format!("redis://127.0.0.1:{port}"),
+            port,
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -111,6 +145,23 @@ impl BenchRedis {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A field of `INFO replication`, by `redis-cli`.
+    pub fn info_field(&self, name: &str) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "replication"])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(|value| value.trim().to_owned())
     }
 }
 

@@ -1555,6 +1555,39 @@ struct Redis {
 impl Redis {
     /// `None` (outside CI) when `redis-server` is not installed.
     fn start() -> Option<Self> {
+        Self::start_with(&[])
+    }
+
+    /// A replica of `primary`, once the primary counts it online (it then acknowledges
+    /// writes).
+    fn replica_of(primary: &Redis) -> Self {
+        let replica = Self::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()])
+            .expect("redis-server is installed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !primary
+            .cli(&["INFO", "replication"])
+            .lines()
+            .any(|line| line.starts_with("slave0:") && line.contains("state=online"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the replica did not come online within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        replica
+    }
+
+    /// How many `WAIT`s the server has run.
+    fn waits_run(&self) -> u64 {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn start_with(extra: &[&str]) -> Option<Self> {
         if Command::new("redis-server")
             .arg("--version")
             .output()
@@ -1573,6 +1606,8 @@ impl Redis {
             .arg("--dir")
             .arg(dir.path())
             .args(["--appendonly", "yes", "--save", ""])
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -1672,6 +1707,46 @@ async fn idempotency_records_can_live_in_redis() {
     assert_eq!(table_names(&client, &restarted, "db").await, ["events"]);
 }
 
+/// `--idempotency-store 'redis://…?replica-acks=1&…'`: the catalog's keyed writes wait
+/// for the replica, and what the catalog answered is on the replica.
+#[tokio::test]
+async fn the_store_url_turns_replica_acknowledgement_on_in_the_catalog() {
+    let Some(primary) = Redis::start() else {
+        return;
+    };
+    let replica = Redis::replica_of(&primary);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!(
+        "redis://127.0.0.1:{}?replica-acks=1&replica-ack-timeout=2s",
+        primary.port
+    );
+    let server = Server::start(dir.path(), &["--idempotency-store", &store]);
+    let client = client();
+    create_namespace(&client, &server, "db").await;
+    let waits = primary.waits_run();
+    let key = key();
+    let first = post(
+        &client,
+        server.url("/v1/namespaces/db/tables"),
+        Some(&key),
+        &create_table_body("events"),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    // Reserve and finalize, each acknowledged.
+    assert!(
+        primary.waits_run() >= waits + 2,
+        "the keyed request made the primary run {} WAIT(s)",
+        primary.waits_run() - waits
+    );
+    let record = format!("idempotency:{{0::{key}}}");
+    assert_eq!(
+        replica.cli(&["HGET", &record, "response_status"]).trim(),
+        "200",
+        "the acknowledged answer is not on the replica"
+    );
+}
+
 #[test]
 fn a_bad_idempotency_store_url_stops_the_catalog_with_what_to_fix() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1691,10 +1766,36 @@ fn a_bad_idempotency_store_url_stops_the_catalog_with_what_to_fix() {
     assert!(printed.contains("--idempotency-store"), "{printed}");
     assert!(printed.contains("redis://host:port"), "{printed}");
 
+    // A parameter it does not know, or a bad value, is refused, not ignored.
+    for (url, expected) in [
+        (
+            "redis://127.0.0.1:6379?replica-ack=1",
+            &["`replica-ack`", "replica-acks"][..],
+        ),
+        (
+            "redis://127.0.0.1:6379?replica-acks=many",
+            &["`replica-acks`", "many", "whole number"][..],
+        ),
+    ] {
+        let output = Command::new(BINARY)
+            .current_dir(dir.path())
+            .args(["--listen", "127.0.0.1:0", "--idempotency-store", url])
+            .output()
+            .expect("run iceberg-catalog");
+        assert!(!output.status.success(), "{url} was accepted");
+        let printed = String::from_utf8_lossy(&output.stderr).into_owned()
+            + &String::from_utf8_lossy(&output.stdout);
+        assert!(printed.contains("--idempotency-store"), "{printed}");
+        for part in expected {
+            assert!(printed.contains(part), "{part} missing: {printed}");
+        }
+    }
+
     let help = Command::new(BINARY).arg("--help").output().expect("--help");
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("--idempotency-store <URL>"), "{help}");
     assert!(help.contains("redis+cluster://"), "{help}");
+    assert!(help.contains("replica-acks"), "{help}");
 }
 
 // ------------------------------------------------------------------------------------------

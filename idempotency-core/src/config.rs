@@ -2,8 +2,10 @@
 //! configurations (Gravitino's design, Iceberg catalog properties).
 //!
 //! This module reads and checks the properties; the store crates open what they name:
-//! `MemoryStore::from_config` (idempotency-store-memory) and `open`
-//! (idempotency-store-sql). [`IdempotencyConfig::layer`] builds the layer.
+//! `MemoryStore::from_config` (idempotency-store-memory), `open` (idempotency-store-sql)
+//! and `open` (idempotency-store-redis, which also reads the `idempotency-redis-*`
+//! values: they are the store URL's parameters, read by one parser there).
+//! [`IdempotencyConfig::layer`] builds the layer.
 //!
 //! ```
 //! # async fn demo() -> Result<(), idempotency_core::config::ConfigError> {
@@ -19,6 +21,7 @@
 //!     let store: Arc<dyn FullStore> = match config.store_type {
 //!         StoreType::Memory => Arc::new(MemoryStore::from_config(&config)),
 //!         // StoreType::Sql => idempotency_store_sql::open(&config).await?,
+//!         // StoreType::Redis => Arc::new(idempotency_store_redis::open(&config).await?),
 //!         _ => unimplemented!("open the other stores with their crates"),
 //!     };
 //!     config.spawn_purge_task(store.clone());
@@ -32,15 +35,29 @@
 //! | --- | --- | --- |
 //! | `idempotency-enabled` | `false` | `true` or `false` |
 //! | `idempotency-key-lifetime` | `PT30M` | ISO-8601 duration (`java.time.Duration` syntax), > 0 |
-//! | `idempotency-store-type` | `memory` | `memory` or `sql` |
+//! | `idempotency-store-type` | `memory` | `memory`, `sql` or `redis` |
 //! | `idempotency-max-entries` | 10,000 | memory store only: positive integer |
 //! | `idempotency-database-url` | — | sql only, required: `postgres://…`, `mysql://…` / `mariadb://…`, `sqlite:…` |
 //! | `idempotency-database-user` | from the URL | sql (PostgreSQL, MySQL) only |
 //! | `idempotency-database-password` | from the URL | sql (PostgreSQL, MySQL) only; never printed |
 //! | `idempotency-database-pool-size` | 10 | sql only: positive integer |
+//! | `idempotency-database-synchronous-replication` | `off` | sql (PostgreSQL) only: `require`, `warn` or `off`; see [`SynchronousReplication`] |
+//! | `idempotency-redis-url` | — | redis only, required: `redis://…`, `rediss://…`, `redis+cluster://…`, with the store's URL parameters if you like |
+//! | `idempotency-redis-key-prefix` | `idempotency:` | redis only |
+//! | `idempotency-redis-connect-timeout` | 2 s | redis only: a duration (`500ms`, `2s`, `PT2S`) |
+//! | `idempotency-redis-operation-timeout` | 2 s | redis only: a duration |
+//! | `idempotency-redis-replica-acks` | 0 (off) | redis only: replicas that must acknowledge each write |
+//! | `idempotency-redis-replica-ack-timeout` | 250 ms | redis only: how long a write waits for them |
+//! | `idempotency-redis-replica-ack-connections` | 2; 16 on a cluster | redis only: connections that carry the writes waiting for replicas |
+//! | `idempotency-redis-accept-evicting-policy` | `false` | redis only: `true` or `false` |
+//! | `idempotency-redis-cluster` | from the URL's scheme | redis only: `true` or `false` |
 //! | `idempotency-purge-interval` | no purging | ISO-8601 duration, > 0 |
 //! | `idempotency-scope-max-records` | no quota | positive integer: the live records one scope may hold |
 //! | `idempotency-scope-max-bytes` | no quota | positive integer: the bytes one scope's records may hold |
+//!
+//! Each `idempotency-redis-*` key but the URL is the store URL's parameter of the same
+//! name (`idempotency-redis-replica-acks=1` is `redis://…?replica-acks=1`); the Redis
+//! store reads and checks their values, and refuses a setting given both ways.
 //!
 //! Keys that do not start with `idempotency-` are ignored, so a service can pass its
 //! whole configuration map. An unknown `idempotency-*` key, a bad value, a missing URL or
@@ -48,8 +65,9 @@
 //! the lifetime is ever shown to clients (see
 //! [`IdempotencyConfig::key_lifetime_iso8601`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,6 +90,41 @@ pub const DATABASE_USER: &str = "idempotency-database-user";
 pub const DATABASE_PASSWORD: &str = "idempotency-database-password";
 /// `idempotency-database-pool-size`
 pub const DATABASE_POOL_SIZE: &str = "idempotency-database-pool-size";
+/// `idempotency-database-synchronous-replication`
+pub const DATABASE_SYNCHRONOUS_REPLICATION: &str = "idempotency-database-synchronous-replication";
+/// `idempotency-redis-url`
+pub const REDIS_URL: &str = "idempotency-redis-url";
+/// `idempotency-redis-key-prefix`
+pub const REDIS_KEY_PREFIX: &str = "idempotency-redis-key-prefix";
+/// `idempotency-redis-connect-timeout`
+pub const REDIS_CONNECT_TIMEOUT: &str = "idempotency-redis-connect-timeout";
+/// `idempotency-redis-operation-timeout`
+pub const REDIS_OPERATION_TIMEOUT: &str = "idempotency-redis-operation-timeout";
+/// `idempotency-redis-replica-acks`
+pub const REDIS_REPLICA_ACKS: &str = "idempotency-redis-replica-acks";
+/// `idempotency-redis-replica-ack-timeout`
+pub const REDIS_REPLICA_ACK_TIMEOUT: &str = "idempotency-redis-replica-ack-timeout";
+/// `idempotency-redis-replica-ack-connections`
+pub const REDIS_REPLICA_ACK_CONNECTIONS: &str = "idempotency-redis-replica-ack-connections";
+/// `idempotency-redis-accept-evicting-policy`
+pub const REDIS_ACCEPT_EVICTING_POLICY: &str = "idempotency-redis-accept-evicting-policy";
+/// `idempotency-redis-cluster`
+pub const REDIS_CLUSTER: &str = "idempotency-redis-cluster";
+
+/// The `idempotency-redis-*` keys other than the URL, kept as given in
+/// [`IdempotencyConfig::redis_settings`]: each is the Redis store URL's parameter named
+/// by the rest of the key, and the Redis store reads its value.
+pub const REDIS_SETTINGS: [&str; 8] = [
+    REDIS_KEY_PREFIX,
+    REDIS_CONNECT_TIMEOUT,
+    REDIS_OPERATION_TIMEOUT,
+    REDIS_REPLICA_ACKS,
+    REDIS_REPLICA_ACK_TIMEOUT,
+    REDIS_REPLICA_ACK_CONNECTIONS,
+    REDIS_ACCEPT_EVICTING_POLICY,
+    REDIS_CLUSTER,
+];
+
 /// `idempotency-purge-interval`
 pub const PURGE_INTERVAL: &str = "idempotency-purge-interval";
 /// `idempotency-scope-max-records`
@@ -79,7 +132,7 @@ pub const SCOPE_MAX_RECORDS: &str = "idempotency-scope-max-records";
 /// `idempotency-scope-max-bytes`
 pub const SCOPE_MAX_BYTES: &str = "idempotency-scope-max-bytes";
 
-const KNOWN_KEYS: [&str; 11] = [
+const KNOWN_KEYS: [&str; 21] = [
     ENABLED,
     KEY_LIFETIME,
     STORE_TYPE,
@@ -88,6 +141,16 @@ const KNOWN_KEYS: [&str; 11] = [
     DATABASE_USER,
     DATABASE_PASSWORD,
     DATABASE_POOL_SIZE,
+    DATABASE_SYNCHRONOUS_REPLICATION,
+    REDIS_URL,
+    REDIS_KEY_PREFIX,
+    REDIS_CONNECT_TIMEOUT,
+    REDIS_OPERATION_TIMEOUT,
+    REDIS_REPLICA_ACKS,
+    REDIS_REPLICA_ACK_TIMEOUT,
+    REDIS_REPLICA_ACK_CONNECTIONS,
+    REDIS_ACCEPT_EVICTING_POLICY,
+    REDIS_CLUSTER,
     PURGE_INTERVAL,
     SCOPE_MAX_RECORDS,
     SCOPE_MAX_BYTES,
@@ -109,7 +172,70 @@ pub enum StoreType {
     Memory,
     /// A SQL store, the backend picked by the scheme of `idempotency-database-url`.
     Sql,
+    /// The Redis store, at `idempotency-redis-url`.
+    Redis,
 }
+
+/// Whether a SQL store checks, when it connects, that the database replicates its
+/// commits synchronously (`idempotency-database-synchronous-replication`; PostgreSQL).
+///
+/// With asynchronous streaming replication, a failover to a standby loses the commits the
+/// standby had not received yet: a lost reservation lets a duplicate run beside its
+/// owner, a lost answer runs the mutation again on the next retry. An operator who relies
+/// on a synchronous standby says so here, and the store checks the server it connected
+/// to: `synchronous_standby_names` must name a standby and `synchronous_commit` must wait
+/// for it (`on`, `remote_apply` or `remote_write`).
+///
+/// ```
+/// use idempotency_core::config::SynchronousReplication;
+///
+/// assert_eq!("require".parse(), Ok(SynchronousReplication::Require));
+/// assert!("yes".parse::<SynchronousReplication>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SynchronousReplication {
+    /// No check (the default).
+    #[default]
+    Off,
+    /// Connects anyway, and logs one warning that names the settings and their values.
+    Warn,
+    /// Refuses to connect, with an error that names the settings, their values and what
+    /// to set.
+    Require,
+}
+
+impl SynchronousReplication {
+    /// What a value may be, for error messages.
+    pub const EXPECTED: &'static str = "`require`, `warn` or `off`";
+}
+
+impl FromStr for SynchronousReplication {
+    type Err = UnknownSynchronousReplication;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "off" => Ok(Self::Off),
+            "warn" => Ok(Self::Warn),
+            "require" => Ok(Self::Require),
+            _ => Err(UnknownSynchronousReplication),
+        }
+    }
+}
+
+impl fmt::Display for SynchronousReplication {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Off => "off",
+            Self::Warn => "warn",
+            Self::Require => "require",
+        })
+    }
+}
+
+/// A value that is not one of [`SynchronousReplication::EXPECTED`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected `require`, `warn` or `off`")]
+pub struct UnknownSynchronousReplication;
 
 /// The SQL backends, as picked from a database URL's scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,6 +301,13 @@ pub struct IdempotencyConfig {
     pub database_password: Option<String>,
     /// `idempotency-database-pool-size` (default 10).
     pub database_pool_size: Option<u32>,
+    /// `idempotency-database-synchronous-replication` (default: no check).
+    pub database_synchronous_replication: Option<SynchronousReplication>,
+    /// `idempotency-redis-url`.
+    pub redis_url: Option<String>,
+    /// The other `idempotency-redis-*` keys ([`REDIS_SETTINGS`]) and their values, trimmed
+    /// but otherwise as given: the Redis store reads them.
+    pub redis_settings: BTreeMap<&'static str, String>,
     /// `idempotency-purge-interval`: how often expired records are purged (default:
     /// never; expired records still count as absent).
     pub purge_interval: Option<Duration>,
@@ -194,6 +327,9 @@ impl Default for IdempotencyConfig {
             database_user: None,
             database_password: None,
             database_pool_size: None,
+            database_synchronous_replication: None,
+            redis_url: None,
+            redis_settings: BTreeMap::new(),
             purge_interval: None,
             scope_quota: None,
         }
@@ -217,6 +353,12 @@ impl fmt::Debug for IdempotencyConfig {
                 &self.database_password.as_ref().map(|_| "***"),
             )
             .field("database_pool_size", &self.database_pool_size)
+            .field(
+                "database_synchronous_replication",
+                &self.database_synchronous_replication,
+            )
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_settings", &self.redis_settings)
             .field("purge_interval", &self.purge_interval)
             .field("scope_quota", &self.scope_quota)
             .finish()
@@ -229,7 +371,7 @@ impl fmt::Debug for IdempotencyConfig {
 pub enum ConfigError {
     /// An `idempotency-*` key this crate does not know (often a typo).
     #[error(
-        "unknown property `{key}`; the idempotency properties are: idempotency-enabled, idempotency-key-lifetime, idempotency-store-type, idempotency-max-entries, idempotency-database-url, idempotency-database-user, idempotency-database-password, idempotency-database-pool-size, idempotency-purge-interval, idempotency-scope-max-records, idempotency-scope-max-bytes"
+        "unknown property `{key}`; the idempotency properties are: idempotency-enabled, idempotency-key-lifetime, idempotency-store-type, idempotency-max-entries, idempotency-database-url, idempotency-database-user, idempotency-database-password, idempotency-database-pool-size, idempotency-database-synchronous-replication, idempotency-redis-url, idempotency-redis-key-prefix, idempotency-redis-connect-timeout, idempotency-redis-operation-timeout, idempotency-redis-replica-acks, idempotency-redis-replica-ack-timeout, idempotency-redis-replica-ack-connections, idempotency-redis-accept-evicting-policy, idempotency-redis-cluster, idempotency-purge-interval, idempotency-scope-max-records, idempotency-scope-max-bytes"
     )]
     UnknownKey {
         /// The key as given.
@@ -277,6 +419,20 @@ impl ConfigError {
     /// is shown with its password masked. For store crates that open the database.
     pub fn invalid_database_url(url: &str, expected: impl Into<String>) -> Self {
         invalid(DATABASE_URL, &redact_url(url), expected)
+    }
+
+    /// `key` has a `value` that cannot be used, and what is `expected` instead. For store
+    /// crates that read their own keys' values (`value` must not hold a secret).
+    pub fn invalid_value(
+        key: &'static str,
+        value: impl Into<String>,
+        expected: impl Into<String>,
+    ) -> Self {
+        ConfigError::InvalidValue {
+            key,
+            value: value.into(),
+            expected: expected.into(),
+        }
     }
 }
 
@@ -334,7 +490,8 @@ impl IdempotencyConfig {
             config.store_type = match value.to_ascii_lowercase().as_str() {
                 "memory" => StoreType::Memory,
                 "sql" => StoreType::Sql,
-                _ => return Err(invalid(STORE_TYPE, value, "`memory` or `sql`")),
+                "redis" => StoreType::Redis,
+                _ => return Err(invalid(STORE_TYPE, value, "`memory`, `sql` or `redis`")),
             };
         }
         if let Some(value) = seen.get(MAX_ENTRIES) {
@@ -361,6 +518,26 @@ impl IdempotencyConfig {
         if let Some(value) = seen.get(DATABASE_POOL_SIZE) {
             config.database_pool_size = Some(positive_integer(DATABASE_POOL_SIZE, value)?);
         }
+        if let Some(value) = seen.get(DATABASE_SYNCHRONOUS_REPLICATION) {
+            config.database_synchronous_replication = Some(value.parse().map_err(|_| {
+                invalid(
+                    DATABASE_SYNCHRONOUS_REPLICATION,
+                    value,
+                    SynchronousReplication::EXPECTED,
+                )
+            })?);
+        }
+        if let Some(value) = seen.get(REDIS_URL) {
+            if value.is_empty() {
+                return Err(invalid(REDIS_URL, value, "a redis:// URL"));
+            }
+            config.redis_url = Some(value.clone());
+        }
+        for key in REDIS_SETTINGS {
+            if let Some(value) = seen.get(key) {
+                config.redis_settings.insert(key, value.clone());
+            }
+        }
         if let Some(value) = seen.get(PURGE_INTERVAL) {
             config.purge_interval = Some(positive_duration(PURGE_INTERVAL, value)?);
         }
@@ -379,45 +556,76 @@ impl IdempotencyConfig {
     }
 
     fn check_combination(&self) -> Result<(), ConfigError> {
-        match self.store_type {
-            StoreType::Memory => {
-                let sql_only = [
-                    (DATABASE_URL, self.database_url.is_some()),
+        let (store_type, needs) = match self.store_type {
+            StoreType::Memory => ("idempotency-store-type=memory", None),
+            StoreType::Sql => ("idempotency-store-type=sql", Some(DATABASE_URL)),
+            StoreType::Redis => ("idempotency-store-type=redis", Some(REDIS_URL)),
+        };
+        let memory_keys = [(MAX_ENTRIES, self.max_entries.is_some())];
+        let sql_keys = [
+            (DATABASE_URL, self.database_url.is_some()),
+            (DATABASE_USER, self.database_user.is_some()),
+            (DATABASE_PASSWORD, self.database_password.is_some()),
+            (DATABASE_POOL_SIZE, self.database_pool_size.is_some()),
+            (
+                DATABASE_SYNCHRONOUS_REPLICATION,
+                self.database_synchronous_replication.is_some(),
+            ),
+        ];
+        let redis_keys = std::iter::once((REDIS_URL, self.redis_url.is_some())).chain(
+            REDIS_SETTINGS
+                .into_iter()
+                .map(|key| (key, self.redis_settings.contains_key(key))),
+        );
+        let foreign: Vec<(&'static str, bool)> = match self.store_type {
+            StoreType::Memory => sql_keys.into_iter().chain(redis_keys).collect(),
+            StoreType::Sql => memory_keys.into_iter().chain(redis_keys).collect(),
+            StoreType::Redis => memory_keys.into_iter().chain(sql_keys).collect(),
+        };
+        if let Some((key, _)) = foreign.into_iter().find(|(_, set)| *set) {
+            return Err(ConfigError::NotApplicable {
+                key,
+                applies_not_to: store_type,
+            });
+        }
+        if let Some(key) = needs {
+            let given = match self.store_type {
+                StoreType::Redis => self.redis_url.is_some(),
+                _ => self.database_url.is_some(),
+            };
+            if !given {
+                return Err(ConfigError::Missing {
+                    key,
+                    when: store_type,
+                });
+            }
+        }
+        if self.store_type == StoreType::Sql {
+            let backend = self.sql_backend();
+            let not_for = |backend| match backend {
+                Some(SqlBackend::Sqlite) => "a sqlite: database",
+                _ => "a mysql:// or mariadb:// database",
+            };
+            if backend == Some(SqlBackend::Sqlite) {
+                for (key, set) in [
                     (DATABASE_USER, self.database_user.is_some()),
                     (DATABASE_PASSWORD, self.database_password.is_some()),
-                    (DATABASE_POOL_SIZE, self.database_pool_size.is_some()),
-                ];
-                if let Some((key, _)) = sql_only.into_iter().find(|(_, set)| *set) {
-                    return Err(ConfigError::NotApplicable {
-                        key,
-                        applies_not_to: "idempotency-store-type=memory",
-                    });
-                }
-            }
-            StoreType::Sql => {
-                if self.max_entries.is_some() {
-                    return Err(ConfigError::NotApplicable {
-                        key: MAX_ENTRIES,
-                        applies_not_to: "idempotency-store-type=sql",
-                    });
-                }
-                let url = self.database_url.as_deref().ok_or(ConfigError::Missing {
-                    key: DATABASE_URL,
-                    when: "idempotency-store-type=sql",
-                })?;
-                if SqlBackend::from_url(url) == Some(SqlBackend::Sqlite) {
-                    for (key, set) in [
-                        (DATABASE_USER, self.database_user.is_some()),
-                        (DATABASE_PASSWORD, self.database_password.is_some()),
-                    ] {
-                        if set {
-                            return Err(ConfigError::NotApplicable {
-                                key,
-                                applies_not_to: "a sqlite: database",
-                            });
-                        }
+                ] {
+                    if set {
+                        return Err(ConfigError::NotApplicable {
+                            key,
+                            applies_not_to: not_for(backend),
+                        });
                     }
                 }
+            }
+            if backend != Some(SqlBackend::Postgres)
+                && self.database_synchronous_replication.is_some()
+            {
+                return Err(ConfigError::NotApplicable {
+                    key: DATABASE_SYNCHRONOUS_REPLICATION,
+                    applies_not_to: not_for(backend),
+                });
             }
         }
         Ok(())
@@ -433,7 +641,7 @@ impl IdempotencyConfig {
     pub fn sql_backend(&self) -> Option<SqlBackend> {
         match self.store_type {
             StoreType::Sql => self.database_url.as_deref().and_then(SqlBackend::from_url),
-            StoreType::Memory => None,
+            StoreType::Memory | StoreType::Redis => None,
         }
     }
 

@@ -11,17 +11,21 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
 use redis::{IntoConnectionInfo, RedisError, Value};
 
-use crate::connection::{Link, RedisConnection};
-use crate::options::{RedisOptions, Target, UnsupportedUrl, redact};
+use crate::connection::RedisConnection;
+use crate::lanes::AckLanes;
+use crate::link::Link;
+use crate::options::{RedisOptions, Target, redact};
+use crate::parameters::OptionsError;
 
 /// Why [`RedisStore::connect`](crate::RedisStore::connect) failed. Every message says what
 /// to fix; URLs in them never show a password.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// The URL is not one the store understands.
+    /// The URL is not one the store understands, or one of its parameters cannot be
+    /// used.
     #[error(transparent)]
-    UnsupportedUrl(#[from] UnsupportedUrl),
+    InvalidOptions(#[from] OptionsError),
     /// The Redis client could not parse a URL.
     #[error(
         "{url:?} is not a valid Redis URL ({source}); write it as \
@@ -162,7 +166,7 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<(Link, Board),
     let manager = within(
         &target,
         budget,
-        client.get_connection_manager_with_config(config),
+        client.get_connection_manager_with_config(config.clone()),
     )
     .await?;
     let connection = RedisConnection::Server(manager.clone());
@@ -173,8 +177,18 @@ async fn open_server(url: &str, options: &RedisOptions) -> Result<(Link, Board),
         }
     }
     check_servers(&info, options)?;
+    let mut link = Link::server(manager);
+    if let Some(acks) = options.replica_acks {
+        link = link.with_lanes(AckLanes::grouped(
+            client.clone(),
+            config,
+            options.ack_connections(),
+            acks.replicas,
+            crate::millis(acks.timeout),
+        ));
+    }
     let board = Board::server(client, options.prefix.as_str());
-    Ok((Link::Server(manager), board))
+    Ok((link, board))
 }
 
 async fn open_cluster(
@@ -233,7 +247,11 @@ async fn open_cluster(
         url: target.clone(),
         source,
     })?;
-    Ok((Link::cluster(client, cluster, budget), board))
+    let mut link = Link::cluster(client.clone(), cluster, budget);
+    if options.replica_acks.is_some() {
+        link = link.with_lanes(AckLanes::leased(client, options.ack_connections()));
+    }
+    Ok((link, board))
 }
 
 /// Awaits `connecting` for at most `budget`, sorting its failure into unreachable (no

@@ -1,14 +1,8 @@
-//! The connection a store runs on, how a script is sent over it, and how a cluster
-//! connection that stopped answering is replaced.
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+//! The connection a store runs on, and how a script is sent over it.
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, RedisFuture, RedisResult, Value};
+use redis::{Cmd, RedisError, RedisFuture, RedisResult, Value};
 
 use crate::scripts::Script;
 
@@ -68,88 +62,25 @@ impl ConnectionLike for RedisConnection {
     }
 }
 
-/// What a store holds: a single server's connection manager (which reconnects by itself),
-/// or a cluster connection and the client to make a new one with.
-#[derive(Clone)]
-pub(crate) enum Link {
-    Server(ConnectionManager),
-    Cluster(Arc<ClusterLink>),
+pub(crate) fn lost_connection(error: &RedisError) -> bool {
+    error.is_timeout() || error.is_io_error() || error.is_connection_dropped()
 }
 
-/// A cluster connection that is replaced when it stops answering.
-///
-/// The cluster client reconnects to nodes by itself, and re-sends a command whose
-/// connection dropped. But after every connection to every node was killed at once
-/// (`CLIENT KILL` on each primary, under load), its connection was seen to stop
-/// answering altogether: every command timed out, for as long as anyone waited. So an
-/// operation that times out or loses its connection also starts (in the background, one
-/// at a time) a fresh cluster connection, which takes the old one's place once it is up.
-pub(crate) struct ClusterLink {
-    client: ClusterClient,
-    current: Mutex<ClusterConnection>,
-    replacing: AtomicBool,
-    connect_budget: Duration,
-}
-
-impl Link {
-    pub(crate) fn cluster(
-        client: ClusterClient,
-        connection: ClusterConnection,
-        connect_budget: Duration,
-    ) -> Self {
-        Link::Cluster(Arc::new(ClusterLink {
-            client,
-            current: Mutex::new(connection),
-            replacing: AtomicBool::new(false),
-            connect_budget,
-        }))
+/// `verb` (`EVALSHA` or `EVAL`) with `script_ref` (the script's SHA-1 or its source),
+/// `keys`, and the arguments `args` appends.
+pub(crate) fn script_command(
+    verb: &str,
+    script_ref: &str,
+    keys: &[Vec<u8>],
+    args: impl Fn(&mut Cmd),
+) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script_ref).arg(keys.len());
+    for key in keys {
+        cmd.arg(&key[..]);
     }
-
-    /// The connection to send the next command over.
-    pub(crate) fn connection(&self) -> RedisConnection {
-        match self {
-            Link::Server(manager) => RedisConnection::Server(manager.clone()),
-            Link::Cluster(link) => RedisConnection::Cluster(
-                link.current
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .clone(),
-            ),
-        }
-    }
-
-    /// Called when an operation timed out or lost its connection: a cluster connection
-    /// is replaced in the background (a single server's manager reconnects by itself).
-    pub(crate) fn suspect(&self) {
-        let Link::Cluster(link) = self else {
-            return;
-        };
-        if link.replacing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let link = link.clone();
-        tokio::spawn(async move {
-            let fresh =
-                tokio::time::timeout(link.connect_budget, link.client.get_async_connection()).await;
-            match fresh {
-                Ok(Ok(connection)) => {
-                    *link
-                        .current
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = connection;
-                    tracing::info!("idempotency store: replaced the Redis Cluster connection");
-                }
-                Ok(Err(error)) => tracing::warn!(
-                    %error,
-                    "idempotency store: a new Redis Cluster connection failed; the next failing operation tries again"
-                ),
-                Err(_) => tracing::warn!(
-                    "idempotency store: a new Redis Cluster connection timed out; the next failing operation tries again"
-                ),
-            }
-            link.replacing.store(false, Ordering::Release);
-        });
-    }
+    args(&mut cmd);
+    cmd
 }
 
 impl RedisConnection {
@@ -164,15 +95,7 @@ impl RedisConnection {
         keys: &[Vec<u8>],
         args: impl Fn(&mut Cmd),
     ) -> RedisResult<Value> {
-        let command = |verb: &str, script_ref: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script_ref).arg(keys.len());
-            for key in keys {
-                cmd.arg(&key[..]);
-            }
-            args(&mut cmd);
-            cmd
-        };
+        let command = |verb: &str, script_ref: &str| script_command(verb, script_ref, keys, &args);
         let mut connection = self.clone();
         match command("EVALSHA", script.sha1())
             .query_async(&mut connection)
@@ -204,14 +127,8 @@ impl RedisConnection {
         timeout_ms: u64,
     ) -> RedisResult<(Value, i64)> {
         let pipeline = |verb: &str, script_ref: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script_ref).arg(keys.len());
-            for key in keys {
-                cmd.arg(&key[..]);
-            }
-            args(&mut cmd);
             let mut pipeline = redis::pipe();
-            pipeline.add_command(cmd);
+            pipeline.add_command(script_command(verb, script_ref, keys, &args));
             pipeline.cmd("WAIT").arg(replicas).arg(timeout_ms);
             pipeline
         };

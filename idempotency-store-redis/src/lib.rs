@@ -30,13 +30,17 @@
 //!     .key_prefix("orders:idempotency:")?
 //!     .operation_timeout(Duration::from_millis(500));
 //! let store = RedisStore::connect_with(options).await?;
-//! // Or from one string (a flag, a config file):
-//! let same = RedisStore::connect_with(RedisOptions::from_url(
-//!     "redis+cluster://10.0.0.1:7000,10.0.0.2:7000",
-//! )?)
+//! // Or from one string (a flag, a config file), every option a URL parameter:
+//! let same = RedisStore::connect(
+//!     "redis+cluster://10.0.0.1:7000,10.0.0.2:7000?key-prefix=orders%3Aidempotency%3A&operation-timeout=500ms",
+//! )
 //! .await?;
 //! # drop((store, same)); Ok(()) }
 //! ```
+//!
+//! [`RedisOptions::from_url`] lists the parameters; a properties configuration
+//! (`idempotency-store-type=redis`) gives the same ones as `idempotency-redis-*` keys,
+//! read by [`open`].
 //!
 //! # Which store
 //!
@@ -123,7 +127,8 @@
 //! A single server is reached through one multiplexed connection
 //! ([`redis::aio::ConnectionManager`]) and a cluster through the cluster client's
 //! connection, which routes every script to the primary of its record's slot and follows
-//! `MOVED`/`ASK`. Both reconnect by themselves: after a restart, a failover or a killed
+//! `MOVED`/`ASK` (with [`RedisOptions::replica_acks`], writes that wait for replicas take
+//! connections of their own: see [Failover](#failover)). Both reconnect by themselves: after a restart, a failover or a killed
 //! connection, the operations caught in it fail (the layer answers 503 with
 //! `Retry-After`) and the following ones go through, without restarting the application.
 //! Every operation is bounded by [`RedisOptions::operation_timeout`] (2 s by default),
@@ -247,7 +252,9 @@
 //! millisecond behind, so the plain kill loses little or nothing; what the lag costs
 //! grows with it.)
 //!
-//! [`RedisOptions::replica_acks`] closes the window for what the store acknowledged:
+//! [`RedisOptions::replica_acks`] closes the window for what the store acknowledged. In
+//! a store URL, a properties configuration or a command-line flag it is
+//! `replica-acks=1&replica-ack-timeout=250ms`:
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -257,13 +264,26 @@
 //! let options = RedisOptions::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")?
 //!     .replica_acks(1, Duration::from_millis(250));
 //! let store = RedisStore::connect_with(options).await?;
-//! # drop(store); Ok(()) }
+//! // The same:
+//! let same = RedisStore::connect(
+//!     "redis+cluster://10.0.0.1:7000,10.0.0.2:7000?replica-acks=1&replica-ack-timeout=250ms",
+//! )
+//! .await?;
+//! # drop((store, same)); Ok(()) }
 //! ```
 //!
-//! - Each write script (reserve, renew, finalize, release, take over, evict) is
-//!   pipelined with `WAIT 1 250` on the same connection, so on a cluster both go to the
-//!   primary of the record's slot, and `WAIT` covers the script's write (it waits for
-//!   every write the connection made so far).
+//! - Each write script (reserve, renew, finalize, release, take over, evict) is followed
+//!   by `WAIT 1 250` on the same connection, in one pipeline, so on a cluster both go to
+//!   the primary of the record's slot, and the `WAIT` covers the script's write (it
+//!   waits for every write the connection made before it).
+//! - These writes go over connections of their own
+//!   ([`RedisOptions::replica_ack_connections`]), never over the one that carries
+//!   reads and the other operations, so a pending `WAIT` holds up no other request.
+//!   On one server they are committed in groups: a free connection sends every
+//!   acknowledged write waiting at that moment and one `WAIT` after them, which
+//!   acknowledges them all. On a cluster each write and its `WAIT` take a connection
+//!   for themselves (writes of several slots cannot share a pipeline), 16 at once by
+//!   default.
 //! - Fewer acknowledgements in time is a store error: a reservation is not granted (the
 //!   layer answers 503 with `Retry-After`, the handler does not run; the store deletes
 //!   the reservation it made, best effort, so the retry need not wait for the lease); a
@@ -276,21 +296,24 @@
 //!   Cluster promotes the replica with the most data first, which narrows the gap for 1
 //!   but does not close it). Nor does it make the replica's own copy durable on disk
 //!   (that is its `appendfsync`).
-//! - **What it costs.** One more command per write, answered after a replication round
-//!   trip: in the test's cluster (loopback, `appendfsync always`, a debug build on a
-//!   busy 2-core machine) a keyed request took 5.0 ms instead of 3.0 ms on average, one
-//!   request at a time (p99 14.4 ms instead of 12.0 ms). Redis answers a connection's
-//!   commands in order, so the commands queued behind a `WAIT` on the store's
-//!   multiplexed connection wait too: 16 clients at once got 0.41× the requests per
-//!   second. A shard without a connected replica refuses keyed writes until one is back
-//!   (in the test, until the killed primary has restarted and resynced as the new
-//!   primary's replica). See BENCHMARKS.md ("Failover").
+//! - **What it costs.** Each write is answered after a replication round trip. On one
+//!   server with one replica (loopback, release build, a shared 2-core machine), keyed
+//!   requests over HTTP kept about 0.8× their throughput with 16 clients and 0.9× with
+//!   64 (medians of eight runs; one `WAIT` per group of about 5 and 20 writes), against
+//!   0.33× and 0.37× when every write had its own `WAIT` on the store's one connection;
+//!   one client at a time pays the round trip in full (0.75×). On a cluster, where each write has its
+//!   own `WAIT`, 16 clients kept 0.61× (a debug build). A shard without a connected
+//!   replica refuses keyed writes until one is back (in the failover test, until the
+//!   killed primary has restarted and resynced as the new primary's replica). See
+//!   BENCHMARKS.md ("Replica acknowledgements").
 //!
 //! # Checks at connect
 //!
 //! [`RedisStore::connect`] fails with a [`ConnectError`] that says what to fix when:
 //!
-//! - the URL does not parse, or no server answers in time;
+//! - the URL does not parse, or one of its parameters is unknown or has a bad value
+//!   ([`RedisOptions::from_url`] lists them);
+//! - no server answers in time;
 //! - cluster options meet a server that is not a cluster node, or single-server options
 //!   meet a cluster node;
 //! - the cluster does not serve all 16384 hash slots;
@@ -353,12 +376,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod answers;
+mod config;
 mod connect;
 mod connection;
 mod keys;
+mod lanes;
+mod link;
 mod lua;
 mod notices;
 mod options;
+mod parameters;
 mod scripts;
 
 use std::sync::Arc;
@@ -372,13 +399,16 @@ use idempotency_core::{
 use redis::{Cmd, Value};
 use tokio::sync::broadcast;
 
+pub use config::open;
 pub use connect::ConnectError;
 pub use connection::RedisConnection;
 pub use keys::{DEFAULT_KEY_PREFIX, InvalidKeyPrefix, KeyPrefix};
 pub use options::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT, RedisOptions, ReplicaAcks, Target,
-    UnsupportedUrl,
+    DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OPERATION_TIMEOUT,
+    DEFAULT_REPLICA_ACK_CONNECTIONS, DEFAULT_REPLICA_ACK_TIMEOUT, RedisOptions, ReplicaAcks,
+    Target, UnsupportedUrl,
 };
+pub use parameters::{OptionsError, URL_PARAMETERS};
 /// The `redis` crate this store is built on (1.x), for options and your own commands.
 pub use redis;
 pub use scripts::{Operation, Script};
@@ -401,7 +431,7 @@ const MAX_TOKEN_DRAWS: usize = 4;
 /// See the [crate docs](crate) for the record layout, the scripts and the guarantees.
 #[derive(Clone)]
 pub struct RedisStore {
-    link: connection::Link,
+    link: link::Link,
     prefix: KeyPrefix,
     operation_timeout: Duration,
     target: String,
@@ -570,7 +600,8 @@ impl RedisStore {
                     .run(operation.script(), &keys, args)
                     .await
                     .map(|value| (value, None)),
-                Some(acks) => connection
+                Some(acks) => self
+                    .link
                     .run_acknowledged(
                         operation.script(),
                         &keys,
@@ -906,7 +937,7 @@ impl PurgeExpired for RedisStore {
 
 /// A duration as whole milliseconds, rounded up (a 1 µs lease is 1 ms, not 0) and
 /// clamped to [`MAX_DURATION_MS`].
-fn millis(duration: Duration) -> u64 {
+pub(crate) fn millis(duration: Duration) -> u64 {
     duration.as_nanos().div_ceil(1_000_000).min(MAX_DURATION_MS) as u64
 }
 

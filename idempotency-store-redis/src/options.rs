@@ -13,7 +13,9 @@ pub enum Target {
     Cluster(Vec<String>),
 }
 
-/// Settings for [`RedisStore::connect_with`](crate::RedisStore::connect_with).
+/// Settings for [`RedisStore::connect_with`](crate::RedisStore::connect_with), built in
+/// code or read from a store URL ([`from_url`](Self::from_url)) or a properties
+/// configuration ([`from_config`](Self::from_config)), which say the same things.
 ///
 /// ```
 /// use std::time::Duration;
@@ -29,7 +31,7 @@ pub enum Target {
 /// );
 /// # drop(single); Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisOptions {
     pub(crate) target: Target,
     pub(crate) prefix: KeyPrefix,
@@ -37,6 +39,7 @@ pub struct RedisOptions {
     pub(crate) operation_timeout: Duration,
     pub(crate) accept_evicting_policy: bool,
     pub(crate) replica_acks: Option<ReplicaAcks>,
+    pub(crate) replica_ack_connections: Option<usize>,
 }
 
 /// How many replicas must acknowledge each write of the store before it counts as done,
@@ -55,6 +58,16 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// server that is down then fails requests within this bound (the layer answers 503 with
 /// `Retry-After`) instead of holding them.
 pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a write waits for its replicas when a store URL or properties ask for
+/// `replica-acks` without `replica-ack-timeout`: 250 ms.
+pub const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How many connections carry a single server's acknowledged writes, by default (see
+/// [`RedisOptions::replica_ack_connections`]): 2.
+pub const DEFAULT_REPLICA_ACK_CONNECTIONS: usize = 2;
+/// How many writes may wait for replicas at once on a cluster, by default (see
+/// [`RedisOptions::replica_ack_connections`]): 16.
+pub const DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS: usize = 16;
 
 impl RedisOptions {
     /// One server (or a proxy): `redis://[user:password@]host:port[/db]`.
@@ -68,44 +81,7 @@ impl RedisOptions {
         Self::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
-    /// Reads a target from one string, as a command-line flag or a config file gives it:
-    /// `redis://…` (or `rediss://…`) is one server; `redis+cluster://host:port,host:port/`
-    /// (or `rediss+cluster://…`) a cluster found through those nodes, each getting the
-    /// same credentials, path and query.
-    pub fn from_url(url: &str) -> Result<Self, UnsupportedUrl> {
-        let Some((scheme, rest)) = url.split_once("://") else {
-            return Err(UnsupportedUrl::new(url));
-        };
-        match scheme {
-            "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "unix" => {
-                Ok(Self::server(url))
-            }
-            "redis+cluster" | "rediss+cluster" | "valkey+cluster" | "valkeys+cluster" => {
-                let scheme = scheme.trim_end_matches("+cluster");
-                let (credentials, rest) = match rest.rsplit_once('@') {
-                    Some((credentials, rest)) => (format!("{credentials}@"), rest),
-                    None => (String::new(), rest),
-                };
-                let (hosts, tail) = match rest.find(['/', '?']) {
-                    Some(at) => rest.split_at(at),
-                    None => (rest, ""),
-                };
-                let nodes: Vec<String> = hosts
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|host| !host.is_empty())
-                    .map(|host| format!("{scheme}://{credentials}{host}{tail}"))
-                    .collect();
-                if nodes.is_empty() {
-                    return Err(UnsupportedUrl::new(url));
-                }
-                Ok(Self::cluster(nodes))
-            }
-            _ => Err(UnsupportedUrl::new(url)),
-        }
-    }
-
-    fn new(target: Target) -> Self {
+    pub(crate) fn new(target: Target) -> Self {
         Self {
             target,
             prefix: KeyPrefix::default(),
@@ -113,6 +89,7 @@ impl RedisOptions {
             operation_timeout: DEFAULT_OPERATION_TIMEOUT,
             accept_evicting_policy: false,
             replica_acks: None,
+            replica_ack_connections: None,
         }
     }
 
@@ -178,11 +155,15 @@ impl RedisOptions {
     /// many replicas as a shard has to close it. Until a failed primary's replacement
     /// replica has synced, a shard with too few replicas refuses keyed requests (503).
     ///
-    /// What it costs: one more command per write, answered when the replicas have
-    /// acknowledged (a replication round trip); while it waits, later commands on the
-    /// same connection wait behind it (Redis answers a connection's commands in order).
-    /// See the figures in BENCHMARKS.md. `timeout` should stay well below
+    /// What it costs: each write is answered once the replicas have acknowledged it (a
+    /// replication round trip). Acknowledged writes go over connections of their own
+    /// ([`replica_ack_connections`](Self::replica_ack_connections)), so a pending `WAIT`
+    /// holds up no other request; on one server a `WAIT` acknowledges a whole group of
+    /// writes. See the figures in BENCHMARKS.md. `timeout` should stay well below
     /// [`operation_timeout`](Self::operation_timeout), which bounds the whole operation.
+    ///
+    /// In a store URL or properties: `replica-acks=1&replica-ack-timeout=250ms`
+    /// ([`from_url`](Self::from_url)).
     ///
     /// At connect the store warns (`tracing`) when a primary has fewer connected
     /// replicas than `replicas`: every write would then fail.
@@ -205,6 +186,34 @@ impl RedisOptions {
     }
 }
 
+impl RedisOptions {
+    /// How many connections of their own carry the writes that wait for replicas
+    /// ([`replica_acks`](Self::replica_acks)), so that a pending `WAIT` holds up no other
+    /// request. They are opened when first needed.
+    ///
+    /// - **One server** (default [`DEFAULT_REPLICA_ACK_CONNECTIONS`], 2): group commit. A
+    ///   free connection takes every acknowledged write waiting at that moment and sends
+    ///   them in one pipeline with one `WAIT` after them, which acknowledges them all;
+    ///   while it waits for the replicas, the next group gathers for the other. More
+    ///   connections make smaller groups: more `WAIT`s for the same writes.
+    /// - **A cluster** (default [`DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS`], 16): writes of
+    ///   different slots cannot share a pipeline, so each write and its `WAIT` take a
+    ///   cluster connection (one connection per primary) for themselves: this many writes
+    ///   wait for replicas at once, the others queue for a free one.
+    pub fn replica_ack_connections(mut self, connections: usize) -> Self {
+        self.replica_ack_connections = Some(connections.max(1));
+        self
+    }
+
+    /// [`replica_ack_connections`](Self::replica_ack_connections) for this target.
+    pub(crate) fn ack_connections(&self) -> usize {
+        self.replica_ack_connections.unwrap_or(match self.target {
+            Target::Server(_) => DEFAULT_REPLICA_ACK_CONNECTIONS,
+            Target::Cluster(_) => DEFAULT_CLUSTER_REPLICA_ACK_CONNECTIONS,
+        })
+    }
+}
+
 /// A URL [`RedisOptions::from_url`] does not understand.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -216,7 +225,7 @@ pub struct UnsupportedUrl {
 }
 
 impl UnsupportedUrl {
-    fn new(url: &str) -> Self {
+    pub(crate) fn new(url: &str) -> Self {
         Self { url: redact(url) }
     }
 }

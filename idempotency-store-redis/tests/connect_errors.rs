@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{RedisServer, bounded, redis_available};
-use idempotency_store_redis::{ConnectError, RedisOptions, RedisStore};
+use idempotency_store_redis::{ConnectError, OptionsError, RedisOptions, RedisStore};
 
 fn quick(options: RedisOptions) -> RedisOptions {
     options
@@ -34,7 +34,10 @@ async fn a_url_that_does_not_parse_says_how_to_write_one() {
         .await
         .unwrap_err();
     assert!(
-        matches!(error, ConnectError::UnsupportedUrl(_)),
+        matches!(
+            error,
+            ConnectError::InvalidOptions(OptionsError::UnsupportedUrl(_))
+        ),
         "{error:?}"
     );
     assert!(error.to_string().contains("redis+cluster://"), "{error}");

@@ -4,6 +4,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use idempotency_core::config::SynchronousReplication;
 use idempotency_core::{
     Binding, FencingToken, IdempotencyRecord, InspectedRecord, InspectedState, RecordState,
     StoreError, StoredResponse,
@@ -264,6 +265,10 @@ pub struct PoolSettings {
     pub acquire_timeout: Duration,
     /// Idle connections are closed after this long (default 10 minutes).
     pub idle_timeout: Option<Duration>,
+    /// Whether a PostgreSQL store checks at connect that the server replicates its
+    /// commits synchronously, and refuses or warns when it does not (default: no check).
+    /// The URL parameter `synchronous-replication=require|warn|off` sets it too.
+    pub synchronous_replication: SynchronousReplication,
 }
 
 impl Default for PoolSettings {
@@ -273,6 +278,7 @@ impl Default for PoolSettings {
             min_connections: 0,
             acquire_timeout: Duration::from_secs(5),
             idle_timeout: Some(Duration::from_secs(600)),
+            synchronous_replication: SynchronousReplication::Off,
         }
     }
 }
@@ -299,6 +305,32 @@ impl PoolSettings {
     /// Sets [`idle_timeout`](Self::idle_timeout).
     pub fn idle_timeout(mut self, idle_timeout: Option<Duration>) -> Self {
         self.idle_timeout = idle_timeout;
+        self
+    }
+
+    /// Sets [`synchronous_replication`](Self::synchronous_replication): what a
+    /// PostgreSQL store does at connect when `synchronous_standby_names` is empty or
+    /// `synchronous_commit` does not wait for a standby (`off`, `local`) on the server it
+    /// connected to. Ignored by the other backends.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idempotency_store_sql::{PoolSettings, PostgresStore, SynchronousReplication};
+    ///
+    /// let settings = PoolSettings::default().synchronous_replication(SynchronousReplication::Require);
+    /// // Fails, naming both settings and their values, if the server cannot give it.
+    /// let store = PostgresStore::connect("postgres://app@db/catalog", &settings).await?;
+    /// // The same, from the URL:
+    /// let same = PostgresStore::connect(
+    ///     "postgres://app@db/catalog?synchronous-replication=require",
+    ///     &PoolSettings::default(),
+    /// )
+    /// .await?;
+    /// # drop((store, same)); Ok(()) }
+    /// ```
+    pub fn synchronous_replication(mut self, expect: SynchronousReplication) -> Self {
+        self.synchronous_replication = expect;
         self
     }
 

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 
 use idempotency_core::FullStore;
+#[cfg(feature = "postgres")]
+use idempotency_core::config::DATABASE_SYNCHRONOUS_REPLICATION;
 use idempotency_core::config::{
     ConfigError, DATABASE_URL, IdempotencyConfig, SqlBackend, StoreType,
 };
@@ -11,7 +13,9 @@ use idempotency_core::config::{
 use crate::common::PoolSettings;
 
 /// Opens the SQL store `config` names (`idempotency-store-type=sql`): connects with the
-/// configured URL, user, password and pool size, and migrates the schema. The purge
+/// configured URL, user, password and pool size, checks PostgreSQL's synchronous
+/// replication if `idempotency-database-synchronous-replication` (or the URL's
+/// `synchronous-replication` parameter) asks for it, and migrates the schema. The purge
 /// task is the caller's: `config.spawn_purge_task(store.clone())`.
 ///
 /// ```no_run
@@ -49,8 +53,23 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, Conf
         SqlBackend::Postgres => {
             #[cfg(feature = "postgres")]
             {
-                let mut options: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| {
+                let (url, from_url) = crate::synchronous::split_url(url).map_err(|e| {
                     ConfigError::invalid_database_url(url, format!("a valid PostgreSQL URL ({e})"))
+                })?;
+                let mut settings = pool_settings(config);
+                if let Some(mode) = from_url {
+                    if config.database_synchronous_replication.is_some() {
+                        return Err(ConfigError::DuplicateKey {
+                            key: format!(
+                                "{DATABASE_SYNCHRONOUS_REPLICATION} (also given as the parameter \
+                                 `synchronous-replication` of {DATABASE_URL})"
+                            ),
+                        });
+                    }
+                    settings = settings.synchronous_replication(mode);
+                }
+                let mut options: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| {
+                    ConfigError::invalid_database_url(&url, format!("a valid PostgreSQL URL ({e})"))
                 })?;
                 if let Some(user) = &config.database_user {
                     options = options.username(user);
@@ -58,7 +77,7 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, Conf
                 if let Some(password) = &config.database_password {
                     options = options.password(password);
                 }
-                let store = crate::PostgresStore::connect_with(options, &pool_settings(config))
+                let store = crate::PostgresStore::connect_with(options, &settings)
                     .await
                     .map_err(ConfigError::Store)?
                     .migrate()
@@ -119,13 +138,17 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, Conf
     }
 }
 
-/// The pool settings `config` asks for.
+/// The pool settings `config` asks for (`idempotency-database-pool-size`,
+/// `idempotency-database-synchronous-replication`).
 pub fn pool_settings(config: &IdempotencyConfig) -> PoolSettings {
-    let settings = PoolSettings::default();
-    match config.database_pool_size {
-        Some(size) => settings.max_connections(size),
-        None => settings,
+    let mut settings = PoolSettings::default();
+    if let Some(size) = config.database_pool_size {
+        settings = settings.max_connections(size);
     }
+    if let Some(expect) = config.database_synchronous_replication {
+        settings = settings.synchronous_replication(expect);
+    }
+    settings
 }
 
 /// The cargo feature of this crate that compiles `backend` in.

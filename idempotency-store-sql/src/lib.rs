@@ -386,12 +386,15 @@ mod one_commit;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "postgres")]
+mod synchronous;
 mod table;
 
 #[cfg(feature = "any")]
 pub use any::AnyFinalizer;
 pub use common::{Operation, PoolSettings};
 pub use config::{open, pool_settings};
+pub use idempotency_core::config::SynchronousReplication;
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
@@ -401,6 +404,8 @@ pub use one_commit::{OneCommitStore, WriteTransaction};
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
+#[cfg(feature = "postgres")]
+pub use synchronous::{InvalidSynchronousReplication, NotSynchronous};
 pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
 
 /// The sqlx version this crate is built on, re-exported so that a caller can build a

@@ -24,7 +24,9 @@ use crate::common::{
     trailers_column,
 };
 use crate::in_transaction::{self, FinalizeError};
+use crate::synchronous;
 use crate::table::{InvalidTableName, TableName};
+use idempotency_core::config::SynchronousReplication;
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
@@ -355,13 +357,19 @@ impl PostgresStore {
         }
     }
 
-    /// Opens a pool of its own to `url` (`postgres://user:password@host:port/db`).
+    /// Opens a pool of its own to `url` (`postgres://user:password@host:port/db`), whose
+    /// query may also say `synchronous-replication=require|warn|off` (see
+    /// [`PoolSettings::synchronous_replication`]).
     pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self, StoreError> {
+        let (url, from_url) = synchronous::split_url(url).map_err(StoreError::backend)?;
+        let expect = synchronous::combine(from_url, settings.synchronous_replication)
+            .map_err(StoreError::backend)?;
         let options: PgConnectOptions = url.parse().map_err(backend)?;
-        Self::connect_with(options, settings).await
+        Self::connect_with(options, &settings.clone().synchronous_replication(expect)).await
     }
 
-    /// Opens a pool of its own with explicit connect options.
+    /// Opens a pool of its own with explicit connect options, and checks the server's
+    /// synchronous replication if the settings ask for it.
     pub async fn connect_with(
         options: PgConnectOptions,
         settings: &PoolSettings,
@@ -371,7 +379,21 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(backend)?;
+        synchronous::check(&pool, settings.synchronous_replication).await?;
         Ok(Self::new(pool))
+    }
+
+    /// Checks that the server this store's pool connects to replicates commits
+    /// synchronously (`synchronous_standby_names` names a standby, `synchronous_commit`
+    /// waits for it), and refuses ([`NotSynchronous`](crate::NotSynchronous), naming
+    /// both settings and their values) or warns as `expect` says. For a store made with
+    /// [`new`](Self::new) from a pool of your own; [`connect`](Self::connect) checks by
+    /// itself when its settings ask for it.
+    pub async fn check_synchronous_replication(
+        &self,
+        expect: SynchronousReplication,
+    ) -> Result<(), StoreError> {
+        synchronous::check(&self.pool, expect).await
     }
 
     /// Uses the table `name` instead of the default.

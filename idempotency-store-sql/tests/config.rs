@@ -133,7 +133,11 @@ fn each_bad_value_names_its_key_value_and_what_is_expected() {
         ),
         (
             &[("idempotency-store-type", "jdbc")],
-            &["idempotency-store-type", "\"jdbc\"", "`memory` or `sql`"],
+            &[
+                "idempotency-store-type",
+                "\"jdbc\"",
+                "`memory`, `sql` or `redis`",
+            ],
         ),
         (
             &[("idempotency-scope-max-bytes", "lots")],

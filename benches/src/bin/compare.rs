@@ -1,10 +1,11 @@
-//! `compare [--quick] [--only inprocess,http,grpc,sql,redis,scale,purge] [--out FILE] …`: runs every
+//! `compare [--quick] [--only inprocess,http,grpc,sql,redis,redis-acks,scale,purge] [--out FILE] …`: runs every
 //! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
 //!
 //! Options:
 //! - `--quick`: short runs (a few minutes in all on 2 cores);
 //! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `grpc`, `sql`, `redis`,
-//!   `scale`, or `purge` (only the default PostgreSQL purge of `scale`, batches of 100, without
+//!   `redis-acks` (what `replica_acks` costs, on a primary and a replica of the
+//!   benchmark's own), `scale`, or `purge` (only the default PostgreSQL purge of `scale`, batches of 100, without
 //!   its batches-of-1,000 comparison: for trying purge settings and for repeated runs);
 //! - `--connections LIST`: HTTP connections and gRPC calls in flight (default `1,16,64`);
 //! - `--grpc-connections N`: HTTP/2 connections the gRPC calls are spread over (default:
@@ -44,9 +45,17 @@ struct Options {
 fn options() -> Options {
     let mut o = Options {
         quick: false,
-        sections: ["inprocess", "http", "grpc", "sql", "redis", "scale"]
-            .map(str::to_owned)
-            .to_vec(),
+        sections: [
+            "inprocess",
+            "http",
+            "grpc",
+            "sql",
+            "redis",
+            "redis-acks",
+            "scale",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
         connections: vec![1, 16, 64],
         seconds: None,
         rounds: None,
@@ -732,6 +741,25 @@ fn redis_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
     ));
 }
 
+#[cfg(feature = "redis")]
+fn redis_acks_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
+    let settings = benches::redis_acks::Settings {
+        connections: o.connections.clone(),
+        seconds: o.seconds.unwrap_or(2),
+        rounds: o.rounds.unwrap_or(if o.quick { 1 } else { 5 }),
+        server_threads: o.server_threads,
+    };
+    benches::redis_acks::run(&settings, &sibling("bench-server"), rows, tables);
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_acks_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
+    rows.push(skipped(
+        "Redis replica_acks",
+        "built without the `redis` feature (benches/run.sh turns it on)",
+    ));
+}
+
 #[cfg(feature = "sql")]
 fn sql_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     let settings = if o.quick {
@@ -1102,6 +1130,10 @@ fn main() {
     if wants("redis") {
         eprintln!("Redis store…");
         redis_section(&o, &mut rows, &mut tables);
+    }
+    if wants("redis-acks") {
+        eprintln!("Redis store with replica acknowledgements…");
+        redis_acks_section(&o, &mut rows, &mut tables);
     }
     if wants("scale") {
         eprintln!("memory store scale…");

@@ -45,7 +45,9 @@
 //! `--idempotency-store redis://host:port` (or `redis+cluster://host:port,host:port`)
 //! keeps the idempotency records in Redis or Valkey, for a deployment whose shared state
 //! lives there; the catalog's own state stays in `--database`. Replicas then share the
-//! Redis server as well as the database.
+//! Redis server as well as the database. The URL's query sets the store's options:
+//! `redis://host:port?replica-acks=1&replica-ack-timeout=250ms` makes every write wait
+//! until a replica has it, so that a failover to that replica loses no record.
 //!
 //! # Modules
 //!
@@ -117,7 +119,10 @@ struct Args {
     /// `redis://host:port[/db]` for one server, `redis+cluster://host:port,host:port` for a
     /// Redis Cluster. The catalog's own state stays in `--database`. The server must run
     /// with `maxmemory-policy noeviction` (and `appendonly yes` for records that survive
-    /// its restart).
+    /// its restart). The URL's query sets the store's other options, e.g.
+    /// `?replica-acks=1&replica-ack-timeout=250ms` (each write waits until a replica has
+    /// it, so a failover loses no record), `key-prefix`, `connect-timeout`,
+    /// `operation-timeout`, `replica-ack-connections`, `accept-evicting-policy`, `cluster`.
     #[arg(long, value_name = "URL")]
     idempotency_store: Option<String>,
 
