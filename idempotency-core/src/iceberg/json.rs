@@ -85,9 +85,26 @@ pub(super) fn remove_members(text: &str, remove: impl Fn(&str) -> bool) -> Optio
 
 /// The raw text of the member `key`'s value, if the object has one.
 pub(super) fn member<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    Some(&text[member_span(text, key)?])
+}
+
+/// Where the value of the member `key` sits in `text`, if the object has one.
+pub(super) fn member_span(text: &str, key: &str) -> Option<Range<usize>> {
     let members = Members::read(text)?;
-    let member = members.members.iter().find(|m| m.key == key)?;
-    Some(&text[member.value.clone()])
+    let member = members.members.into_iter().find(|m| m.key == key)?;
+    Some(member.value)
+}
+
+/// The keys of an object's members and where their values sit in `text`, in order.
+pub(super) fn spans(text: &str) -> Option<Vec<(String, Range<usize>)>> {
+    let members = Members::read(text)?;
+    Some(
+        members
+            .members
+            .into_iter()
+            .map(|m| (m.key, m.value))
+            .collect(),
+    )
 }
 
 /// The keys and raw values of an object's members, in order.
