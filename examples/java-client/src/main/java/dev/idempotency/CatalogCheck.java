@@ -34,8 +34,11 @@ import org.apache.iceberg.view.View;
  * to the catalog directly.
  *
  * <pre>
- * java ... dev.idempotency.CatalogCheck --catalog http://127.0.0.1:8181 --run RUN --mode layer
+ * java ... dev.idempotency.CatalogCheck --catalog http://127.0.0.1:8181 --run RUN --mode layer [--grow N]
  * </pre>
+ *
+ * <p>{@code --grow N} commits N snapshots to the first table (directly, before the operations
+ * on it), so that the operations after it answer with a large table's metadata.
  *
  * <p>Modes: {@code layer} (the catalog has the layer; any error, wrong effect or deleted file
  * fails the run), {@code control} (the catalog runs with --no-idempotency: the failures are
@@ -62,12 +65,16 @@ public final class CatalogCheck {
   private Namespace currentNamespace;
   private Map<TableIdentifier, int[]> baseline = Map.of();
   private int notFired;
+  /** Snapshots committed to the first table before the operations on it (--grow). */
+  private final int grow;
 
-  private CatalogCheck(RESTCatalog client, RESTCatalog observer, FaultProxy proxy, boolean control) {
+  private CatalogCheck(
+      RESTCatalog client, RESTCatalog observer, FaultProxy proxy, boolean control, int grow) {
     this.client = client;
     this.observer = observer;
     this.proxy = proxy;
     this.control = control;
+    this.grow = grow;
   }
 
   /** An operation, run by the client through the proxy. */
@@ -107,7 +114,8 @@ public final class CatalogCheck {
                 "http://127.0.0.1:" + proxy.port(),
                 options.get("socket-timeout-ms"));
         RESTCatalog observer = catalog("observer", catalogUri, null)) {
-      CatalogCheck check = new CatalogCheck(client, observer, proxy, control);
+      int grow = Integer.parseInt(options.getOrDefault("grow", "0"));
+      CatalogCheck check = new CatalogCheck(client, observer, proxy, control, grow);
       long started = System.nanoTime();
       for (Fault scenario : scenarios) {
         check.scenario(run + "_" + scenario.name().toLowerCase(), scenario);
@@ -150,6 +158,9 @@ public final class CatalogCheck {
 
     op(fault, "createTable(second)", () -> client.createTable(t2, SCHEMA), () ->
         tableCheck(t2, 1, 0, 1));
+
+    // The operations below then answer with a few hundred snapshots' metadata.
+    grow(observer, t, grow);
 
     op(fault, "appendFiles", () -> {
           Table table = client.loadTable(t);
@@ -288,6 +299,18 @@ public final class CatalogCheck {
         mutations.size(),
         keys.stream().map(CatalogCheck::keyVersion).sorted().collect(Collectors.joining("+")),
         statuses);
+  }
+
+  /**
+   * Commits {@code snapshots} empty appends to a table, directly (not through the proxy): each
+   * adds a snapshot, a history entry and a metadata file, so that every answer about the table
+   * carries them all.
+   */
+  static void grow(RESTCatalog catalog, TableIdentifier id, int snapshots) {
+    Table table = catalog.loadTable(id);
+    for (int i = 0; i < snapshots; i++) {
+      table.newAppend().commit();
+    }
   }
 
   private static String keyVersion(String key) {
