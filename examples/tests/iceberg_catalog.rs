@@ -2202,12 +2202,15 @@ async fn stored_answer_bytes(database: &Path) -> i64 {
 
 /// A local path for a `file://` location.
 fn local_path(location: &str) -> PathBuf {
-    PathBuf::from(location.strip_prefix("file://").expect("a file:// location"))
+    PathBuf::from(
+        location
+            .strip_prefix("file://")
+            .expect("a file:// location"),
+    )
 }
 
 #[tokio::test]
-async fn commits_to_a_table_of_hundreds_of_snapshots_are_stored_small_and_replayed_byte_for_byte()
-{
+async fn commits_to_a_table_of_hundreds_of_snapshots_are_stored_small_and_replayed_byte_for_byte() {
     let dir = tempfile::tempdir().expect("temp dir");
     let database = dir.path().join("iceberg-catalog.db");
     let client = client();

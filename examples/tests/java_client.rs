@@ -370,8 +370,7 @@ async fn java_client_on_sqlite_never_sees_a_lost_answer() {
         the_java_client_never_sees_a_lost_answer("sqlite://catalog.db?mode=rwc")
     })
     .await
-    .expect("the Java run")
-    else {
+    .expect("the Java run") else {
         return;
     };
     // The answers about the grown tables carried hundreds of snapshots; their records
@@ -391,6 +390,43 @@ async fn java_client_on_sqlite_never_sees_a_lost_answer() {
         (1..=2048).contains(&largest),
         "the largest stored answer is {largest} bytes"
     );
+}
+
+/// A commit whose answer is lost and whose metadata file is gone before the client's
+/// retry (a purge, `remove_orphan_files`, storage down): the catalog cannot rebuild the
+/// answer from the file and answers 503 `CommitStateUnknownException`; iceberg-core
+/// resends it and then reports the commit's state as unknown, neither a success nor a
+/// failure, and deletes none of its files; the commit landed once.
+#[test]
+fn a_commit_whose_metadata_file_is_gone_before_the_retry_is_reported_as_state_unknown() {
+    let Some(classpath) = java_client_classpath() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let catalog = Catalog::start(dir.path(), &["--database", "sqlite://catalog.db?mode=rwc"]);
+    let run = run_java_client_with(
+        &classpath,
+        &catalog,
+        "gone",
+        &unique("gone"),
+        &["--grow", "20"],
+    );
+    assert_eq!(
+        run.summary["error"], "CommitStateUnknownException",
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.summary["property"], "1", "the commit landed");
+    assert_eq!(run.count("commits"), 1, "once");
+    assert_eq!(run.count("deleted_files"), 0);
+    // The first attempt committed (its answer dropped); every retry was told 503.
+    let statuses: Vec<&str> = run.summary["catalog/client"].split(',').collect();
+    assert_eq!(statuses[0], "200/0", "{statuses:?}");
+    assert!(
+        statuses.len() >= 2 && statuses[1..].iter().all(|s| *s == "503/503"),
+        "{statuses:?}"
+    );
+    assert!(catalog.log_text().contains("replay-unavailable"));
 }
 
 /// A fresh PostgreSQL database for this run (dropped at the end), or `None` outside CI

@@ -85,26 +85,26 @@ pub(super) fn remove_members(text: &str, remove: impl Fn(&str) -> bool) -> Optio
 
 /// The raw text of the member `key`'s value, if the object has one.
 pub(super) fn member<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    Some(&text[member_span(text, key)?])
+    let members = Members::read(text)?;
+    let member = members.members.iter().find(|m| m.key == key)?;
+    Some(&text[member.value.clone()])
 }
 
-/// Where the value of the member `key` sits in `text`, if the object has one.
-pub(super) fn member_span(text: &str, key: &str) -> Option<Range<usize>> {
+/// Where the values of the members `keys` sit in `text`, read in one pass; `None` unless
+/// the object has every one of them.
+pub(super) fn member_spans<const N: usize>(
+    text: &str,
+    keys: [&str; N],
+) -> Option<[Range<usize>; N]> {
     let members = Members::read(text)?;
-    let member = members.members.into_iter().find(|m| m.key == key)?;
-    Some(member.value)
-}
-
-/// The keys of an object's members and where their values sit in `text`, in order.
-pub(super) fn spans(text: &str) -> Option<Vec<(String, Range<usize>)>> {
-    let members = Members::read(text)?;
-    Some(
-        members
-            .members
-            .into_iter()
-            .map(|m| (m.key, m.value))
-            .collect(),
-    )
+    let mut spans = keys.map(|_| None);
+    for member in members.members {
+        if let Some(i) = keys.iter().position(|key| *key == member.key) {
+            spans[i] = Some(member.value);
+        }
+    }
+    let found: Vec<Range<usize>> = spans.into_iter().collect::<Option<_>>()?;
+    found.try_into().ok()
 }
 
 /// The keys and raw values of an object's members, in order.
@@ -237,6 +237,15 @@ mod tests {
             r#"{"c":{"t":2},"d":0}"#
         );
         assert_eq!(member(r#"{"c":{"s":1}}"#, "c"), Some(r#"{"s":1}"#));
+    }
+
+    #[test]
+    fn member_spans_are_found_in_one_pass_or_not_at_all() {
+        let text = r#"{"b":[1,{"a":2}], "a" : "x","c":null}"#;
+        let [a, c] = member_spans(text, ["a", "c"]).unwrap();
+        assert_eq!((&text[a], &text[c]), (r#""x""#, "null"));
+        assert_eq!(member_spans(text, ["a", "missing"]), None);
+        assert_eq!(member_spans("[1]", ["a"]), None);
     }
 
     #[test]

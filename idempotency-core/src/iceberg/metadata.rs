@@ -96,15 +96,7 @@ pub(super) fn take_out(answer: &mut StoredResponse) -> bool {
 /// Where the `metadata` object sits in an answer that also names a `metadata-location`.
 fn metadata_span(body: &[u8]) -> Option<Range<usize>> {
     let text = std::str::from_utf8(body).ok()?;
-    let members = json::spans(text)?;
-    let value = |key: &str| {
-        members
-            .iter()
-            .find(|(name, _)| name == key)
-            .map(|(_, span)| span.clone())
-    };
-    let location = value("metadata-location")?;
-    let metadata = value("metadata")?;
+    let [location, metadata] = json::member_spans(text, ["metadata-location", "metadata"])?;
     (text[location].starts_with('"') && text[metadata.clone()].starts_with('{')).then_some(metadata)
 }
 
@@ -184,15 +176,8 @@ impl Pointer {
             }
         }
         let text = std::str::from_utf8(&stored.body).ok()?;
-        let members = json::spans(text)?;
-        let value = |key: &str| {
-            members
-                .iter()
-                .find(|(name, _)| name == key)
-                .map(|(_, span)| span.clone())
-        };
-        let location = serde_json::from_str(&text[value("metadata-location")?]).ok()?;
-        let placeholder = value("metadata")?;
+        let [location, placeholder] = json::member_spans(text, ["metadata-location", "metadata"])?;
+        let location = serde_json::from_str(&text[location]).ok()?;
         (&text[placeholder.clone()] == "null").then_some(Self {
             location,
             length: length?,

@@ -635,9 +635,7 @@ mod tests {
     }
 
     /// A reader over files held in memory, that counts its reads.
-    fn files(
-        files: &[(&str, &str)],
-    ) -> impl MetadataReader + Clone {
+    fn files(files: &[(&str, &str)]) -> impl MetadataReader + Clone {
         let files: std::collections::HashMap<String, Bytes> = files
             .iter()
             .map(|(location, text)| ((*location).to_owned(), Bytes::from(text.to_string())))
@@ -663,7 +661,10 @@ mod tests {
     fn answer(body: &str) -> StoredResponse {
         StoredResponse {
             status: 200,
-            headers: vec![("content-type".to_owned(), Bytes::from_static(b"application/json"))],
+            headers: vec![(
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json"),
+            )],
             body: Bytes::from(body.to_owned()),
             trailers: Vec::new(),
         }
@@ -693,7 +694,10 @@ mod tests {
         assert_eq!(replay.status, 200);
         assert_eq!(
             replay.headers,
-            vec![("content-type".to_owned(), Bytes::from_static(b"application/json"))],
+            vec![(
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json")
+            )],
             "the note is not sent"
         );
     }
@@ -715,12 +719,20 @@ mod tests {
         for profile in readers {
             let replay = replayed(&profile, &stored);
             assert_eq!(replay.status, 503, "{profile:?}");
-            assert!(replay.headers.iter().any(|(name, value)| name == "retry-after" && value == "1"));
+            assert!(
+                replay
+                    .headers
+                    .iter()
+                    .any(|(name, value)| name == "retry-after" && value == "1")
+            );
             let body: Value = serde_json::from_slice(&replay.body).unwrap();
             assert_eq!(body["error"]["type"], "CommitStateUnknownException");
             assert_eq!(body["error"]["code"], 503);
             assert!(
-                body["error"]["message"].as_str().unwrap().contains("already ran"),
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("already ran"),
                 "{body}"
             );
         }
@@ -730,7 +742,11 @@ mod tests {
     fn only_metadata_answers_that_name_their_file_become_pointers() {
         let profile = IcebergProfile::default().with_metadata_reader(files(&[]));
         let whole = |method: Method, path: &str, status: u16, body: &str| {
-            let request = Request::builder().method(method).uri(path).body(Bytes::new()).unwrap();
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Bytes::new())
+                .unwrap();
             let mut answer = answer(body);
             answer.status = status;
             let stored = profile.to_store(&request, answer.clone());
@@ -738,11 +754,31 @@ mod tests {
         };
         let with_file = r#"{"metadata-location":"m","metadata":{"k":1}}"#;
         // A staged create names no file; a namespace is not metadata; errors are kept.
-        assert!(whole(Method::POST, "/v1/namespaces/db/tables", 200, r#"{"metadata-location":null,"metadata":{"k":1}}"#));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables",
+            200,
+            r#"{"metadata-location":null,"metadata":{"k":1}}"#
+        ));
         assert!(whole(Method::POST, "/v1/namespaces", 200, with_file));
-        assert!(whole(Method::POST, "/v1/namespaces/db/tables/t", 409, with_file));
-        assert!(whole(Method::POST, "/v1/namespaces/db/tables/t", 200, "not json"));
-        assert!(whole(Method::POST, "/v1/namespaces/db/tables/t", 200, r#"{"metadata-location":"m"}"#));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables/t",
+            409,
+            with_file
+        ));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables/t",
+            200,
+            "not json"
+        ));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables/t",
+            200,
+            r#"{"metadata-location":"m"}"#
+        ));
         for path in [
             "/v1/namespaces/db/tables",
             "/v1/p/namespaces/db/register",
@@ -767,7 +803,8 @@ mod tests {
         let first = format!(
             r#"{{"metadata-location":"{location}","metadata":{METADATA},"config":{{"s3.secret-access-key":"OLD","s3.region":"r"}}}}"#
         );
-        let profile = IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
+        let profile =
+            IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
         let request = Request::post("/v1/namespaces/db/tables")
             .body(Bytes::from_static(br#"{"name":"t"}"#))
             .unwrap();
@@ -778,7 +815,10 @@ mod tests {
         let fresh = Response::new(Bytes::from(first.replace("OLD", "FRESH")));
         let replay = profile.replay(restored, Some(fresh));
         let replay = String::from_utf8(replay.body.to_vec()).unwrap();
-        assert!(replay.contains(&format!(r#""metadata":{METADATA},"#)), "{replay}");
+        assert!(
+            replay.contains(&format!(r#""metadata":{METADATA},"#)),
+            "{replay}"
+        );
         assert_eq!(
             serde_json::from_str::<Value>(&replay).unwrap(),
             serde_json::from_str::<Value>(&first.replace("OLD", "FRESH")).unwrap()

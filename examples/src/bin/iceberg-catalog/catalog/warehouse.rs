@@ -69,7 +69,10 @@ impl Catalog {
 
     /// The metadata file at `location` as the JSON an answer carries, read whole and
     /// checked to be JSON.
-    pub(super) async fn read_metadata_json(&self, location: &str) -> Result<Box<RawValue>, BoxError> {
+    pub(super) async fn read_metadata_json(
+        &self,
+        location: &str,
+    ) -> Result<Box<RawValue>, BoxError> {
         let bytes = self.file_io.new_input(location)?.read().await?;
         let json = String::from_utf8(metadata_json(bytes)?.to_vec())?;
         Ok(RawValue::from_string(json)?)
