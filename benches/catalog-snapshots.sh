@@ -17,7 +17,8 @@
 # "stored per keyed commit": growth of the records table (its pages, indexes and TOAST
 # included: SQLite's dbstat, PostgreSQL's pg_total_relation_size) over the keyed blocks,
 # divided by their commits; "answer bytes stored": the stored answers' body and headers.
-# Needs PostgreSQL from scripts/services; everything runs on 127.0.0.1.
+# PostgreSQL comes from scripts/services (started if it does not answer); everything runs
+# on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +27,10 @@ sizes="${2:-200 1200 3200}"
 rounds="${ROUNDS:-2}"
 port=18191
 
-scripts/services start >&2
+if [[ " $databases " == *" postgres "* ]] \
+  && ! psql -h 127.0.0.1 -U postgres -d postgres -tAc 'SELECT 1' >/dev/null 2>&1; then
+  scripts/services start >&2
+fi
 echo "building the example catalog (release)…" >&2
 cargo build --release --locked -q -p examples --bin iceberg-catalog >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')

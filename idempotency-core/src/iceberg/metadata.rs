@@ -20,7 +20,8 @@ use sha2::{Digest, Sha256};
 use super::json;
 use crate::{BoxError, StoredResponse};
 
-/// The note on a stored answer whose `metadata` was taken out: `length=N;sha256=HEX` of
+/// The note on a stored answer whose `metadata` was taken out: `at=OFFSET;length=N;
+/// sha256=HEX`, where the `null` left in its place starts and the length and digest of
 /// the bytes taken out. Never sent to a client.
 pub(super) const METADATA_TAKEN_OUT: &str = "x-idempotency-iceberg-metadata";
 
@@ -81,7 +82,12 @@ pub(super) fn take_out(answer: &mut StoredResponse) -> bool {
         return false;
     };
     let taken = &answer.body[metadata.clone()];
-    let note = format!("length={};sha256={}", taken.len(), sha256_hex(taken));
+    let note = format!(
+        "at={};length={};sha256={}",
+        metadata.start,
+        taken.len(),
+        sha256_hex(taken)
+    );
     let mut kept = BytesMut::with_capacity(answer.body.len() - taken.len() + 4);
     kept.extend_from_slice(&answer.body[..metadata.start]);
     kept.extend_from_slice(b"null");
@@ -95,9 +101,9 @@ pub(super) fn take_out(answer: &mut StoredResponse) -> bool {
 
 /// Where the `metadata` object sits in an answer that also names a `metadata-location`.
 fn metadata_span(body: &[u8]) -> Option<Range<usize>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let [location, metadata] = json::member_spans(text, ["metadata-location", "metadata"])?;
-    (text[location].starts_with('"') && text[metadata.clone()].starts_with('{')).then_some(metadata)
+    let [location, metadata] = json::member_spans(body, ["metadata-location", "metadata"])?;
+    (body[location].starts_with(b"\"") && body[metadata.clone()].starts_with(b"{"))
+        .then_some(metadata)
 }
 
 /// Whether `stored` had its metadata taken out.
@@ -166,19 +172,21 @@ struct Pointer {
 impl Pointer {
     fn of(stored: &StoredResponse) -> Option<Self> {
         let note = std::str::from_utf8(note(stored)?).ok()?;
-        let mut length = None;
-        let mut sha256 = None;
+        let (mut at, mut length, mut sha256) = (None, None, None);
         for field in note.split(';') {
             match field.split_once('=')? {
+                ("at", value) => at = value.parse::<usize>().ok(),
                 ("length", value) => length = value.parse().ok(),
                 ("sha256", value) => sha256 = Some(value.to_owned()),
                 _ => {}
             }
         }
-        let text = std::str::from_utf8(&stored.body).ok()?;
-        let [location, placeholder] = json::member_spans(text, ["metadata-location", "metadata"])?;
-        let location = serde_json::from_str(&text[location]).ok()?;
-        (&text[placeholder.clone()] == "null").then_some(Self {
+        let body = &stored.body;
+        let [location] = json::member_spans(body, ["metadata-location"])?;
+        let location = serde_json::from_slice(&body[location]).ok()?;
+        // The `null` left where the metadata was: put back exactly there.
+        let placeholder = at?..at? + 4;
+        (body.get(placeholder.clone())? == b"null").then_some(Self {
             location,
             length: length?,
             sha256: sha256?,
