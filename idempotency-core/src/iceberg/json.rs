@@ -341,7 +341,16 @@ mod tests {
         }
         let text = br#"{"a":1}"#;
         assert_eq!(member_spans(text, ["a", "missing"]), None);
-        for broken in ["[1]", "{", r#"{"a":1"#, r#"{"a":1}x"#, r#"{"a" 1}"#, r#"{"a":"x}"#, "{}", ""] {
+        for broken in [
+            "[1]",
+            "{",
+            r#"{"a":1"#,
+            r#"{"a":1}x"#,
+            r#"{"a" 1}"#,
+            r#"{"a":"x}"#,
+            "{}",
+            "",
+        ] {
             assert_eq!(member_spans(broken.as_bytes(), ["a"]), None, "{broken}");
         }
     }
