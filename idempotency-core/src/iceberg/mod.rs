@@ -198,14 +198,6 @@ impl Profile for IcebergProfile {
     }
 
     fn to_store(&self, request: &Request<Bytes>, mut answer: StoredResponse) -> StoredResponse {
-        if answer.status == 200
-            && self.metadata.is_some()
-            && self
-                .under_base(request.uri().path())
-                .is_some_and(|path| answers_with_metadata(request.method(), path))
-        {
-            metadata::take_out(&mut answer);
-        }
         let loads_a_table = loads_a_table(request.method(), request.uri().path());
         if answer.status == 200
             && loads_a_table
@@ -215,6 +207,15 @@ impl Profile for IcebergProfile {
             answer
                 .headers
                 .push((CREDENTIALS_REMOVED.to_owned(), Bytes::from_static(b"true")));
+        }
+        // Last, so that the place it notes is the place in the body as stored.
+        if answer.status == 200
+            && self.metadata.is_some()
+            && self
+                .under_base(request.uri().path())
+                .is_some_and(|path| answers_with_metadata(request.method(), path))
+        {
+            metadata::take_out(&mut answer);
         }
         answer
     }
@@ -800,28 +801,31 @@ mod tests {
     #[test]
     fn vended_credentials_and_metadata_are_both_kept_out_and_both_come_back() {
         let location = "file:///w/db/t/metadata/00000-x.metadata.json";
-        let first = format!(
-            r#"{{"metadata-location":"{location}","metadata":{METADATA},"config":{{"s3.secret-access-key":"OLD","s3.region":"r"}}}}"#
-        );
-        let profile =
-            IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
-        let request = Request::post("/v1/namespaces/db/tables")
-            .body(Bytes::from_static(br#"{"name":"t"}"#))
-            .unwrap();
-        let stored = profile.to_store(&request, answer(&first));
-        assert!(!String::from_utf8_lossy(&stored.body).contains("OLD"));
-        assert!(!String::from_utf8_lossy(&stored.body).contains("snapshot-id"));
-        let restored = replayed(&profile, &stored);
-        let fresh = Response::new(Bytes::from(first.replace("OLD", "FRESH")));
-        let replay = profile.replay(restored, Some(fresh));
-        let replay = String::from_utf8(replay.body.to_vec()).unwrap();
-        assert!(
-            replay.contains(&format!(r#""metadata":{METADATA},"#)),
-            "{replay}"
-        );
-        assert_eq!(
-            serde_json::from_str::<Value>(&replay).unwrap(),
-            serde_json::from_str::<Value>(&first.replace("OLD", "FRESH")).unwrap()
-        );
+        let config = r#""config":{"s3.secret-access-key":"OLD","s3.region":"r"}"#;
+        let pointer = format!(r#""metadata-location":"{location}","metadata":{METADATA}"#);
+        // Credentials after the metadata, and before it (cutting them out moves it).
+        for first in [
+            format!("{{{pointer},{config}}}"),
+            format!("{{{config},{pointer}}}"),
+        ] {
+            let profile =
+                IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
+            let request = Request::post("/v1/namespaces/db/tables")
+                .body(Bytes::from_static(br#"{"name":"t"}"#))
+                .unwrap();
+            let stored = profile.to_store(&request, answer(&first));
+            assert!(!String::from_utf8_lossy(&stored.body).contains("OLD"));
+            assert!(!String::from_utf8_lossy(&stored.body).contains("snapshot-id"));
+            let restored = replayed(&profile, &stored);
+            assert_eq!(restored.status, 200, "{first}");
+            let fresh = Response::new(Bytes::from(first.replace("OLD", "FRESH")));
+            let replay = profile.replay(restored, Some(fresh));
+            let replay = String::from_utf8(replay.body.to_vec()).unwrap();
+            assert!(replay.contains(&pointer), "{replay}");
+            assert_eq!(
+                serde_json::from_str::<Value>(&replay).unwrap(),
+                serde_json::from_str::<Value>(&first.replace("OLD", "FRESH")).unwrap()
+            );
+        }
     }
 }
