@@ -2240,3 +2240,216 @@ fn a_short_admin_token_is_refused_at_start() {
         String::from_utf8_lossy(&output.stdout)
     );
 }
+
+// ------------------------------------------------------------------------------------------
+// Answers that carry table metadata, stored as a pointer to their metadata file
+// ------------------------------------------------------------------------------------------
+
+/// An `add-snapshot` commit (and the `main` branch moved to it) for snapshot `id`, whose
+/// parent is `id - 1`: each adds a snapshot and a snapshot-log entry to the table.
+fn add_snapshot(id: i64) -> Value {
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    json!({
+        "requirements": [],
+        "updates": [
+            {"action": "add-snapshot", "snapshot": {
+                "snapshot-id": id,
+                "parent-snapshot-id": if id > 1 { json!(id - 1) } else { Value::Null },
+                "sequence-number": id,
+                "timestamp-ms": now_ms,
+                "manifest-list": format!("file:///nowhere/snap-{id}.avro"),
+                "summary": {"operation": "append", "added-records": "1", "total-records": id.to_string()},
+                "schema-id": 0
+            }},
+            {"action": "set-snapshot-ref", "ref-name": "main", "type": "branch", "snapshot-id": id}
+        ]
+    })
+}
+
+/// Creates `namespace.table` and commits `snapshots` snapshots to it, unkeyed.
+async fn grown_table(
+    client: &reqwest::Client,
+    server: &Server,
+    namespace: &str,
+    table: &str,
+    snapshots: i64,
+) {
+    let url = server.url(&format!("/v1/namespaces/{namespace}/tables"));
+    let created = post(client, url, None, &create_table_body(table)).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let table_url = server.url(&format!("/v1/namespaces/{namespace}/tables/{table}"));
+    for id in 1..=snapshots {
+        let committed = post(client, table_url.clone(), None, &add_snapshot(id)).await;
+        assert_eq!(committed.status, 200, "snapshot {id}: {}", committed.body);
+    }
+}
+
+/// The bytes of stored answers (body and headers) in the catalog's SQLite file.
+async fn stored_answer_bytes(database: &Path) -> i64 {
+    use sqlx::Connection as _;
+    let url = format!("sqlite:{}", database.display());
+    let mut connection = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("open the catalog's SQLite file");
+    let total: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(LENGTH(response_body) + LENGTH(response_headers)), 0) \
+         FROM idempotency_records",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .expect("sum the stored answers");
+    total
+}
+
+/// A local path for a `file://` location.
+fn local_path(location: &str) -> PathBuf {
+    PathBuf::from(
+        location
+            .strip_prefix("file://")
+            .expect("a file:// location"),
+    )
+}
+
+#[tokio::test]
+async fn commits_to_a_table_of_hundreds_of_snapshots_are_stored_small_and_replayed_byte_for_byte() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let database = dir.path().join("iceberg-catalog.db");
+    let client = client();
+    let table_url = |server: &Server| server.url("/v1/namespaces/big/tables/events");
+    let mut server = Server::start(dir.path(), &[]);
+    create_namespace(&client, &server, "big").await;
+    grown_table(&client, &server, "big", "events", 300).await;
+
+    // A keyed commit: its answer carries every snapshot, its record does not.
+    let before = stored_answer_bytes(&database).await;
+    let commit = sent_and_replayed(
+        &client,
+        reqwest::Method::POST,
+        table_url(&server),
+        Some(&add_snapshot(301)),
+    )
+    .await;
+    assert_eq!(commit.status, 200, "{}", commit.body);
+    assert_eq!(
+        commit.json()["metadata"]["snapshots"]
+            .as_array()
+            .map(Vec::len),
+        Some(301)
+    );
+    assert!(commit.body.len() > 80_000, "{} bytes", commit.body.len());
+    let stored = stored_answer_bytes(&database).await - before;
+    assert!(
+        (1..=2048).contains(&stored),
+        "a {} byte answer stored in {stored} bytes",
+        commit.body.len()
+    );
+    assert!(
+        server.log_text().contains("stored as a pointer"),
+        "the catalog says how it stores them"
+    );
+
+    // Registering the table's file under another name: answered with the file's own
+    // JSON, stored as a pointer to it, replayed byte for byte.
+    let location = commit.json()["metadata-location"].clone();
+    let before = stored_answer_bytes(&database).await;
+    let registered = sent_and_replayed(
+        &client,
+        reqwest::Method::POST,
+        server.url("/v1/namespaces/big/register"),
+        Some(&json!({"name": "events_copy", "metadata-location": location})),
+    )
+    .await;
+    assert_eq!(registered.status, 200, "{}", registered.body);
+    let file = fs::read_to_string(local_path(location.as_str().unwrap())).expect("the file");
+    assert!(registered.body.contains(file.trim()));
+    assert!((1..=2048).contains(&(stored_answer_bytes(&database).await - before)));
+
+    // The same commit stored whole, as without a metadata reader: the record holds the
+    // whole answer (what the pointer saves).
+    assert!(server.terminate(), "stopped cleanly");
+    let server = Server::start(dir.path(), &["--store-whole-metadata"]);
+    let before = stored_answer_bytes(&database).await;
+    let whole = sent_and_replayed(
+        &client,
+        reqwest::Method::POST,
+        table_url(&server),
+        Some(&add_snapshot(302)),
+    )
+    .await;
+    assert_eq!(whole.status, 200, "{}", whole.body);
+    let stored = stored_answer_bytes(&database).await - before;
+    assert!(stored >= whole.body.len() as i64, "{stored} bytes stored");
+    assert!(
+        server.log_text().contains("stored whole"),
+        "the layer says so at its first request"
+    );
+}
+
+/// What the admin endpoint says of a record.
+async fn inspected(client: &reqwest::Client, server: &Server, key: &str) -> Value {
+    let url = server.url(&format!("/admin/idempotency/records/{key}"));
+    let (status, _, record) = admin(client, reqwest::Method::GET, url, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200, "{record}");
+    record
+}
+
+#[tokio::test]
+async fn a_retry_whose_metadata_file_is_unreadable_or_gone_is_told_the_state_is_unknown() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = Server::start(dir.path(), &["--admin-token", ADMIN_TOKEN]);
+    let client = client();
+    create_namespace(&client, &server, "lost").await;
+    grown_table(&client, &server, "lost", "events", 3).await;
+    let url = server.url("/v1/namespaces/lost/tables/events");
+    let key = key();
+    let commit = add_snapshot(4);
+    let first = post(&client, url.clone(), Some(&key), &commit).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let file = local_path(first.json()["metadata-location"].as_str().unwrap());
+    let metadata_dir = file.parent().unwrap().to_owned();
+    let unknown_state = |retry: &Answer| {
+        assert_eq!(retry.status, 503, "{}", retry.body);
+        assert_eq!(retry.error_type(), "CommitStateUnknownException");
+        assert!(retry.body.contains("already ran"), "{}", retry.body);
+    };
+
+    // Storage down: the metadata directory is unreachable (a file stands in its place).
+    let away = dir.path().join("metadata-away");
+    fs::rename(&metadata_dir, &away).expect("move the metadata away");
+    fs::write(&metadata_dir, b"not a directory").expect("block the path");
+    let retry = post(&client, url.clone(), Some(&key), &commit).await;
+    unknown_state(&retry);
+    let response = client
+        .post(url.clone())
+        .header("Idempotency-Key", &key)
+        .header("content-type", "application/json")
+        .body(commit.to_string())
+        .send()
+        .await
+        .expect("retry");
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    // The record itself is intact: an operator sees a request that ran and succeeded.
+    let record = inspected(&client, &server, &key).await;
+    assert_eq!(record["state"], json!("completed"), "{record}");
+    assert_eq!(record["status"], json!(200), "{record}");
+
+    // Storage back: the retry gets the first answer, byte for byte.
+    fs::remove_file(&metadata_dir).expect("unblock the path");
+    fs::rename(&away, &metadata_dir).expect("move the metadata back");
+    let retry = post(&client, url.clone(), Some(&key), &commit).await;
+    assert!(retry.replayed);
+    assert_eq!((retry.status, &retry.body), (200, &first.body));
+
+    // The file deleted (remove_orphan_files, a purge): never a success or a failure.
+    fs::remove_file(&file).expect("delete the metadata file");
+    let retry = post(&client, url.clone(), Some(&key), &commit).await;
+    unknown_state(&retry);
+    let record = inspected(&client, &server, &key).await;
+    assert_eq!(record["state"], json!("completed"), "{record}");
+    assert!(
+        server.log_text().contains("replay-unavailable"),
+        "{}",
+        server.log_text()
+    );
+}

@@ -12,6 +12,12 @@
 //! for the delay on the first attempt only) and the proxy answers 504 after 0.5 s, so the
 //! client's retry arrives while the first attempt still runs.
 //!
+//! In the scenarios that lose an answer after the commit, (a) and (c), the first table is
+//! grown to a few hundred snapshots before the operations on it, so that their answers
+//! (and the replays of the lost ones, read back from their metadata files) carry a large
+//! table's metadata; on SQLite the test checks
+//! that no stored answer is over 2 KiB.
+//!
 //! With the layer (SQLite and PostgreSQL) no error surfaces, every effect lands exactly
 //! once, the client deletes none of its files, every mutation carries a UUIDv7 key and the
 //! catalog logs the retries as `replayed`. The control runs start the catalog with
@@ -293,16 +299,25 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{}", std::process::id(), nanos % 1_000_000_000)
 }
 
-/// Every operation under every fault, through the layer: nothing surfaces, every effect
-/// lands once, no file is deleted, every mutation is keyed (UUIDv7), and the catalog
-/// executed each key once and replayed the retries.
-fn the_java_client_never_sees_a_lost_answer(database: &str) {
-    let Some(classpath) = java_client_classpath() else {
-        return;
-    };
+/// Snapshots the Java tests grow their first table by before the operations on it, so
+/// that those operations (and their lost answers' replays) carry a large table's metadata.
+const GROWN_SNAPSHOTS: usize = 300;
+
+/// Every operation under every fault, through the layer, on a table grown to a few
+/// hundred snapshots where an answer is lost after the commit: nothing surfaces, every effect lands once, no file is deleted, every
+/// mutation is keyed (UUIDv7), and the catalog executed each key once and replayed the
+/// retries. Returns the catalog's directory.
+fn the_java_client_never_sees_a_lost_answer(database: &str) -> Option<tempfile::TempDir> {
+    let classpath = java_client_classpath()?;
     let dir = tempfile::tempdir().expect("temp dir");
     let catalog = Catalog::start(dir.path(), &["--database", database]);
-    let run = run_java_client(&classpath, &catalog, "layer", &unique("java"));
+    let run = run_java_client_with(
+        &classpath,
+        &catalog,
+        "layer",
+        &unique("java"),
+        &["--grow", &GROWN_SNAPSHOTS.to_string()],
+    );
 
     let operations = run.operations();
     assert_eq!(operations.len(), run.count("operations"));
@@ -327,11 +342,17 @@ fn the_java_client_never_sees_a_lost_answer(database: &str) {
 
     // Every operation's key was executed once: 12 per scenario, 4 scenarios, less the 12
     // the proxy answered 503 itself (the catalog never saw those first attempts; their
-    // retries executed). The lost answers (a) and the slow commits (c) were replayed.
+    // retries executed), besides the commits that grew the tables (keyed too: the
+    // observer that made them is a Java client). The lost answers (a) and the slow
+    // commits (c) were replayed.
     let executed = catalog.outcomes("executed");
     let replayed = catalog.outcomes("replayed");
     println!("catalog outcomes: executed={executed} replayed={replayed}");
-    assert_eq!(executed, 4 * 12, "one execution per operation");
+    assert_eq!(
+        executed,
+        4 * 12 + 2 * GROWN_SNAPSHOTS,
+        "one execution per operation and growing commit"
+    );
     assert_eq!(
         catalog.outcomes("executed") + catalog.outcomes("replayed"),
         catalog.log_text().matches(" idempotency=").count() - catalog.outcomes("passed-through"),
@@ -341,11 +362,72 @@ fn the_java_client_never_sees_a_lost_answer(database: &str) {
         replayed >= 2 * 12,
         "each retry after a lost answer (a) or a gateway timeout (c) is replayed: {replayed}"
     );
+    Some(dir)
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn java_client_on_sqlite_never_sees_a_lost_answer() {
+    let Some(dir) = tokio::task::spawn_blocking(|| {
+        the_java_client_never_sees_a_lost_answer("sqlite://catalog.db?mode=rwc")
+    })
+    .await
+    .expect("the Java run") else {
+        return;
+    };
+    // The answers about the grown tables carried hundreds of snapshots; their records
+    // hold a pointer to the metadata file instead.
+    use sqlx::Connection as _;
+    let url = format!("sqlite:{}", dir.path().join("catalog.db").display());
+    let mut records = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("open the catalog's SQLite file");
+    let largest: i64 = sqlx::query_scalar(
+        "SELECT MAX(LENGTH(response_body) + LENGTH(response_headers)) FROM idempotency_records",
+    )
+    .fetch_one(&mut records)
+    .await
+    .expect("the largest stored answer");
+    assert!(
+        (1..=2048).contains(&largest),
+        "the largest stored answer is {largest} bytes"
+    );
+}
+
+/// A commit whose answer is lost and whose metadata file is gone before the client's
+/// retry (a purge, `remove_orphan_files`, storage down): the catalog cannot rebuild the
+/// answer from the file and answers 503 `CommitStateUnknownException`; iceberg-core
+/// resends it and then reports the commit's state as unknown, neither a success nor a
+/// failure, and deletes none of its files; the commit landed once.
 #[test]
-fn java_client_on_sqlite_never_sees_a_lost_answer() {
-    the_java_client_never_sees_a_lost_answer("sqlite://catalog.db?mode=rwc");
+fn a_commit_whose_metadata_file_is_gone_before_the_retry_is_reported_as_state_unknown() {
+    let Some(classpath) = java_client_classpath() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let catalog = Catalog::start(dir.path(), &["--database", "sqlite://catalog.db?mode=rwc"]);
+    let run = run_java_client_with(
+        &classpath,
+        &catalog,
+        "gone",
+        &unique("gone"),
+        &["--grow", "20"],
+    );
+    assert_eq!(
+        run.summary["error"], "CommitStateUnknownException",
+        "{}",
+        run.stdout
+    );
+    assert_eq!(run.summary["property"], "1", "the commit landed");
+    assert_eq!(run.count("commits"), 1, "once");
+    assert_eq!(run.count("deleted_files"), 0);
+    // The first attempt committed (its answer dropped); every retry was told 503.
+    let statuses: Vec<&str> = run.summary["catalog/client"].split(',').collect();
+    assert_eq!(statuses[0], "200/0", "{statuses:?}");
+    assert!(
+        statuses.len() >= 2 && statuses[1..].iter().all(|s| *s == "503/503"),
+        "{statuses:?}"
+    );
+    assert!(catalog.log_text().contains("replay-unavailable"));
 }
 
 /// A fresh PostgreSQL database for this run (dropped at the end), or `None` outside CI
@@ -541,8 +623,9 @@ const SPARK_JAVA_OPTIONS: &[&str] = &[
 /// Spark SQL (3.5.8, local mode, iceberg-spark-runtime 1.12.0) through the proxy, with
 /// the answer of every write's commit dropped after the catalog committed it: `CREATE
 /// NAMESPACE`, `CREATE TABLE`, `INSERT`, `ALTER TABLE … ADD COLUMN`, `INSERT`, `DELETE`,
-/// `MERGE` all succeed, and the counts (rows, snapshots, history, metadata log) show each
-/// write landed once.
+/// `MERGE` all succeed on a table grown to a few hundred snapshots right after its
+/// creation, and the counts (rows, snapshots, history, metadata log) show each write
+/// landed once.
 #[test]
 fn spark_sql_writes_land_once_when_every_commit_answer_is_lost() {
     let Some(classpath) = spark_check_classpath() else {
@@ -558,6 +641,7 @@ fn spark_sql_writes_land_once_when_every_commit_answer_is_lost() {
         .arg("dev.idempotency.SparkCheck")
         .args(["--catalog", &catalog.uri, "--namespace", &unique("spark")])
         .args(["--fault", "DROP_ANSWER"])
+        .args(["--grow", &GROWN_SNAPSHOTS.to_string()])
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .output()
@@ -592,7 +676,8 @@ fn spark_sql_writes_land_once_when_every_commit_answer_is_lost() {
         10,
         "every count was checked"
     );
-    // Each write's key executed once; each lost answer's retry was replayed.
-    assert_eq!(catalog.outcomes("executed"), 7);
+    // Each write's key executed once; each lost answer's retry was replayed. (The commits
+    // that grew the table were keyed too: a Java client made them.)
+    assert_eq!(catalog.outcomes("executed"), 7 + GROWN_SNAPSHOTS);
     assert_eq!(catalog.outcomes("replayed"), 7);
 }

@@ -334,7 +334,7 @@ pub use outcome::Outcome;
 pub use policy::{
     AllMutations, CredentialScope, ExtensionScope, RouteFilter, ScopeExtractor, SingleScope,
 };
-pub use profile::{Disposition, HttpProfile, Profile, RequestHead};
+pub use profile::{Disposition, HttpProfile, Profile, RequestHead, Restoring};
 pub use purge::{PURGE_BATCH_TIME, PURGE_REST_FACTOR, purge_all_expired, spawn_purge_task};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use reservation::ReservationHandle;

@@ -1,5 +1,6 @@
 //! [`Profile`]: the protocol-specific part of the layer, and the plain HTTP default.
 
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,7 +35,7 @@ pub enum Disposition {
 /// | parse | [`key_format`](Self::key_format): what a key looks like | [`OpaqueKey`] |
 /// | classify | [`classify`](Self::classify): store the answer or release the key | store |
 /// | store | [`to_store`](Self::to_store): what of the answer is kept | all of it |
-/// | replay | [`refresh`](Self::refresh) and [`replay`](Self::replay): what a replay adds back | nothing |
+/// | replay | [`restore`](Self::restore), [`refresh`](Self::refresh) and [`replay`](Self::replay): what a replay rebuilds and adds back | nothing |
 /// | reject | [`render`](Self::render): how the layer's own answers look | [`ProblemJson`] |
 /// | advertise | [`advertises`](Self::advertises) and [`advertise`](Self::advertise): answers the profile amends although they do not take part | none |
 ///
@@ -130,6 +131,17 @@ pub trait Profile: Send + Sync + 'static {
         true
     }
 
+    /// Rebuilds what [`to_store`](Self::to_store) kept out of the store by reference
+    /// (Iceberg: table metadata, read back from its immutable file), before a stored
+    /// answer goes to [`refresh`](Self::refresh) and [`replay`](Self::replay). `None`
+    /// (the default) when `stored` is complete as it is. The future resolves to the
+    /// answer to go on with: the rebuilt one, or, when what it refers to cannot be read,
+    /// the answer the retry gets instead (never a guess at the first one).
+    fn restore(&self, stored: &StoredResponse) -> Option<Restoring<'_>> {
+        let _ = stored;
+        None
+    }
+
     /// A request for the inner service, sent before a stored answer is replayed to
     /// `retry`, to fetch what [`to_store`](Self::to_store) kept out of the store. Its
     /// answer is given to [`replay`](Self::replay). `None` (the default) sends nothing.
@@ -166,6 +178,9 @@ pub trait Profile: Send + Sync + 'static {
         answer
     }
 }
+
+/// The rebuilding of a stored answer that [`Profile::restore`] starts.
+pub type Restoring<'a> = Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>>;
 
 /// A request as [`Profile::takes_part_request`] sees it: everything but the body, which
 /// has not been read yet.

@@ -24,7 +24,10 @@
 //!    - the scope is a hash of the credential the caller presented
 //!      ([`CredentialScope`] over `Authorization` and `X-API-Key`), the best the layer can
 //!      see from outside, because rustberg authenticates inside its router;
-//!    - rustberg's security headers are stored and replayed with the answer.
+//!    - rustberg's security headers are stored and replayed with the answer;
+//!    - answers that carry table or view metadata are stored as a pointer to their
+//!      metadata file, read back with rustberg's own FileIO for a replay
+//!      ([`metadata_reader`]), so a record does not grow with its table.
 //! 4. **rustberg's router** as `App::into_router` builds it: its own auth, rate limits,
 //!    Cedar authorization, audit, compression and error envelope.
 //!
@@ -42,18 +45,21 @@
 
 mod credentials;
 
+use std::io::Read as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Bytes;
 use axum::extract::Request;
 use axum::http::{HeaderName, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use clap::Parser;
+use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::{
-    CredentialScope, IdempotencyLayer, IdempotencyStore, Outcome, spawn_purge_task,
+    BoxError, CredentialScope, IdempotencyLayer, IdempotencyStore, Outcome, spawn_purge_task,
 };
 use idempotency_store_sql::{PoolSettings, SqliteStore};
 use tower_http::compression::CompressionLayer;
@@ -147,7 +153,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let store = Arc::new(store);
     spawn_purge_task(store.clone(), PURGE_INTERVAL, 500);
 
-    let layer = idempotency_layer(store, &args);
+    let metadata = metadata_reader().map_err(|error| format!("rustberg's FileIO: {error}"))?;
+    let layer = idempotency_layer(store, metadata, &args);
     let in_flight = layer.in_flight();
     let app = axum::Router::new()
         .fallback_service(layer.layer(rustberg.into_router()))
@@ -189,9 +196,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     Ok(())
 }
 
+/// Reads table and view metadata files with rustberg's own FileIO (every storage scheme
+/// rustberg was built with), so that keyed answers that carry metadata are stored as a
+/// pointer to their file and replayed from it. rustberg answers creates and commits with
+/// the metadata it just wrote, so the file holds exactly the bytes the answer carried.
+fn metadata_reader() -> Result<impl MetadataReader, BoxError> {
+    let file_io = rustberg::catalog::file_io::build_file_io()?;
+    Ok(move |location: String| {
+        let file_io = file_io.clone();
+        async move {
+            let bytes = file_io.new_input(&location)?.read().await?;
+            Ok::<_, BoxError>(gunzipped(bytes)?)
+        }
+    })
+}
+
+/// A metadata file's JSON: decompressed if the table writes gzip metadata
+/// (`write.metadata.compression-codec`).
+fn gunzipped(bytes: Bytes) -> std::io::Result<Bytes> {
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Ok(bytes);
+    }
+    let mut json = Vec::new();
+    flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut json)?;
+    Ok(Bytes::from(json))
+}
+
 /// The layer as the README recommends it for a catalog that authenticates inside its own
 /// router and keeps a key cache of its own.
-fn idempotency_layer(store: Arc<dyn IdempotencyStore>, args: &Args) -> IdempotencyLayer {
+fn idempotency_layer(
+    store: Arc<dyn IdempotencyStore>,
+    metadata: impl MetadataReader,
+    args: &Args,
+) -> IdempotencyLayer {
     let replayed = [
         header::CONTENT_TYPE,
         header::CONTENT_LANGUAGE,
@@ -205,6 +242,7 @@ fn idempotency_layer(store: Arc<dyn IdempotencyStore>, args: &Args) -> Idempoten
     .into_iter()
     .chain(RUSTBERG_RESPONSE_HEADERS.map(HeaderName::from_static));
     IdempotencyLayer::iceberg(store)
+        .with_profile(IcebergProfile::default().with_metadata_reader(metadata))
         .with_lifetime(args.idempotency_lifetime)
         // rustberg's credentials: a bearer token (OIDC/JWT, API key) or `X-API-Key`.
         .with_scope(CredentialScope::from_headers([

@@ -30,6 +30,16 @@
 //! - **Exact replays**: an answer that had nothing cut out is replayed as the very bytes
 //!   of the first answer, and no load runs. An answer that had credentials cut out is
 //!   replayed as those bytes plus fresh credentials.
+//! - **Metadata by pointer**: with a [`MetadataReader`] (the catalog's own storage
+//!   client, [`IcebergProfile::with_metadata_reader`]), an answer that carries table or
+//!   view metadata is stored without it: its `metadata` value is taken out and its
+//!   length and SHA-256 kept, and a replay reads the immutable file the answer's
+//!   `metadata-location` names, checks it and puts it back, so the retry gets the first
+//!   answer's bytes. A record then costs the same few hundred bytes whatever the table's
+//!   size. A retry whose file cannot be read (deleted, storage down) or does not match
+//!   gets 503 with `Retry-After` (`CommitStateUnknownException`), never a guess; keep
+//!   metadata files at least as long as keys. Without a reader, answers are stored whole,
+//!   and the profile says so in the log at its first request.
 //! - **Encodings**: the catalog is asked for unencoded answers (`Accept-Encoding:
 //!   identity`) on keyed requests, `GET /v1/config` and the load that refreshes a replay.
 //!   A config answer compressed anyway (gzip, deflate) is decoded to be amended and goes
@@ -55,7 +65,10 @@
 //! its own can write its own profile the same way.
 
 mod json;
+mod metadata;
 
+use std::fmt;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -64,9 +77,11 @@ use serde_json::Value;
 
 use crate::iso8601::format_duration;
 use crate::{
-    ErrorRenderer, IDEMPOTENCY_KEY, KeyFormat, Profile, Rejection, RejectionKind, StoredResponse,
-    UuidKey,
+    ErrorRenderer, IDEMPOTENCY_KEY, KeyFormat, Profile, Rejection, RejectionKind, Restoring,
+    StoredResponse, UuidKey,
 };
+
+pub use self::metadata::MetadataReader;
 
 /// The config response field that advertises idempotency support.
 pub const LIFETIME_FIELD: &str = "idempotency-key-lifetime";
@@ -81,9 +96,26 @@ const CREDENTIALS_REMOVED: &str = "x-idempotency-iceberg-credentials-removed";
 ///
 /// Its routes are anchored at the catalog's base path: by default `/v1/…` at the root;
 /// a catalog served under `/catalog` sets [`with_base_path`](Self::with_base_path).
-#[derive(Clone, Debug, Default)]
+///
+/// Answers that carry table or view metadata are stored whole unless the catalog gives
+/// the profile a [`MetadataReader`] ([`with_metadata_reader`](Self::with_metadata_reader)):
+/// then they are stored as a pointer to their metadata file, at the same small cost
+/// whatever the table's size.
+#[derive(Clone, Default)]
 pub struct IcebergProfile {
     base_path: String,
+    metadata: Option<Arc<dyn MetadataReader>>,
+    /// Whether the line that says how metadata answers are stored was logged.
+    announced: Arc<OnceLock<()>>,
+}
+
+impl fmt::Debug for IcebergProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IcebergProfile")
+            .field("base_path", &self.base_path)
+            .field("metadata_reader", &self.metadata.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl IcebergProfile {
@@ -102,6 +134,49 @@ impl IcebergProfile {
     pub fn with_base_path(mut self, base_path: &str) -> Self {
         self.base_path = base_path.trim_end_matches('/').to_owned();
         self
+    }
+
+    /// Stores the answers that carry table or view metadata (`updateTable`,
+    /// `createTable`, `registerTable`, `createView`, `replaceView`, `registerView`) as a
+    /// pointer to the metadata file they name instead of whole: a replay reads the file
+    /// back through `reader` and sends the first answer's bytes. A record then holds a
+    /// few hundred bytes whatever the table's size, where a whole answer holds every
+    /// snapshot the table keeps.
+    ///
+    /// The file must stay readable for as long as keys are kept (the layer's lifetime).
+    /// A retry whose file cannot be read, or no longer holds the bytes the first answer
+    /// carried, is never answered with a guess: it gets a 503 with `Retry-After` that says
+    /// the request already ran, which the Java client resends and then reports as a
+    /// commit whose state is unknown.
+    ///
+    /// ```
+    /// use idempotency_core::IdempotencyLayer;
+    /// use idempotency_core::iceberg::IcebergProfile;
+    /// use idempotency_store_memory::MemoryStore;
+    ///
+    /// // Your catalog's own storage client; here, local files.
+    /// let read = |location: String| async move {
+    ///     let path = location.strip_prefix("file://").unwrap_or(&location).to_owned();
+    ///     tokio::task::spawn_blocking(move || std::fs::read(path)).await?
+    /// };
+    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new())
+    ///     .with_profile(IcebergProfile::default().with_metadata_reader(read));
+    /// # drop(layer);
+    /// ```
+    pub fn with_metadata_reader(mut self, reader: impl MetadataReader) -> Self {
+        self.metadata = Some(Arc::new(reader));
+        self
+    }
+
+    /// Says once, at the first request the profile sees, how metadata answers are kept.
+    fn announce(&self) {
+        self.announced.get_or_init(|| {
+            if self.metadata.is_some() {
+                tracing::info!("idempotency: Iceberg answers that carry table or view metadata are stored as a pointer to their metadata file (a metadata reader is installed)");
+            } else {
+                tracing::info!("idempotency: Iceberg answers that carry table or view metadata are stored whole, and grow with their tables: no metadata reader is installed (IcebergProfile::with_metadata_reader)");
+            }
+        });
     }
 
     /// The part of `path` after the base path, if `path` is under it.
@@ -133,7 +208,24 @@ impl Profile for IcebergProfile {
                 .headers
                 .push((CREDENTIALS_REMOVED.to_owned(), Bytes::from_static(b"true")));
         }
+        // Last, so that the place it notes is the place in the body as stored.
+        if answer.status == 200
+            && self.metadata.is_some()
+            && self
+                .under_base(request.uri().path())
+                .is_some_and(|path| answers_with_metadata(request.method(), path))
+        {
+            metadata::take_out(&mut answer);
+        }
         answer
+    }
+
+    fn restore(&self, stored: &StoredResponse) -> Option<Restoring<'_>> {
+        if !metadata::was_taken_out(stored) {
+            return None;
+        }
+        let reader = self.metadata.as_deref();
+        Some(Box::pin(metadata::put_back(reader, stored.clone())))
     }
 
     fn refresh(&self, retry: &Request<Bytes>, stored: &StoredResponse) -> Option<Request<Bytes>> {
@@ -183,6 +275,7 @@ impl Profile for IcebergProfile {
     }
 
     fn advertises(&self, method: &Method, path: &str) -> bool {
+        self.announce();
         method == Method::GET
             && self
                 .under_base(path)
@@ -310,6 +403,22 @@ pub fn advertise_lifetime(config: &mut Value, lifetime: Duration) {
             Value::String(format_duration(lifetime)),
         );
     }
+}
+
+/// Operations whose answer carries table or view metadata and the file it was read from
+/// or written to.
+fn answers_with_metadata(method: &Method, path: &str) -> bool {
+    matches!(
+        operation(method, path),
+        Some(
+            "createTable"
+                | "registerTable"
+                | "updateTable"
+                | "createView"
+                | "replaceView"
+                | "registerView"
+        )
+    )
 }
 
 /// Operations whose answer is a `LoadTableResult`, which may carry vended credentials.
@@ -524,5 +633,199 @@ mod tests {
             credentials_reload_path(&Method::POST, "/v1/namespaces/db/register", body).as_deref(),
             Some("/v1/namespaces/db/tables/my%20table")
         );
+    }
+
+    /// A reader over files held in memory, that counts its reads.
+    fn files(files: &[(&str, &str)]) -> impl MetadataReader + Clone {
+        let files: std::collections::HashMap<String, Bytes> = files
+            .iter()
+            .map(|(location, text)| ((*location).to_owned(), Bytes::from(text.to_string())))
+            .collect();
+        let files = Arc::new(files);
+        move |location: String| {
+            let files = files.clone();
+            async move {
+                files
+                    .get(&location)
+                    .cloned()
+                    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
+            }
+        }
+    }
+
+    fn commit_request() -> Request<Bytes> {
+        Request::post("/v1/namespaces/db/tables/t")
+            .body(Bytes::from_static(b"{}"))
+            .unwrap()
+    }
+
+    fn answer(body: &str) -> StoredResponse {
+        StoredResponse {
+            status: 200,
+            headers: vec![(
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json"),
+            )],
+            body: Bytes::from(body.to_owned()),
+            trailers: Vec::new(),
+        }
+    }
+
+    fn replayed(profile: &IcebergProfile, stored: &StoredResponse) -> StoredResponse {
+        let restoring = profile.restore(stored).expect("a pointer is restored");
+        futures_util::FutureExt::now_or_never(restoring).expect("reads at once")
+    }
+
+    const METADATA: &str = r#"{"format-version":2, "snapshots":[{"snapshot-id":1},{"snapshot-id":2}],"properties":{"b":"2","a":"1"}}"#;
+
+    #[test]
+    fn metadata_is_stored_as_a_pointer_and_replayed_byte_for_byte() {
+        let location = "file:///w/db/t/metadata/00002-x.metadata.json";
+        let first = format!(r#"{{"metadata-location":"{location}", "metadata":{METADATA}}}"#);
+        let profile =
+            IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
+        let stored = profile.to_store(&commit_request(), answer(&first));
+        assert_eq!(
+            stored.body,
+            format!(r#"{{"metadata-location":"{location}", "metadata":null}}"#)
+        );
+        assert!(stored.body.len() < first.len() - METADATA.len() + 5);
+        let replay = replayed(&profile, &stored);
+        assert_eq!(replay.body, first, "the first answer, byte for byte");
+        assert_eq!(replay.status, 200);
+        assert_eq!(
+            replay.headers,
+            vec![(
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json")
+            )],
+            "the note is not sent"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_gone_or_changed_is_never_replayed() {
+        let location = "file:///w/db/t/metadata/00002-x.metadata.json";
+        let first = format!(r#"{{"metadata-location":"{location}","metadata":{METADATA}}}"#);
+        let writer = IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
+        let stored = writer.to_store(&commit_request(), answer(&first));
+        let changed = METADATA.replace(r#""b":"2","a":"1""#, r#""a":"1","b":"2""#);
+        let readers = [
+            IcebergProfile::default().with_metadata_reader(files(&[])),
+            IcebergProfile::default().with_metadata_reader(files(&[(location, &changed)])),
+            IcebergProfile::default().with_metadata_reader(files(&[(location, "{}")])),
+            // Stored with a reader, replayed by a profile that has none.
+            IcebergProfile::default(),
+        ];
+        for profile in readers {
+            let replay = replayed(&profile, &stored);
+            assert_eq!(replay.status, 503, "{profile:?}");
+            assert!(
+                replay
+                    .headers
+                    .iter()
+                    .any(|(name, value)| name == "retry-after" && value == "1")
+            );
+            let body: Value = serde_json::from_slice(&replay.body).unwrap();
+            assert_eq!(body["error"]["type"], "CommitStateUnknownException");
+            assert_eq!(body["error"]["code"], 503);
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("already ran"),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_metadata_answers_that_name_their_file_become_pointers() {
+        let profile = IcebergProfile::default().with_metadata_reader(files(&[]));
+        let whole = |method: Method, path: &str, status: u16, body: &str| {
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Bytes::new())
+                .unwrap();
+            let mut answer = answer(body);
+            answer.status = status;
+            let stored = profile.to_store(&request, answer.clone());
+            stored == answer && profile.restore(&stored).is_none()
+        };
+        let with_file = r#"{"metadata-location":"m","metadata":{"k":1}}"#;
+        // A staged create names no file; a namespace is not metadata; errors are kept.
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables",
+            200,
+            r#"{"metadata-location":null,"metadata":{"k":1}}"#
+        ));
+        assert!(whole(Method::POST, "/v1/namespaces", 200, with_file));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables/t",
+            409,
+            with_file
+        ));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables/t",
+            200,
+            "not json"
+        ));
+        assert!(whole(
+            Method::POST,
+            "/v1/namespaces/db/tables/t",
+            200,
+            r#"{"metadata-location":"m"}"#
+        ));
+        for path in [
+            "/v1/namespaces/db/tables",
+            "/v1/p/namespaces/db/register",
+            "/v1/namespaces/db/tables/t",
+            "/v1/namespaces/db/views",
+            "/v1/namespaces/db/views/v",
+            "/v1/namespaces/db/register-view",
+        ] {
+            assert!(!whole(Method::POST, path, 200, with_file), "{path}");
+        }
+        // Without a reader, everything is stored whole.
+        let request = commit_request();
+        assert_eq!(
+            IcebergProfile::default().to_store(&request, answer(with_file)),
+            answer(with_file)
+        );
+    }
+
+    #[test]
+    fn vended_credentials_and_metadata_are_both_kept_out_and_both_come_back() {
+        let location = "file:///w/db/t/metadata/00000-x.metadata.json";
+        let config = r#""config":{"s3.secret-access-key":"OLD","s3.region":"r"}"#;
+        let pointer = format!(r#""metadata-location":"{location}","metadata":{METADATA}"#);
+        // Credentials after the metadata, and before it (cutting them out moves it).
+        for first in [
+            format!("{{{pointer},{config}}}"),
+            format!("{{{config},{pointer}}}"),
+        ] {
+            let profile =
+                IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
+            let request = Request::post("/v1/namespaces/db/tables")
+                .body(Bytes::from_static(br#"{"name":"t"}"#))
+                .unwrap();
+            let stored = profile.to_store(&request, answer(&first));
+            assert!(!String::from_utf8_lossy(&stored.body).contains("OLD"));
+            assert!(!String::from_utf8_lossy(&stored.body).contains("snapshot-id"));
+            let restored = replayed(&profile, &stored);
+            assert_eq!(restored.status, 200, "{first}");
+            let fresh = Response::new(Bytes::from(first.replace("OLD", "FRESH")));
+            let replay = profile.replay(restored, Some(fresh));
+            let replay = String::from_utf8(replay.body.to_vec()).unwrap();
+            assert!(replay.contains(&pointer), "{replay}");
+            assert_eq!(
+                serde_json::from_str::<Value>(&replay).unwrap(),
+                serde_json::from_str::<Value>(&first.replace("OLD", "FRESH")).unwrap()
+            );
+        }
     }
 }

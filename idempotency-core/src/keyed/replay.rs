@@ -1,6 +1,8 @@
 //! Stage 7, **replay**: a retry of a finished request gets the stored answer, byte for
 //! byte, with `idempotent-replayed: true`; the inner service is not called, unless the
-//! profile asks for a refresh (Iceberg loads the table again for fresh credentials).
+//! profile asks for a refresh (Iceberg loads the table again for fresh credentials). A
+//! profile that stored part of the answer by reference rebuilds it first (Iceberg reads
+//! table metadata back from its file).
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -26,6 +28,10 @@ where
     S: InnerService<B::RequestOut, B::ResponseIn>,
     B: Bodies,
 {
+    let stored = match settings.profile.restore(&stored) {
+        Some(restoring) => restoring.await,
+        None => stored,
+    };
     // The refresh calls the inner service: its future is boxed, so that the keyed
     // future of every other request (most replays refresh nothing) does not carry room
     // for it.

@@ -17,6 +17,13 @@
 //! catalog's own state stays in its database (`grpc-orders` connects the same way:
 //! [`examples::records`]).
 //!
+//! An answer that carries table or view metadata (a commit's, a created or registered
+//! table's or view's) is stored as a pointer to the metadata file it names, which the
+//! layer reads back through the catalog's FileIO to replay it byte for byte: a record
+//! then costs a few hundred bytes whatever the table's size. `--store-whole-metadata`
+//! stores such answers whole instead, as a catalog without a reader would (for
+//! comparison).
+//!
 //! Being in the same database, a keyed change commits **once**, with its record and its
 //! answer: the record is reserved in a transaction on the catalog's own pool
 //! ([`OneCommitStore`]), the change is written in that transaction, then its answer, and
@@ -27,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::config::IdempotencyConfig;
+use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
 use idempotency_store_sql::{AnyFinalizer, OneCommitStore, TableName};
@@ -53,7 +61,9 @@ pub(crate) enum Commits {
     Two,
 }
 
-/// The layer for the catalog, keeping answers for `lifetime` where `records` says; its
+/// The layer for the catalog, keeping answers for `lifetime` where `records` says, and
+/// answers that carry table or view metadata as a pointer to their file, read back
+/// through `metadata` for replays (whole without it); its
 /// store as the admin endpoints use it (inspect, evict: the layer holds only the request
 /// path); and, when the records are in the catalog's database, how the catalog's changes
 /// write their answers: in the one-commit store's reservations, opened on the catalog's
@@ -64,6 +74,25 @@ pub(crate) enum Commits {
 /// token (which the layer would otherwise refuse, unable to tell them apart) work too. A
 /// catalog with authentication reads the principal instead (README, Usage).
 pub(crate) async fn layer(
+    records: Records<'_>,
+    lifetime: Duration,
+    commits: Commits,
+    pool: &sqlx::AnyPool,
+    metadata: Option<impl MetadataReader>,
+) -> Result<
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Finalizer>),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    let profile = match metadata {
+        Some(reader) => IcebergProfile::default().with_metadata_reader(reader),
+        None => IcebergProfile::default(),
+    };
+    let (layer, records, finalizer) = records_layer(records, lifetime, commits, pool).await?;
+    Ok((layer.with_profile(profile), records, finalizer))
+}
+
+/// [`layer`] with the records where `records` says, before its profile is set.
+async fn records_layer(
     records: Records<'_>,
     lifetime: Duration,
     commits: Commits,

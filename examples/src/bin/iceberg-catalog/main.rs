@@ -136,6 +136,12 @@ struct Args {
     #[arg(long, conflicts_with_all = ["idempotency_store", "no_idempotency"])]
     two_commit: bool,
 
+    /// Store keyed answers that carry table or view metadata whole, as a catalog without
+    /// a metadata reader does, instead of as a pointer to their metadata file, which
+    /// replays read back. For comparison (benches).
+    #[arg(long, conflicts_with = "no_idempotency")]
+    store_whole_metadata: bool,
+
     /// How long a shutdown waits for keyed requests still running (ISO-8601). Those still
     /// running then are abandoned: their keys are taken over by a retry once their
     /// leases lapse.
@@ -193,8 +199,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         } else {
             idempotency::Commits::One
         };
-        let (layer, records, finalizer) =
-            idempotency::layer(records, args.idempotency_lifetime, commits, catalog.pool()).await?;
+        let metadata = (!args.store_whole_metadata).then(|| catalog.metadata_reader());
+        let (layer, records, finalizer) = idempotency::layer(
+            records,
+            args.idempotency_lifetime,
+            commits,
+            catalog.pool(),
+            metadata,
+        )
+        .await?;
         let catalog = match finalizer {
             Some(finalizer) => catalog.with_records_in_database(finalizer),
             None => catalog,

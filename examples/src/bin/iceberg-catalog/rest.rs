@@ -12,6 +12,7 @@ use iceberg::spec::{
 };
 use iceberg::{TableRequirement, TableUpdate, ViewUpdate};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// `GET /v1/config`.
 #[derive(Debug, Serialize)]
@@ -175,6 +176,17 @@ pub(crate) enum ViewRequirement {
 pub(crate) struct LoadViewResult {
     pub(crate) metadata_location: String,
     pub(crate) metadata: ViewMetadata,
+    pub(crate) config: HashMap<String, String>,
+}
+
+/// The answer of registerTable and registerView: the metadata file's own JSON as it was
+/// read, not re-serialized, so that the answer is exactly what the idempotency layer reads
+/// back from the file for a replay.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) struct RegisteredResult {
+    pub(crate) metadata_location: String,
+    pub(crate) metadata: Box<RawValue>,
     pub(crate) config: HashMap<String, String>,
 }
 

@@ -19,7 +19,7 @@ use super::log::LOG_TARGET;
 use super::names::{check_name, display_namespace};
 use super::uncommitted::Uncommitted;
 use crate::error::{ApiError, ApiResult};
-use crate::rest::{CreateTableRequest, LoadTableResult};
+use crate::rest::{CreateTableRequest, LoadTableResult, RegisteredResult};
 
 impl Catalog {
     /// The tables in a namespace, sorted.
@@ -264,17 +264,21 @@ impl Catalog {
         metadata_location: String,
         overwrite: bool,
         reservation: Option<&ReservationHandle>,
-    ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
+    ) -> ApiResult<Uncommitted<'_, RegisteredResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
         self.check_location(&metadata_location)?;
-        let metadata = TableMetadata::read_from(&self.file_io, &metadata_location)
+        let unreadable = |e: &dyn std::fmt::Display| {
+            ApiError::bad_request(format!(
+                "Cannot read table metadata at {metadata_location}: {e}"
+            ))
+        };
+        // Answered as read: the file's own JSON, which is what a replay reads back.
+        let metadata = self
+            .read_metadata_json(&metadata_location)
             .await
-            .map_err(|e| {
-                ApiError::bad_request(format!(
-                    "Cannot read table metadata at {metadata_location}: {e}"
-                ))
-            })?;
+            .map_err(|e| unreadable(&e))?;
+        serde_json::from_str::<TableMetadata>(metadata.get()).map_err(|e| unreadable(&e))?;
         let current = self.db.metadata_location(ident, TABLE_TYPE_FILTER).await?;
         let mut tx = self.begin(reservation).await?;
         let written = match current {
@@ -330,8 +334,8 @@ impl Catalog {
         Ok(Uncommitted::new(
             self,
             tx,
-            LoadTableResult {
-                metadata_location: Some(metadata_location),
+            RegisteredResult {
+                metadata_location,
                 metadata,
                 config: HashMap::new(),
             },

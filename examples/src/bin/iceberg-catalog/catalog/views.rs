@@ -16,7 +16,7 @@ use super::errors::{invalid_update, view_exists_error};
 use super::names::check_name;
 use super::uncommitted::Uncommitted;
 use crate::error::{ApiError, ApiResult};
-use crate::rest::{CreateViewRequest, LoadViewResult, ViewRequirement};
+use crate::rest::{CreateViewRequest, LoadViewResult, RegisteredResult, ViewRequirement};
 
 impl Catalog {
     /// The views in a namespace, sorted.
@@ -316,17 +316,16 @@ impl Catalog {
         ident: &TableIdent,
         metadata_location: String,
         reservation: Option<&ReservationHandle>,
-    ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
+    ) -> ApiResult<Uncommitted<'_, RegisteredResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
         self.check_location(&metadata_location)?;
-        let bytes = self
-            .file_io
-            .new_input(&metadata_location)?
-            .read()
+        // Answered as read: the file's own JSON, which is what a replay reads back.
+        let metadata = self
+            .read_metadata_json(&metadata_location)
             .await
             .map_err(|e| ApiError::bad_request(format!("Cannot read {metadata_location}: {e}")))?;
-        let metadata: ViewMetadata = serde_json::from_slice(&bytes).map_err(|e| {
+        serde_json::from_str::<ViewMetadata>(metadata.get()).map_err(|e| {
             ApiError::bad_request(format!("{metadata_location} is not view metadata: {e}"))
         })?;
         if self.db.name_taken(ident).await? {
@@ -358,7 +357,7 @@ impl Catalog {
         Ok(Uncommitted::new(
             self,
             tx,
-            LoadViewResult {
+            RegisteredResult {
                 metadata_location,
                 metadata,
                 config: HashMap::new(),

@@ -1,7 +1,15 @@
-//! The warehouse: where tables and views may live, where a new one goes, and the
-//! clean-up of metadata files no committed change points at.
+//! The warehouse: where tables and views may live, where a new one goes, the clean-up
+//! of metadata files no committed change points at, and reading a metadata file back as
+//! the JSON an answer carries (for registrations, and for the idempotency layer's
+//! replays).
 
+use std::io::Read as _;
+
+use bytes::Bytes;
 use iceberg::NamespaceIdent;
+use idempotency_core::BoxError;
+use idempotency_core::iceberg::MetadataReader;
+use serde_json::value::RawValue;
 
 use super::connection::Catalog;
 use super::log::LOG_TARGET;
@@ -45,6 +53,31 @@ impl Catalog {
         Ok(format!("{base}/{name}"))
     }
 
+    /// Reads the metadata files the idempotency layer's replays need, through the
+    /// catalog's own FileIO: the JSON this catalog's answers carried for the file at a
+    /// location (what it wrote, or, for a registration, what it read).
+    pub(crate) fn metadata_reader(&self) -> impl MetadataReader + use<> {
+        let file_io = self.file_io.clone();
+        move |location: String| {
+            let file_io = file_io.clone();
+            async move {
+                let bytes = file_io.new_input(&location)?.read().await?;
+                Ok::<_, BoxError>(metadata_json(bytes)?)
+            }
+        }
+    }
+
+    /// The metadata file at `location` as the JSON an answer carries, read whole and
+    /// checked to be JSON.
+    pub(super) async fn read_metadata_json(
+        &self,
+        location: &str,
+    ) -> Result<Box<RawValue>, BoxError> {
+        let bytes = self.file_io.new_input(location)?.read().await?;
+        let json = String::from_utf8(metadata_json(bytes)?.to_vec())?;
+        Ok(RawValue::from_string(json)?)
+    }
+
     /// Deletes metadata files that nothing points at (their change did not commit).
     pub(super) async fn delete_unused(&self, locations: &[String]) {
         for location in locations {
@@ -53,4 +86,25 @@ impl Catalog {
             }
         }
     }
+}
+
+/// A metadata file's JSON: decompressed if it was written with gzip (Iceberg's
+/// `write.metadata.compression-codec`), without the whitespace around it.
+fn metadata_json(bytes: Bytes) -> std::io::Result<Bytes> {
+    let json = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut plain)?;
+        Bytes::from(plain)
+    } else {
+        bytes
+    };
+    let start = json
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(json.len());
+    let end = json
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |last| last + 1);
+    Ok(json.slice(start..end))
 }

@@ -16,6 +16,7 @@ import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.ManifestFile;
+import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
@@ -34,14 +35,20 @@ import org.apache.iceberg.view.View;
  * to the catalog directly.
  *
  * <pre>
- * java ... dev.idempotency.CatalogCheck --catalog http://127.0.0.1:8181 --run RUN --mode layer
+ * java ... dev.idempotency.CatalogCheck --catalog http://127.0.0.1:8181 --run RUN --mode layer [--grow N]
  * </pre>
+ *
+ * <p>{@code --grow N} commits N snapshots to the first table (directly, before the operations
+ * on it) in the scenarios that lose an answer after the commit ({@code DROP_ANSWER}, {@code
+ * GATEWAY_TIMEOUT}), so that the operations after it answer, and are replayed, with a large
+ * table's metadata.
  *
  * <p>Modes: {@code layer} (the catalog has the layer; any error, wrong effect or deleted file
  * fails the run), {@code control} (the catalog runs with --no-idempotency: the failures are
  * counted, and an operation that failed is retried once by the program, as an application would),
  * {@code control-advertised} (the same, with the proxy advertising a key lifetime the catalog
- * does not honour, so the client sends keys and retries on its own).
+ * does not honour, so the client sends keys and retries on its own), {@code gone} (one commit
+ * whose answer is lost and whose metadata file is gone before the retry: see {@link #gone}).
  *
  * <p>Prints one {@code OP} line per operation and scenario, and a {@code SUMMARY} line.
  */
@@ -62,12 +69,16 @@ public final class CatalogCheck {
   private Namespace currentNamespace;
   private Map<TableIdentifier, int[]> baseline = Map.of();
   private int notFired;
+  /** Snapshots committed to the first table before the operations on it (--grow). */
+  private final int grow;
 
-  private CatalogCheck(RESTCatalog client, RESTCatalog observer, FaultProxy proxy, boolean control) {
+  private CatalogCheck(
+      RESTCatalog client, RESTCatalog observer, FaultProxy proxy, boolean control, int grow) {
     this.client = client;
     this.observer = observer;
     this.proxy = proxy;
     this.control = control;
+    this.grow = grow;
   }
 
   /** An operation, run by the client through the proxy. */
@@ -107,7 +118,11 @@ public final class CatalogCheck {
                 "http://127.0.0.1:" + proxy.port(),
                 options.get("socket-timeout-ms"));
         RESTCatalog observer = catalog("observer", catalogUri, null)) {
-      CatalogCheck check = new CatalogCheck(client, observer, proxy, control);
+      int grow = Integer.parseInt(options.getOrDefault("grow", "0"));
+      CatalogCheck check = new CatalogCheck(client, observer, proxy, control, grow);
+      if (mode.equals("gone")) {
+        System.exit(check.gone(run));
+      }
       long started = System.nanoTime();
       for (Fault scenario : scenarios) {
         check.scenario(run + "_" + scenario.name().toLowerCase(), scenario);
@@ -134,6 +149,47 @@ public final class CatalogCheck {
     return catalog;
   }
 
+  /**
+   * A commit whose answer is lost and whose metadata file is gone (moved away) before the
+   * client's retry, so the catalog cannot replay it: the client must report the commit's state
+   * as unknown (neither a success nor a failure), keep its files, and the commit must have landed
+   * once. Prints a {@code SUMMARY} line; 0 if all of that holds.
+   */
+  private int gone(String ns) throws Exception {
+    Namespace namespace = Namespace.of(ns);
+    TableIdentifier t = TableIdentifier.of(namespace, "events");
+    client.createNamespace(namespace);
+    client.createTable(t, SCHEMA);
+    grow(observer, t, grow);
+    int filesBefore = ((BaseTable) observer.loadTable(t)).operations().current().previousFiles().size();
+    Table table = client.loadTable(t);
+    int seenBefore = proxy.seen().size();
+    proxy.arm(Fault.DROP_ANSWER_AND_METADATA);
+    String error = attempt(() -> table.updateProperties().set("gone", "1").commit());
+    proxy.restoreMoved();
+    Table after = observer.loadTable(t);
+    int commits =
+        ((BaseTable) after).operations().current().previousFiles().size() - filesBefore;
+    String statuses =
+        proxy.seen().subList(seenBefore, proxy.seen().size()).stream()
+            .filter(seen -> seen.method().equals("POST"))
+            .map(seen -> seen.catalogStatus() + "/" + seen.clientStatus())
+            .collect(Collectors.joining(","));
+    System.out.printf(
+        "SUMMARY mode=gone error=%s property=%s commits=%d deleted_files=%d catalog/client=%s%n",
+        error == null ? "none" : error,
+        after.properties().get("gone"),
+        commits,
+        LocalFileIO.DELETED.size(),
+        statuses);
+    boolean asDocumented =
+        "CommitStateUnknownException".equals(error)
+            && "1".equals(after.properties().get("gone"))
+            && commits == 1
+            && LocalFileIO.DELETED.isEmpty();
+    return asDocumented ? 0 : 1;
+  }
+
   private void scenario(String ns, Fault fault) throws Exception {
     Namespace namespace = Namespace.of(ns);
     currentNamespace = namespace;
@@ -146,10 +202,20 @@ public final class CatalogCheck {
     op(fault, "createNamespace", () -> client.createNamespace(namespace), () ->
         observer.namespaceExists(namespace) ? null : "namespace missing");
 
-    op(fault, "createTable", () -> client.createTable(t, SCHEMA), () -> tableCheck(t, 1, 0, 1));
+    // Every metadata file stays in the log, so that its entries count the commits of a
+    // grown table too.
+    op(fault, "createTable", () -> client.createTable(t, SCHEMA, PartitionSpec.unpartitioned(),
+            Map.of("write.metadata.previous-versions-max", "10000")),
+        () -> tableCheck(t, 1, 0, 1));
 
     op(fault, "createTable(second)", () -> client.createTable(t2, SCHEMA), () ->
         tableCheck(t2, 1, 0, 1));
+
+    // Where an answer is lost after the commit, the operations below then answer (and are
+    // replayed) with a few hundred snapshots' metadata.
+    if (fault == Fault.DROP_ANSWER || fault == Fault.GATEWAY_TIMEOUT) {
+      grow(observer, t, grow);
+    }
 
     op(fault, "appendFiles", () -> {
           Table table = client.loadTable(t);
@@ -288,6 +354,18 @@ public final class CatalogCheck {
         mutations.size(),
         keys.stream().map(CatalogCheck::keyVersion).sorted().collect(Collectors.joining("+")),
         statuses);
+  }
+
+  /**
+   * Commits {@code snapshots} empty appends to a table, directly (not through the proxy): each
+   * adds a snapshot, a history entry and a metadata file, so that every answer about the table
+   * carries them all.
+   */
+  static void grow(RESTCatalog catalog, TableIdentifier id, int snapshots) {
+    Table table = catalog.loadTable(id);
+    for (int i = 0; i < snapshots; i++) {
+      table.newAppend().commit();
+    }
   }
 
   private static String keyVersion(String key) {

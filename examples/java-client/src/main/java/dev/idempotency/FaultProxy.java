@@ -3,6 +3,7 @@ package dev.idempotency;
 import java.io.BufferedInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
+import java.io.File;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.OutputStream;
@@ -20,6 +21,8 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicReference;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 /**
  * A fault-injecting HTTP/1.1 proxy on loopback, between the Java client and the catalog.
@@ -46,7 +49,13 @@ public final class FaultProxy implements AutoCloseable {
      * Forwarded with the same delay header and answered whenever the catalog answers: for a client
      * whose own socket timeout is shorter than {@link #SLOW_MS}.
      */
-    SLOW
+    SLOW,
+    /**
+     * (d) Forwarded; the catalog commits and answers; the metadata file the answer names is moved
+     * away (as if deleted) before the answer is dropped with the connection, so the retry's replay
+     * cannot read it. {@link #restoreMoved} puts it back.
+     */
+    DROP_ANSWER_AND_METADATA
   }
 
   /** How long the catalog takes over a request under {@link Fault#GATEWAY_TIMEOUT}. */
@@ -69,6 +78,9 @@ public final class FaultProxy implements AutoCloseable {
   private final List<Seen> seen = new CopyOnWriteArrayList<>();
   private final List<CompletableFuture<Void>> background = new CopyOnWriteArrayList<>();
   private final List<Socket> open = new CopyOnWriteArrayList<>();
+  private final List<File> moved = new CopyOnWriteArrayList<>();
+  private static final Pattern METADATA_LOCATION =
+      Pattern.compile("\"metadata-location\"\\s*:\\s*\"([^\"]+)\"");
 
   /**
    * @param advertiseLifetime when not null, added to {@code GET /v1/config} answers as
@@ -100,6 +112,16 @@ public final class FaultProxy implements AutoCloseable {
 
   public List<Seen> seen() {
     return seen;
+  }
+
+  /** Puts back the metadata files {@link Fault#DROP_ANSWER_AND_METADATA} moved away. */
+  public void restoreMoved() {
+    for (File file : moved) {
+      if (!new File(file.getPath() + ".moved-away").renameTo(file)) {
+        throw new IllegalStateException("could not restore " + file);
+      }
+    }
+    moved.clear();
   }
 
   /** Waits for the requests that the proxy gave up on (504) to finish in the catalog. */
@@ -178,6 +200,20 @@ public final class FaultProxy implements AutoCloseable {
       }
       case DROP_ANSWER -> {
         Message answer = forward(request, null);
+        seen.add(new Seen(method, path, key, fault, answer.status(), 0));
+        return false;
+      }
+      case DROP_ANSWER_AND_METADATA -> {
+        Message answer = forward(request, null);
+        Matcher location =
+            METADATA_LOCATION.matcher(new String(answer.body, StandardCharsets.UTF_8));
+        if (location.find()) {
+          File file = LocalFileIO.file(location.group(1));
+          File away = new File(file.getPath() + ".moved-away");
+          if (file.renameTo(away)) {
+            moved.add(file);
+          }
+        }
         seen.add(new Seen(method, path, key, fault, answer.status(), 0));
         return false;
       }

@@ -3,6 +3,8 @@ package dev.idempotency;
 import dev.idempotency.FaultProxy.Fault;
 import java.util.ArrayList;
 import java.util.List;
+import org.apache.iceberg.catalog.TableIdentifier;
+import org.apache.iceberg.rest.RESTCatalog;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.SparkSession;
 
@@ -12,8 +14,11 @@ import org.apache.spark.sql.SparkSession;
  * counts at the end prove that each write landed once.
  *
  * <pre>
- * java --add-opens … dev.idempotency.SparkCheck --catalog http://127.0.0.1:8181 --namespace db --fault DROP_ANSWER
+ * java --add-opens … dev.idempotency.SparkCheck --catalog http://127.0.0.1:8181 --namespace db --fault DROP_ANSWER [--grow N]
  * </pre>
+ *
+ * <p>{@code --grow N} commits N snapshots to the table right after it is created (directly, not
+ * through the proxy), so that every write after it is answered with a large table's metadata.
  *
  * <p>Built by {@code spark/pom.xml}. Prints one {@code SQL} line per statement and a {@code
  * SPARK_SUMMARY} line; exits 1 if anything is wrong.
@@ -25,22 +30,29 @@ public final class SparkCheck {
   private final List<String> wrong = new ArrayList<>();
   private int statements;
   private int errors;
+  /** The catalog, directly (not through the proxy), and the snapshots to grow the table by. */
+  private final String catalogUri;
+  private final int grow;
 
-  private SparkCheck(SparkSession spark, FaultProxy proxy, Fault fault) {
+  private SparkCheck(SparkSession spark, FaultProxy proxy, Fault fault, String catalogUri, int grow) {
     this.spark = spark;
     this.proxy = proxy;
     this.fault = fault;
+    this.catalogUri = catalogUri;
+    this.grow = grow;
   }
 
   public static void main(String[] args) throws Exception {
     String catalogUri = null;
     String namespace = "spark_" + System.currentTimeMillis();
     Fault fault = Fault.DROP_ANSWER;
+    int grow = 0;
     for (int i = 0; i + 1 < args.length; i += 2) {
       switch (args[i]) {
         case "--catalog" -> catalogUri = args[i + 1];
         case "--namespace" -> namespace = args[i + 1];
         case "--fault" -> fault = Fault.valueOf(args[i + 1]);
+        case "--grow" -> grow = Integer.parseInt(args[i + 1]);
         default -> throw new IllegalArgumentException("unknown option " + args[i]);
       }
     }
@@ -66,7 +78,7 @@ public final class SparkCheck {
               .config("spark.sql.catalog.lake.rest-metrics-reporting-enabled", "false")
               .getOrCreate();
       try {
-        status = new SparkCheck(spark, proxy, fault).run("lake." + namespace);
+        status = new SparkCheck(spark, proxy, fault, catalogUri, grow).run(namespace);
       } finally {
         spark.stop();
       }
@@ -76,10 +88,21 @@ public final class SparkCheck {
     System.exit(status);
   }
 
-  private int run(String ns) {
+  private int run(String namespace) {
+    String ns = "lake." + namespace;
     String t = ns + ".events";
     write("CREATE NAMESPACE " + ns);
-    write("CREATE TABLE " + t + " (id BIGINT, data STRING) USING iceberg");
+    // Every metadata file stays in the log, so that its entries count the commits.
+    write("CREATE TABLE " + t + " (id BIGINT, data STRING) USING iceberg"
+        + " TBLPROPERTIES ('write.metadata.previous-versions-max' = '10000')");
+    if (grow > 0) {
+      // The writes below then answer with a few hundred snapshots' metadata.
+      try (RESTCatalog direct = CatalogCheck.catalog("grower", catalogUri, null)) {
+        CatalogCheck.grow(direct, TableIdentifier.of(namespace, "events"), grow);
+      } catch (Exception e) {
+        wrong.add("could not grow the table: " + e);
+      }
+    }
     write("INSERT INTO " + t + " VALUES (1, 'a'), (2, 'b'), (3, 'c')");
     expect("SELECT count(*) FROM " + t, 3);
     write("ALTER TABLE " + t + " ADD COLUMN note STRING");
@@ -94,13 +117,14 @@ public final class SparkCheck {
             + " UNION ALL SELECT 1L, 'a2', 'updated') AS source ON target.id = source.id"
             + " WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *");
     // Each write landed once: 4 rows (ids 1, 3, 4, 5), one snapshot per INSERT, DELETE and
-    // MERGE, one metadata file per commit (the creation, ALTER and the 4 writes).
+    // MERGE, one metadata file per commit (the creation, ALTER and the 4 writes), besides the
+    // snapshots and metadata files the table was grown by.
     expect("SELECT count(*) FROM " + t, 4);
     expect("SELECT sum(id) FROM " + t, 13);
     expect("SELECT count(*) FROM " + t + " WHERE id = 1 AND data = 'a2'", 1);
-    expect("SELECT count(*) FROM " + t + ".snapshots", 4);
-    expect("SELECT count(*) FROM " + t + ".history", 4);
-    expect("SELECT count(*) FROM " + t + ".metadata_log_entries", 6);
+    expect("SELECT count(*) FROM " + t + ".snapshots", 4 + grow);
+    expect("SELECT count(*) FROM " + t + ".history", 4 + grow);
+    expect("SELECT count(*) FROM " + t + ".metadata_log_entries", 6 + grow);
     int columns = spark.table(t).columns().length;
     if (columns != 3) {
       wrong.add(t + " has " + columns + " columns, not 3");
