@@ -1,4 +1,4 @@
-//! Advertising: answers to requests that do not take part, which the profile amends to
+//! Advertising: answers to requests that do not take part, which the advertiser amends to
 //! tell clients about the layer (Iceberg: `idempotency-key-lifetime` in `GET /v1/config`).
 //! Nothing here touches the store.
 
@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::{HeaderValue, Response, header};
 
 use crate::body_types::Bodies;
+use crate::decisions::Advertise;
 use crate::encoding;
 use crate::read::read_whole;
 use crate::rejection::Rejection;
@@ -15,9 +16,10 @@ use crate::settings::Settings;
 /// The largest answer read to be amended; a larger one goes out as it is.
 const MAX_ADVERTISED_BODY: usize = 1024 * 1024;
 
-/// The inner service's `answer`, amended by the profile when it succeeded.
+/// The inner service's `answer`, amended by `advertiser` when it succeeded.
 pub(crate) async fn amend<B, F, E>(
     settings: Arc<Settings>,
+    advertiser: Arc<dyn Advertise>,
     answer: F,
 ) -> Result<Response<B::ResponseOut>, E>
 where
@@ -51,9 +53,7 @@ where
             return Ok(Response::from_parts(parts, B::made(bytes, trailers)));
         }
     };
-    let mut amended = settings
-        .profile
-        .advertise(Response::from_parts(parts, bytes), settings.lifetime);
+    let mut amended = advertiser.advertise(Response::from_parts(parts, bytes), settings.lifetime);
     if amended.headers().contains_key(header::CONTENT_LENGTH) {
         let length = HeaderValue::from(amended.body().len());
         amended.headers_mut().insert(header::CONTENT_LENGTH, length);

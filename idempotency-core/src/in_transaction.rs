@@ -35,7 +35,7 @@ impl ReservationHandle {
     /// Reads `response` whole and applies the layer's rules to it, as the layer would
     /// after the handler returned: what is stored of it (the status, the
     /// [replayed headers](crate::IdempotencyLayer::with_replayed_headers) and the body,
-    /// after the profile's [`to_store`](crate::Profile::to_store), so that an Iceberg
+    /// after the layer's [`KeepAnswer::keep`](crate::KeepAnswer::keep), so that an Iceberg
     /// answer's vended credentials are cut out here too), or nothing when the answer is
     /// not stored: a 5xx or a [release status](crate::IdempotencyLayer::with_release_statuses)
     /// (the layer releases the key), a body over the
@@ -109,7 +109,7 @@ impl ReservationHandle {
         let stored = match verdict_on(settings, &facts) {
             Verdict::Store => Some(stored_answer(
                 settings,
-                self.request(),
+                self,
                 &parts,
                 &bytes,
                 trailers.as_ref(),
@@ -153,7 +153,7 @@ impl PreparedAnswer {
     /// the layer does not finalize the record again; the layer sends exactly this
     /// answer (status, headers, body), even if something changes the response on its
     /// way out, because this is what retries are replayed (less what the profile's
-    /// `to_store` keeps out of the store).
+    /// `KeepAnswer` keeps out of the store).
     ///
     /// Send it only if the transaction commits. If it rolls back, send another answer
     /// (e.g. a 5xx, which releases the key): a marked answer whose record was rolled

@@ -9,10 +9,12 @@ use tokio_util::task::TaskTracker;
 use tower_layer::Layer;
 
 use crate::budget::MemoryBudget;
-use crate::key::KeyFormat;
-use crate::policy::{AllMutations, NoScopeSet, RouteFilter, ScopeExtractor};
-use crate::profile::{HttpProfile, Profile};
-use crate::rejection::ErrorRenderer;
+use crate::decisions::{
+    Advertise, AllMutations, ClassifyAnswer, KeepAnswer, KeepWhole, RouteFilter, StoreAnswers,
+};
+use crate::key::{KeyFormat, OpaqueKey};
+use crate::policy::{NoScopeSet, ScopeExtractor};
+use crate::rejection::{ErrorRenderer, ProblemJson};
 use crate::service::{Idempotency, InnerBodies, WrappedBodies};
 use crate::settings::{
     DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,
@@ -66,7 +68,7 @@ impl<M> std::fmt::Debug for IdempotencyLayer<M> {
 }
 
 impl IdempotencyLayer {
-    /// A layer over `store` for plain HTTP ([`HttpProfile`]) with the defaults: opaque
+    /// A layer over `store` for plain HTTP ([`HttpProfile`](crate::HttpProfile)) with the defaults: opaque
     /// keys, no scope (see [`with_scope`](Self::with_scope)), every mutation, a 30-minute lifetime, 409 while in flight, 422 on
     /// key reuse, fail-closed. A store shared with other code (a purge task) can be
     /// passed as an `Arc`.
@@ -81,10 +83,12 @@ impl IdempotencyLayer {
             _bodies: PhantomData,
             settings: Arc::new(Settings {
                 store,
-                profile: Arc::new(HttpProfile),
-                key_format: None,
-                renderer: None,
                 routes: Arc::new(AllMutations),
+                key_format: Arc::new(OpaqueKey),
+                classifier: Arc::new(StoreAnswers),
+                keeper: Arc::new(KeepWhole),
+                renderer: Arc::new(ProblemJson),
+                advertiser: None,
                 scope: Arc::new(NoScopeSet),
                 scope_chosen: false,
                 no_scope_logged: Arc::new(std::sync::Once::new()),
@@ -461,25 +465,24 @@ impl<M> IdempotencyLayer<M> {
         self.edit(|s| s.metrics = metrics)
     }
 
-    /// The profile: everything that depends on the protocol (see [`Profile`]). The
-    /// default is [`HttpProfile`]; [`iceberg`](Self::iceberg) installs
-    /// [`IcebergProfile`](crate::iceberg::IcebergProfile).
+    /// Which requests take part, among mutations that carry a key (default: every
+    /// mutation, [`AllMutations`](crate::AllMutations); the Iceberg profile's routes, the
+    /// gRPC profile's unary calls). To narrow a profile's routes, ask them first in your
+    /// own filter.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::HttpProfile;
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_profile(HttpProfile);
+    /// use idempotency_core::RequestHead;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_routes(|request: &RequestHead<'_>| request.uri.path().starts_with("/v1/"));
     /// ```
-    pub fn with_profile(self, profile: impl Profile) -> Self {
-        self.edit(|s| s.profile = Arc::new(profile))
+    pub fn with_routes(self, routes: impl RouteFilter) -> Self {
+        self.edit(|s| s.routes = Arc::new(routes))
     }
 
-    /// How keys are parsed, instead of the profile's format ([`OpaqueKey`] for plain
-    /// HTTP, [`UuidKey`] for Iceberg).
-    ///
-    /// [`OpaqueKey`]: crate::OpaqueKey
-    /// [`UuidKey`]: crate::UuidKey
+    /// How keys are parsed (default [`OpaqueKey`](crate::OpaqueKey); the Iceberg
+    /// profile's [`UuidKey`](crate::UuidKey)).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -488,7 +491,58 @@ impl<M> IdempotencyLayer<M> {
     /// let layer = IdempotencyLayer::iceberg(MemoryStore::new()).with_key_format(UuidKey::v7_only());
     /// ```
     pub fn with_key_format(self, format: impl KeyFormat) -> Self {
-        self.edit(|s| s.key_format = Some(Arc::new(format)))
+        self.edit(|s| s.key_format = Arc::new(format))
+    }
+
+    /// Whether an answer is stored or releases the key, beyond the generic rules (5xx and
+    /// the [release statuses](Self::with_release_statuses) always release). Default:
+    /// stored ([`StoreAnswers`](crate::StoreAnswers)); the gRPC profile reads the gRPC
+    /// status. See [`ClassifyAnswer`].
+    pub fn with_classifier(self, classifier: impl ClassifyAnswer) -> Self {
+        self.edit(|s| s.classifier = Arc::new(classifier))
+    }
+
+    /// What of an answer is kept, and what a replay adds back (default: all of it and
+    /// nothing, [`KeepWhole`](crate::KeepWhole); the Iceberg profile keeps vended
+    /// credentials and table metadata out). See [`KeepAnswer`].
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::KeepWhole;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_answer_keeper(KeepWhole);
+    /// ```
+    pub fn with_answer_keeper(self, keeper: impl KeepAnswer) -> Self {
+        self.edit(|s| s.keeper = Arc::new(keeper))
+    }
+
+    /// How the layer's own answers are rendered (default
+    /// [`ProblemJson`](crate::ProblemJson); Iceberg's `ErrorModel`, gRPC statuses).
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::Rejection;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_error_renderer(|r: &Rejection| {
+    ///     let mut response = http::Response::new(bytes::Bytes::from(r.message.clone()));
+    ///     *response.status_mut() = r.status;
+    ///     response
+    /// });
+    /// ```
+    pub fn with_error_renderer(self, renderer: impl ErrorRenderer) -> Self {
+        self.edit(|s| s.renderer = Arc::new(renderer))
+    }
+
+    /// Answers the layer amends although their requests do not take part (default: none;
+    /// the Iceberg profile adds `idempotency-key-lifetime` to `GET /v1/config`). See
+    /// [`Advertise`].
+    pub fn with_advertiser(self, advertiser: impl Advertise) -> Self {
+        self.edit(|s| s.advertiser = Some(Arc::new(advertiser)))
+    }
+
+    /// Amends no answer (the default).
+    pub fn without_advertiser(self) -> Self {
+        self.edit(|s| s.advertiser = None)
     }
 
     /// How callers are told apart. See [`ScopeExtractor`]: read the scope from what your
@@ -520,36 +574,6 @@ impl<M> IdempotencyLayer<M> {
             s.scope = Arc::new(scope);
             s.scope_chosen = true;
         })
-    }
-
-    /// Narrows the mutations that take part: a request takes part only if the profile's
-    /// routes and this filter both take it (default: every mutation the profile takes).
-    ///
-    /// ```
-    /// # use idempotency_core::IdempotencyLayer;
-    /// # use idempotency_store_memory::MemoryStore;
-    /// let layer = IdempotencyLayer::new(MemoryStore::new())
-    ///     .with_routes(|_method: &http::Method, path: &str| path.starts_with("/v1/"));
-    /// ```
-    pub fn with_routes(self, routes: impl RouteFilter) -> Self {
-        self.edit(|s| s.routes = Arc::new(routes))
-    }
-
-    /// How the layer's own answers are rendered, instead of the profile's way
-    /// ([`ProblemJson`](crate::ProblemJson) for plain HTTP).
-    ///
-    /// ```
-    /// # use idempotency_core::IdempotencyLayer;
-    /// # use idempotency_store_memory::MemoryStore;
-    /// use idempotency_core::Rejection;
-    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_error_renderer(|r: &Rejection| {
-    ///     let mut response = http::Response::new(bytes::Bytes::from(r.message.clone()));
-    ///     *response.status_mut() = r.status;
-    ///     response
-    /// });
-    /// ```
-    pub fn with_error_renderer(self, renderer: impl ErrorRenderer) -> Self {
-        self.edit(|s| s.renderer = Some(Arc::new(renderer)))
     }
 
     /// The store this layer uses.

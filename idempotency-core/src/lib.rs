@@ -25,8 +25,8 @@
 //! Seven stages, each a file of its own in the crate's `keyed` module, with these
 //! numbers and names:
 //!
-//! 1. **Parse.** Only POST, PUT, PATCH and DELETE requests on the profile's routes
-//!    (narrowed by a [`RouteFilter`]) that carry an `Idempotency-Key` header take part.
+//! 1. **Parse.** Only POST, PUT, PATCH and DELETE requests on the layer's routes
+//!    ([`RouteFilter`]) that carry an `Idempotency-Key` header take part.
 //!    Everything else goes to the inner service untouched and unbuffered. A malformed,
 //!    empty, oversized or repeated header gets 400 before anything is read
 //!    ([`KeyFormat`]: [`OpaqueKey`] by default, [`UuidKey`] for Iceberg). The
@@ -80,10 +80,13 @@
 //!
 //! # Profiles
 //!
-//! What depends on the protocol (which routes, what a key looks like, which answers are
-//! stored, what a replay adds back, how errors look, what is advertised) comes from a
-//! [`Profile`]: [`HttpProfile`] by default, [`iceberg::IcebergProfile`] through
-//! [`IdempotencyLayer::iceberg`], [`grpc::GrpcProfile`] through
+//! What depends on the protocol is a decision of its own, one small trait each, with one
+//! builder method: which requests take part ([`RouteFilter`]), what a key looks like
+//! ([`KeyFormat`]), which answers are stored ([`ClassifyAnswer`]), what of an answer is
+//! stored and what a replay adds back ([`KeepAnswer`]), how errors look
+//! ([`ErrorRenderer`]), what is advertised ([`Advertise`]). A [`Profile`] installs a
+//! protocol's set at once: [`HttpProfile`] by default, [`iceberg::IcebergProfile`]
+//! through [`IdempotencyLayer::iceberg`], [`grpc::GrpcProfile`] through
 //! [`IdempotencyLayer::grpc`] (tonic), or your own through
 //! [`IdempotencyLayer::with_profile`]. The request path above is the same for all.
 //!
@@ -280,13 +283,13 @@
 //
 // Vocabulary: what a key, a record, an answer and a refusal are, and the store contract.
 mod budget;
+mod decisions;
 mod encoding;
 mod headers;
 pub mod iso8601;
 mod key;
 mod outcome;
 mod policy;
-mod profile;
 mod rejection;
 mod store;
 // What a layer was configured with, what it measures, and the purge (maintenance, above
@@ -308,8 +311,9 @@ mod advertise;
 mod in_transaction;
 mod keyed;
 mod reservation;
-// The service and the layer, at the top.
+// The service and the layer, at the top, and the profiles that configure a layer.
 mod layer;
+mod profile;
 mod service;
 // Built on the public API only: the profiles and their layers, properties, and the
 // conformance suite.
@@ -324,6 +328,10 @@ pub mod iceberg;
 mod presets;
 
 pub use body::IdempotencyBody;
+pub use decisions::{
+    Advertise, AllMutations, ClassifyAnswer, Disposition, KeepAnswer, KeepWhole, RequestHead,
+    Restoring, RouteFilter, StoreAnswers,
+};
 pub use future::ResponseFuture;
 pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use in_transaction::PreparedAnswer;
@@ -331,10 +339,8 @@ pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use keyed::bind::MAX_KEPT_PATH;
 pub use layer::{IdempotencyLayer, InFlightRequests};
 pub use outcome::Outcome;
-pub use policy::{
-    AllMutations, CredentialScope, ExtensionScope, RouteFilter, ScopeExtractor, SingleScope,
-};
-pub use profile::{Disposition, HttpProfile, Profile, RequestHead, Restoring};
+pub use policy::{CredentialScope, ExtensionScope, ScopeExtractor, SingleScope};
+pub use profile::{HttpProfile, Profile};
 pub use purge::{PURGE_BATCH_TIME, PURGE_REST_FACTOR, purge_all_expired, spawn_purge_task};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
 pub use reservation::ReservationHandle;

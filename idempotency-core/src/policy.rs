@@ -1,4 +1,4 @@
-//! Which requests take part, and whose key a request's key is.
+//! Whose key a request's key is (the scope), and which methods are mutations.
 
 use std::fmt::Write as _;
 use std::marker::PhantomData;
@@ -6,34 +6,6 @@ use std::marker::PhantomData;
 use http::request::Parts;
 use http::{HeaderName, Method, header};
 use sha2::{Digest, Sha256};
-
-/// Picks the requests that take part, among mutations (POST, PUT, PATCH, DELETE).
-///
-/// GET, HEAD and OPTIONS never take part, whatever the filter says. Any
-/// `Fn(&Method, &str) -> bool` (method, path) is a filter.
-pub trait RouteFilter: Send + Sync + 'static {
-    /// Whether a mutation of `path` with `method` takes part.
-    fn takes_part(&self, method: &Method, path: &str) -> bool;
-}
-
-impl<F> RouteFilter for F
-where
-    F: Fn(&Method, &str) -> bool + Send + Sync + 'static,
-{
-    fn takes_part(&self, method: &Method, path: &str) -> bool {
-        self(method, path)
-    }
-}
-
-/// The default filter: every mutation takes part.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AllMutations;
-
-impl RouteFilter for AllMutations {
-    fn takes_part(&self, _method: &Method, _path: &str) -> bool {
-        true
-    }
-}
 
 pub(crate) fn is_mutation(method: &Method) -> bool {
     matches!(

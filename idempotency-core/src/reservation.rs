@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, StatusCode, Version};
+use http::{HeaderMap, Method, StatusCode, Uri, Version};
 
 use crate::settings::Settings;
 use crate::store::{FencingToken, RecordId};
@@ -46,10 +46,8 @@ struct Shared {
     /// uncommitted reservation has none).
     leased: bool,
     settings: Arc<Settings>,
-    /// The keyed request as the layer read it, for the profile's `to_store`; `None` when
-    /// the profile's `to_store` does not read it
-    /// ([`Profile::to_store_reads_request`](crate::Profile::to_store_reads_request)).
-    request: Option<Request<Bytes>>,
+    /// The keyed request's method and URI, for what decides what of its answer is kept.
+    request_line: (Method, Uri),
     /// Set once the handler finalized in its transaction (commit pending or done): the
     /// layer then stops renewing the lease, and a renewal that finds the record no
     /// longer in flight is no surprise.
@@ -59,7 +57,7 @@ struct Shared {
 impl ReservationHandle {
     pub(crate) fn new(
         settings: Arc<Settings>,
-        request: Option<Request<Bytes>>,
+        request_line: (Method, Uri),
         id: RecordId,
         token: FencingToken,
         leased: bool,
@@ -70,7 +68,7 @@ impl ReservationHandle {
                 token,
                 leased,
                 settings,
-                request,
+                request_line,
                 finalized: AtomicBool::new(false),
             }),
         }
@@ -96,9 +94,9 @@ impl ReservationHandle {
         &self.shared.settings
     }
 
-    /// The keyed request as the layer read it, if the profile's `to_store` reads it.
-    pub(crate) fn request(&self) -> Option<&Request<Bytes>> {
-        self.shared.request.as_ref()
+    /// The keyed request's method and URI.
+    pub(crate) fn request_line(&self) -> (&Method, &Uri) {
+        (&self.shared.request_line.0, &self.shared.request_line.1)
     }
 
     /// Whether the handler finalized this reservation in its own transaction.

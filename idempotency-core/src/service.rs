@@ -3,10 +3,10 @@
 //!
 //! A request takes one of four ways, decided here without reading its body:
 //!
-//! 1. The profile [advertises](crate::Profile::advertises) on it (Iceberg's
-//!    `GET /v1/config`): the inner service answers and the profile amends the answer
+//! 1. The layer's [advertiser](crate::Advertise) amends its answer (Iceberg's
+//!    `GET /v1/config`): the inner service answers and the advertiser amends the answer
 //!    ([`advertise`](crate::advertise)).
-//! 2. It does not take part (not a mutation, not a route of the profile's, no key): the
+//! 2. It does not take part (not a mutation, not one of the layer's routes, no key): the
 //!    inner service gets it untouched, and its future is returned as it is.
 //! 3. Its key header is bad: the layer answers 400 at once.
 //! 4. It carries a key: the [keyed path](crate::keyed) takes it through its stages
@@ -130,15 +130,15 @@ impl<S, M> Idempotency<S, M> {
         S: InnerService<B::RequestOut, B::ResponseIn> + Clone,
     {
         let settings = &self.settings;
-        if settings
-            .profile
-            .advertises(request.method(), request.uri().path())
+        if let Some(advertiser) = &settings.advertiser
+            && advertiser.advertises(request.method(), request.uri().path())
         {
-            // The profile reads the answer: ask for it unencoded.
+            // The advertiser reads the answer: ask for it unencoded.
             ask_for_identity(request.headers_mut());
             let answer = self.inner.call(request.map(B::pass));
             return ResponseFuture::boxed(Box::pin(advertise::amend::<B, _, _>(
                 settings.clone(),
+                advertiser.clone(),
                 answer,
             )));
         }

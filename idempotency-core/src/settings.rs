@@ -10,9 +10,9 @@ use http::{HeaderName, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 
 use crate::budget::MemoryBudget;
+use crate::decisions::{Advertise, ClassifyAnswer, KeepAnswer, RouteFilter};
 use crate::key::KeyFormat;
-use crate::policy::{RouteFilter, ScopeExtractor};
-use crate::profile::{Profile, RequestHead};
+use crate::policy::ScopeExtractor;
 use crate::rejection::{ErrorRenderer, Rejection};
 use crate::store::{IdempotencyStore, LogHash, RecordId};
 
@@ -35,13 +35,13 @@ pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) store: Arc<dyn IdempotencyStore>,
-    pub(crate) profile: Arc<dyn Profile>,
-    /// Replaces the profile's key format when set.
-    pub(crate) key_format: Option<Arc<dyn KeyFormat>>,
-    /// Replaces the profile's rendering when set.
-    pub(crate) renderer: Option<Arc<dyn ErrorRenderer>>,
-    /// Narrows the profile's routes.
+    // The protocol's decisions, one slot each (see `profile`).
     pub(crate) routes: Arc<dyn RouteFilter>,
+    pub(crate) key_format: Arc<dyn KeyFormat>,
+    pub(crate) classifier: Arc<dyn ClassifyAnswer>,
+    pub(crate) keeper: Arc<dyn KeepAnswer>,
+    pub(crate) renderer: Arc<dyn ErrorRenderer>,
+    pub(crate) advertiser: Option<Arc<dyn Advertise>>,
     pub(crate) scope: Arc<dyn ScopeExtractor>,
     /// Whether the user chose the scope (`with_scope`), which decides how a request
     /// without one is explained.
@@ -73,24 +73,8 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// Whether a mutation takes part: the profile's choice, narrowed by the layer's routes.
-    pub(crate) fn takes_part(&self, request: &RequestHead<'_>) -> bool {
-        self.profile.takes_part_request(request)
-            && self.routes.takes_part(request.method, request.uri.path())
-    }
-
-    pub(crate) fn key_format(&self) -> &dyn KeyFormat {
-        match &self.key_format {
-            Some(format) => format.as_ref(),
-            None => self.profile.key_format(),
-        }
-    }
-
     pub(crate) fn render(&self, rejection: &Rejection) -> Response<Bytes> {
-        match &self.renderer {
-            Some(renderer) => renderer.render(rejection),
-            None => self.profile.render(rejection),
-        }
+        self.renderer.render(rejection)
     }
 
     /// How long a record is kept: the lifetime plus the grace period.

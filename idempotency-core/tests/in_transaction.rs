@@ -1,6 +1,6 @@
 //! The layer's side of finalizing inside the handler's own transaction: a handler
 //! prepares its answer with the `ReservationHandle` (the layer's rules, the profile's
-//! `to_store` included), writes it with its store, and returns the marked answer; the
+//! `KeepAnswer` included), writes it with its store, and returns the marked answer; the
 //! layer then does not finalize again and sends exactly that answer. The memory store
 //! stands in for the handler's database (the SQL stores' `finalize_in` is tested in
 //! `idempotency-store-sql/tests/in_transaction.rs`).

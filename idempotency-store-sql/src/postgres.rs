@@ -609,7 +609,7 @@ impl PostgresStore {
     ///   request without a key) gives `response` back untouched.
     /// - `response` is read whole and goes through the layer's rules, as the layer
     ///   would apply them after your handler: what is stored is what the layer stores
-    ///   (the profile's `to_store` applied, e.g. Iceberg's vended credentials cut out),
+    ///   (the layer's `KeepAnswer` applied, e.g. Iceberg's vended credentials cut out),
     ///   and an answer the layer does not keep (5xx, 401, 429, …, or one over the size
     ///   limit) is not written: it comes back unmarked, and the layer handles it after
     ///   your handler as usual.

@@ -47,7 +47,7 @@
 //! What it does:
 //!
 //! - **Key**: the `idempotency-key` request metadata, any printable ASCII string of 1–255
-//!   bytes ([`OpaqueKey`](crate::OpaqueKey)), e.g. a UUID.
+//!   bytes ([`OpaqueKey`]), e.g. a UUID.
 //! - **Which calls**: `application/grpc` calls of unary methods. Streaming methods pass
 //!   through untouched and unbuffered, key or no key — but the layer cannot tell a
 //!   streaming method from a unary one by its request, so **tell it which methods
@@ -97,7 +97,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, header};
 
-use crate::{Disposition, Profile, Rejection, RejectionKind, RequestHead};
+use crate::{
+    ClassifyAnswer, Disposition, ErrorRenderer, IdempotencyLayer, KeepWhole, OpaqueKey, Profile,
+    Rejection, RejectionKind, RequestHead, RouteFilter,
+};
 
 pub use descriptor::DescriptorError;
 
@@ -354,18 +357,28 @@ pub fn status(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Option<Code>
 }
 
 impl Profile for GrpcProfile {
-    fn to_store_reads_request(&self) -> bool {
-        false // it keeps the default `to_store`
+    fn apply<M>(self, layer: IdempotencyLayer<M>) -> IdempotencyLayer<M> {
+        layer
+            .with_routes(self.clone())
+            .with_key_format(OpaqueKey)
+            .with_classifier(self)
+            .with_answer_keeper(KeepWhole)
+            .with_error_renderer(GrpcStatuses)
+            .without_advertiser()
     }
+}
 
-    fn takes_part(&self, method: &Method, path: &str) -> bool {
-        method == Method::POST && self.is_unary(path)
+/// Unary `application/grpc` calls take part; streaming calls pass through.
+impl RouteFilter for GrpcProfile {
+    fn takes_part(&self, request: &RequestHead<'_>) -> bool {
+        is_grpc(request.headers)
+            && *request.method == Method::POST
+            && self.is_unary(request.uri.path())
     }
+}
 
-    fn takes_part_request(&self, request: &RequestHead<'_>) -> bool {
-        is_grpc(request.headers) && self.takes_part(request.method, request.uri.path())
-    }
-
+/// An answer is classified by its gRPC status, never by its HTTP status.
+impl ClassifyAnswer for GrpcProfile {
     fn classify(
         &self,
         answer: &http::response::Parts,
@@ -376,7 +389,14 @@ impl Profile for GrpcProfile {
             _ => Disposition::Release,
         }
     }
+}
 
+/// The layer's own answers as gRPC statuses, in trailers-only answers that any gRPC client
+/// decodes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcStatuses;
+
+impl ErrorRenderer for GrpcStatuses {
     fn render(&self, rejection: &Rejection) -> Response<Bytes> {
         let code = match rejection.kind {
             RejectionKind::MissingKey
@@ -511,7 +531,7 @@ mod tests {
                 .header("content-type", content_type)
                 .body(())
                 .unwrap();
-            profile.takes_part_request(&RequestHead::of(&request))
+            profile.takes_part(&RequestHead::of(&request))
         };
         assert!(call("/p.S/Unary", "application/grpc"));
         assert!(call("/p.S/Unary", "application/grpc+proto"));
@@ -529,7 +549,7 @@ mod tests {
                 .to_owned(),
             retry_after: Some(Duration::from_millis(1500)),
         };
-        let response = GrpcProfile::new().render(&rejection);
+        let response = GrpcStatuses.render(&rejection);
         assert_eq!(response.status(), 200);
         assert!(response.body().is_empty());
         let headers = response.headers();

@@ -61,8 +61,8 @@
 //!     .fallback_service(IdempotencyLayer::iceberg(MemoryStore::new()).layer(catalog));
 //! ```
 //!
-//! Everything here is built on the public [`Profile`] trait; a catalog with needs of
-//! its own can write its own profile the same way.
+//! Everything here is built on the public decision traits and [`Profile`]; a catalog
+//! with needs of its own can write its own profile the same way.
 
 mod json;
 mod metadata;
@@ -72,13 +72,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, header};
+use http::{Method, Request, Response, Uri, header};
 use serde_json::Value;
 
 use crate::iso8601::format_duration;
 use crate::{
-    ErrorRenderer, IDEMPOTENCY_KEY, KeyFormat, Profile, Rejection, RejectionKind, Restoring,
-    StoredResponse, UuidKey,
+    Advertise, ErrorRenderer, IDEMPOTENCY_KEY, IdempotencyLayer, KeepAnswer, Profile, Rejection,
+    RejectionKind, RequestHead, Restoring, RouteFilter, StoreAnswers, StoredResponse, UuidKey,
 };
 
 pub use self::metadata::MetadataReader;
@@ -122,14 +122,16 @@ impl IcebergProfile {
     /// The path the catalog's `/v1/…` routes are served under (default: none).
     ///
     /// ```
-    /// use http::Method;
-    /// use idempotency_core::Profile;
+    /// use idempotency_core::{RequestHead, RouteFilter};
     /// use idempotency_core::iceberg::IcebergProfile;
     ///
     /// let profile = IcebergProfile::default().with_base_path("/catalog/");
-    /// assert!(profile.takes_part(&Method::POST, "/catalog/v1/namespaces"));
-    /// assert!(!profile.takes_part(&Method::POST, "/v1/namespaces"));
-    /// assert!(!profile.takes_part(&Method::POST, "/x/catalog/v1/namespaces"));
+    /// let takes_part = |path: &str| {
+    ///     profile.takes_part(&RequestHead::of(&http::Request::post(path).body(()).unwrap()))
+    /// };
+    /// assert!(takes_part("/catalog/v1/namespaces"));
+    /// assert!(!takes_part("/v1/namespaces"));
+    /// assert!(!takes_part("/x/catalog/v1/namespaces"));
     /// ```
     pub fn with_base_path(mut self, base_path: &str) -> Self {
         self.base_path = base_path.trim_end_matches('/').to_owned();
@@ -187,20 +189,35 @@ impl IcebergProfile {
 }
 
 impl Profile for IcebergProfile {
-    fn takes_part(&self, method: &Method, path: &str) -> bool {
-        self.under_base(path)
-            .is_some_and(|path| operation(method, path).is_some())
-    }
-
-    fn key_format(&self) -> &dyn KeyFormat {
+    fn apply<M>(self, layer: IdempotencyLayer<M>) -> IdempotencyLayer<M> {
         const ANY_VERSION: UuidKey = UuidKey::any_version();
-        &ANY_VERSION
+        layer
+            .with_routes(self.clone())
+            .with_key_format(ANY_VERSION)
+            .with_classifier(StoreAnswers)
+            .with_answer_keeper(self.clone())
+            .with_error_renderer(IcebergErrorModel)
+            .with_advertiser(self)
     }
+}
 
-    fn to_store(&self, request: &Request<Bytes>, mut answer: StoredResponse) -> StoredResponse {
-        let loads_a_table = loads_a_table(request.method(), request.uri().path());
+/// The spec's mutation operations that take the header, under the base path.
+impl RouteFilter for IcebergProfile {
+    fn takes_part(&self, request: &RequestHead<'_>) -> bool {
+        self.under_base(request.uri.path())
+            .is_some_and(|path| operation(request.method, path).is_some())
+    }
+}
+
+/// Vended credentials cut out (and fresh ones loaded for a replay), and table or view
+/// metadata kept as a pointer to its file when a reader is installed.
+impl KeepAnswer for IcebergProfile {
+    fn keep(&self, method: &Method, uri: &Uri, mut answer: StoredResponse) -> StoredResponse {
+        let Some(path) = self.under_base(uri.path()) else {
+            return answer;
+        };
         if answer.status == 200
-            && loads_a_table
+            && loads_a_table(method, path)
             && let Some(stripped) = strip_credentials(&answer.body)
         {
             answer.body = Bytes::from(stripped);
@@ -209,12 +226,7 @@ impl Profile for IcebergProfile {
                 .push((CREDENTIALS_REMOVED.to_owned(), Bytes::from_static(b"true")));
         }
         // Last, so that the place it notes is the place in the body as stored.
-        if answer.status == 200
-            && self.metadata.is_some()
-            && self
-                .under_base(request.uri().path())
-                .is_some_and(|path| answers_with_metadata(request.method(), path))
-        {
+        if answer.status == 200 && self.metadata.is_some() && answers_with_metadata(method, path) {
             metadata::take_out(&mut answer);
         }
         answer
@@ -232,7 +244,11 @@ impl Profile for IcebergProfile {
         if !had_credentials_removed(stored) {
             return None;
         }
-        let path = credentials_reload_path(retry.method(), retry.uri().path(), retry.body())?;
+        let under_base = self.under_base(retry.uri().path())?;
+        if !loads_a_table(retry.method(), under_base) {
+            return None;
+        }
+        let path = credentials_reload_path(retry.uri().path(), retry.body())?;
         let mut load = Request::new(Bytes::new());
         *load.uri_mut() = path.parse().ok()?;
         *load.extensions_mut() = retry.extensions().clone();
@@ -269,11 +285,10 @@ impl Profile for IcebergProfile {
         }
         stored
     }
+}
 
-    fn render(&self, rejection: &Rejection) -> Response<Bytes> {
-        IcebergErrorModel.render(rejection)
-    }
-
+/// `idempotency-key-lifetime` at the top level of `GET /v1/config` answers.
+impl Advertise for IcebergProfile {
     fn advertises(&self, method: &Method, path: &str) -> bool {
         self.announce();
         method == Method::GET
@@ -470,10 +485,7 @@ fn strip_credentials(body: &[u8]) -> Option<String> {
 
 /// The path of the `loadTable` call that refreshes the credentials of a replayed
 /// table-loading answer: the table the original request created or registered.
-fn credentials_reload_path(method: &Method, path: &str, body: &[u8]) -> Option<String> {
-    if !loads_a_table(method, path) {
-        return None;
-    }
+fn credentials_reload_path(path: &str, body: &[u8]) -> Option<String> {
     let request: Value = serde_json::from_slice(body).ok()?;
     let name = request.get("name")?.as_str()?;
     let encoded: String = name
@@ -528,6 +540,21 @@ fn merge_fresh_credentials(stored: &[u8], fresh: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn takes(profile: &IcebergProfile, method: &Method, path: &str) -> bool {
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .body(())
+            .unwrap();
+        profile.takes_part(&RequestHead::of(&request))
+    }
+
+    impl IcebergProfile {
+        fn keep_for(&self, request: &Request<Bytes>, answer: StoredResponse) -> StoredResponse {
+            self.keep(request.method(), request.uri(), answer)
+        }
+    }
     use serde_json::Value;
 
     #[test]
@@ -567,9 +594,13 @@ mod tests {
                 assert_eq!(operation(&method, &path), Some(expected), "{method} {path}");
             }
             let under_base = IcebergProfile::default().with_base_path("/catalog");
-            assert!(under_base.takes_part(&method, &format!("/catalog/v1/{rest}")));
-            assert!(!under_base.takes_part(&method, &format!("/v1/{rest}")));
-            assert!(!IcebergProfile::default().takes_part(&method, &format!("/x/v1/{rest}")));
+            assert!(takes(&under_base, &method, &format!("/catalog/v1/{rest}")));
+            assert!(!takes(&under_base, &method, &format!("/v1/{rest}")));
+            assert!(!takes(
+                &IcebergProfile::default(),
+                &method,
+                &format!("/x/v1/{rest}")
+            ));
         }
     }
 
@@ -626,11 +657,11 @@ mod tests {
     fn the_reload_path_names_the_created_table() {
         let body = br#"{"name":"my table","schema":{}}"#;
         assert_eq!(
-            credentials_reload_path(&Method::POST, "/v1/p/namespaces/db/tables", body).as_deref(),
+            credentials_reload_path("/v1/p/namespaces/db/tables", body).as_deref(),
             Some("/v1/p/namespaces/db/tables/my%20table")
         );
         assert_eq!(
-            credentials_reload_path(&Method::POST, "/v1/namespaces/db/register", body).as_deref(),
+            credentials_reload_path("/v1/namespaces/db/register", body).as_deref(),
             Some("/v1/namespaces/db/tables/my%20table")
         );
     }
@@ -684,7 +715,7 @@ mod tests {
         let first = format!(r#"{{"metadata-location":"{location}", "metadata":{METADATA}}}"#);
         let profile =
             IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
-        let stored = profile.to_store(&commit_request(), answer(&first));
+        let stored = profile.keep_for(&commit_request(), answer(&first));
         assert_eq!(
             stored.body,
             format!(r#"{{"metadata-location":"{location}", "metadata":null}}"#)
@@ -708,7 +739,7 @@ mod tests {
         let location = "file:///w/db/t/metadata/00002-x.metadata.json";
         let first = format!(r#"{{"metadata-location":"{location}","metadata":{METADATA}}}"#);
         let writer = IcebergProfile::default().with_metadata_reader(files(&[(location, METADATA)]));
-        let stored = writer.to_store(&commit_request(), answer(&first));
+        let stored = writer.keep_for(&commit_request(), answer(&first));
         let changed = METADATA.replace(r#""b":"2","a":"1""#, r#""a":"1","b":"2""#);
         let readers = [
             IcebergProfile::default().with_metadata_reader(files(&[])),
@@ -750,7 +781,7 @@ mod tests {
                 .unwrap();
             let mut answer = answer(body);
             answer.status = status;
-            let stored = profile.to_store(&request, answer.clone());
+            let stored = profile.keep_for(&request, answer.clone());
             stored == answer && profile.restore(&stored).is_none()
         };
         let with_file = r#"{"metadata-location":"m","metadata":{"k":1}}"#;
@@ -793,7 +824,7 @@ mod tests {
         // Without a reader, everything is stored whole.
         let request = commit_request();
         assert_eq!(
-            IcebergProfile::default().to_store(&request, answer(with_file)),
+            IcebergProfile::default().keep_for(&request, answer(with_file)),
             answer(with_file)
         );
     }
@@ -813,7 +844,7 @@ mod tests {
             let request = Request::post("/v1/namespaces/db/tables")
                 .body(Bytes::from_static(br#"{"name":"t"}"#))
                 .unwrap();
-            let stored = profile.to_store(&request, answer(&first));
+            let stored = profile.keep_for(&request, answer(&first));
             assert!(!String::from_utf8_lossy(&stored.body).contains("OLD"));
             assert!(!String::from_utf8_lossy(&stored.body).contains("snapshot-id"));
             let restored = replayed(&profile, &stored);

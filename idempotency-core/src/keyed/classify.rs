@@ -8,9 +8,9 @@
 
 use http::{HeaderMap, StatusCode, response};
 
+use crate::decisions::Disposition;
 use crate::encoding::is_encoded;
 use crate::keyed::execute::Ran;
-use crate::profile::Disposition;
 use crate::read::BodyRead;
 use crate::reservation::{FinalizedInTransaction, ReservationHandle};
 use crate::settings::Settings;
@@ -106,7 +106,7 @@ pub(crate) fn verdict_on(settings: &Settings, facts: &Facts<'_>) -> Verdict {
         return Verdict::Release("the response releases the key");
     }
     // An answer over the limit has its trailers still to come.
-    if settings.profile.classify(facts.parts, facts.trailers) == Disposition::Release {
+    if settings.classifier.classify(facts.parts, facts.trailers) == Disposition::Release {
         return Verdict::Release("the profile releases the key for this response");
     }
     if facts.read == ReadState::TooLarge {

@@ -114,13 +114,8 @@ where
     S: InnerService<B::RequestOut, B::ResponseIn>,
     B: Bodies,
 {
-    // The reservation handed to the inner service keeps a copy of the request for the
-    // profile's `to_store`, when that reads it.
-    let kept = settings
-        .profile
-        .to_store_reads_request()
-        .then(|| request.clone());
-    let reservation = ReservationHandle::new(settings.clone(), kept, id, token, leased);
+    let request_line = (request.method().clone(), request.uri().clone());
+    let reservation = ReservationHandle::new(settings.clone(), request_line, id, token, leased);
     let tracker = settings.in_flight.clone();
     // The request's bytes (and then its answer's) stay taken from the budget while it
     // runs, even after its caller went away.

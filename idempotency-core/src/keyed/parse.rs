@@ -5,10 +5,10 @@
 
 use http::Request;
 
+use crate::decisions::RequestHead;
 use crate::headers::IDEMPOTENCY_KEY;
 use crate::outcome::Outcome;
 use crate::policy::is_mutation;
-use crate::profile::RequestHead;
 use crate::rejection::Rejection;
 use crate::settings::Settings;
 use crate::store::RecordId;
@@ -61,7 +61,7 @@ fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<Strin
     if value.is_none() && !settings.require_key {
         return Ok(None);
     }
-    if !settings.takes_part(&RequestHead::of(request)) {
+    if !settings.routes.takes_part(&RequestHead::of(request)) {
         return Ok(None);
     }
     if repeated {
@@ -72,7 +72,7 @@ fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<Strin
         // key: running the mutation unprotected would hide it.
         Some([]) => Err(Rejection::empty_key()),
         Some(value) => settings
-            .key_format()
+            .key_format
             .parse(value)
             .map(Some)
             .map_err(|error| Rejection::invalid_key(&error)),

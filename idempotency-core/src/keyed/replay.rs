@@ -28,18 +28,18 @@ where
     S: InnerService<B::RequestOut, B::ResponseIn>,
     B: Bodies,
 {
-    let stored = match settings.profile.restore(&stored) {
+    let stored = match settings.keeper.restore(&stored) {
         Some(restoring) => restoring.await,
         None => stored,
     };
     // The refresh calls the inner service: its future is boxed, so that the keyed
     // future of every other request (most replays refresh nothing) does not carry room
     // for it.
-    let refreshed = match settings.profile.refresh(retry, &stored) {
+    let refreshed = match settings.keeper.refresh(retry, &stored) {
         Some(refresh) => Box::pin(refresh_for_replay::<S, B>(settings, inner, refresh)).await,
         None => None,
     };
-    replay_response::<B>(settings.profile.replay(stored, refreshed))
+    replay_response::<B>(settings.keeper.replay(stored, refreshed))
 }
 
 /// The inner service's answer to the profile's refresh request, read whole; `None` if it

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, Response, StatusCode, header, response};
+use http::{HeaderMap, HeaderName, Response, StatusCode, header, response};
 use tokio::time::Instant;
 
 use crate::body_types::{Answer, Bodies};
@@ -63,13 +63,7 @@ pub(crate) async fn settle<B: Bodies, E>(
             let BodyRead::Whole(bytes, trailers) = &read else {
                 unreachable!("only a whole answer is stored")
             };
-            let stored = stored_answer(
-                settings,
-                reservation.request(),
-                &parts,
-                bytes,
-                trailers.as_ref(),
-            );
+            let stored = stored_answer(settings, reservation, &parts, bytes, trailers.as_ref());
             finalize(settings, id, token, &stored)
                 .await
                 .unless_unsettled(first_run)
@@ -183,12 +177,10 @@ fn same_apart_from_framing(a: &HeaderMap, b: &HeaderMap) -> bool {
 }
 
 /// What is stored of a kept answer: status, the replayed headers, the body and every
-/// trailer, then what the profile's `to_store` keeps of that, given the keyed request if
-/// it was kept for it (an empty one otherwise, as
-/// [`Profile::to_store_reads_request`](crate::Profile::to_store_reads_request) says).
+/// trailer, then what the layer's [`KeepAnswer`](crate::KeepAnswer) keeps of that.
 pub(crate) fn stored_answer(
     settings: &Settings,
-    request: Option<&Request<Bytes>>,
+    reservation: &ReservationHandle,
     parts: &response::Parts,
     body: &Bytes,
     trailers: Option<&HeaderMap>,
@@ -201,12 +193,8 @@ pub(crate) fn stored_answer(
         body: body.clone(),
         trailers: trailers.map_or_else(Vec::new, |trailers| kept_headers(trailers, |_| true)),
     };
-    match request {
-        Some(request) => settings.profile.to_store(request, answer),
-        None => settings
-            .profile
-            .to_store(&Request::new(Bytes::new()), answer),
-    }
+    let (method, uri) = reservation.request_line();
+    settings.keeper.keep(method, uri, answer)
 }
 
 /// The header fields `keep` keeps, as a store holds them.
