@@ -39,7 +39,7 @@ pub(crate) fn parse<B>(settings: &Settings, request: Request<B>) -> Parsed<B> {
             return Parsed::Refused(rejection);
         }
     };
-    match begin(settings, request, key) {
+    match scope_and_span(settings, request, key) {
         Ok((request, id, span)) => Parsed::Keyed(request, id, span),
         Err(rejection) => {
             crate::metrics::count(settings, Outcome::Rejected(rejection.kind));
@@ -89,7 +89,7 @@ fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<Strin
 /// `outcome` ([`Outcome`](crate::Outcome)'s `Display`, e.g. `replayed`, `rejected:key-reused`). The
 /// [`ResponseFuture`](crate::ResponseFuture) enters it on every poll of [`respond`](super::respond)'s
 /// future, which saves wrapping (and moving) that large future once more.
-fn begin<Body>(
+fn scope_and_span<Body>(
     settings: &Settings,
     request: Request<Body>,
     key: String,
