@@ -15,9 +15,15 @@
 //! - A replica that dies right after it committed an `updateTable` (it aborts on purpose,
 //!   `ICEBERG_CATALOG_CRASH_AFTER_COMMIT=1`) is replayed by the other on the retry, not
 //!   answered 409, and PyIceberg loads the table with its one new schema.
+//! - A `COMMIT` whose answer a proxy loses (the server commits) is never run again by its
+//!   retry, over PostgreSQL and MySQL, with the records in the same database (one commit
+//!   or two) and in Redis.
 //!
 //! Under `CI=true` an unreachable database, a failed `pip install`, a missing `java` or
 //! `redis-server` is a failure; elsewhere the test that needs it says why and returns early.
+
+#[path = "support/commit_proxy.rs"]
+mod commit_proxy;
 
 use std::fs;
 use std::io::Read as _;
@@ -2452,4 +2458,201 @@ async fn a_retry_whose_metadata_file_is_unreadable_or_gone_is_told_the_state_is_
         "{}",
         server.log_text()
     );
+}
+
+// ------------------------------------------------------------------------------------------
+// A COMMIT whose answer is lost
+// ------------------------------------------------------------------------------------------
+
+/// Where the records are kept, beside the catalog's state in a database behind the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RecordsKept {
+    /// In the same database, reserved in the change's transaction (the default).
+    WithTheChange,
+    /// In the same database, reserved in a commit of their own (`--two-commit`).
+    InACommitOfTheirOwn,
+    /// In Redis.
+    InRedis,
+}
+
+/// Keyed changes whose `COMMIT` answer the proxy loses (the server commits them) are
+/// never run again by their retry: the retry is replayed an answer, and the change is
+/// there once. `first` is the status the first request gets: 200 where the catalog can
+/// tell that its change committed (PostgreSQL asks `txid_status`), else 500
+/// `CommitStateUnknownException` — released to the record's judgement when the record
+/// is in the same database (the retry replays the committed 200), kept for every retry
+/// when it is not (MySQL with records in Redis: the retry replays the 500).
+async fn lost_commit_answers_never_run_a_change_twice(
+    wire: commit_proxy::Wire,
+    database_url: &str,
+    records: RecordsKept,
+    first: u16,
+) {
+    let mut url = reqwest::Url::parse(database_url).expect("database URL");
+    let upstream = SocketAddr::from((
+        url.host_str()
+            .expect("database host")
+            .parse::<std::net::IpAddr>()
+            .expect("an IP address"),
+        url.port().expect("database port"),
+    ));
+    let proxy = commit_proxy::CommitProxy::start(wire, upstream).await;
+    url.set_port(Some(proxy.port())).expect("port");
+    let redis = match records {
+        RecordsKept::InRedis => match Redis::start() {
+            Some(redis) => Some(redis),
+            None => return,
+        },
+        _ => None,
+    };
+    let store = redis
+        .as_ref()
+        .map(|redis| format!("redis://127.0.0.1:{}", redis.port));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut args = vec!["--database", url.as_str()];
+    match (&records, &store) {
+        (RecordsKept::InACommitOfTheirOwn, _) => args.push("--two-commit"),
+        (RecordsKept::InRedis, Some(store)) => args.extend(["--idempotency-store", store]),
+        _ => {}
+    }
+    let server = Server::start(dir.path(), &args);
+    let client = client();
+    let stay_same = first != 200;
+
+    // createNamespace, a few times.
+    for round in 0..4 {
+        let namespace = unique("lost");
+        let key = key();
+        let body = json!({"namespace": [namespace]});
+        proxy.lose_next_commit_answer();
+        let answer = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+        assert_eq!(proxy.lost(), round + 1, "the proxy lost a COMMIT answer");
+        assert_eq!(answer.status, first, "first answer: {}", answer.body);
+        if first != 200 {
+            assert_eq!(answer.error_type(), "CommitStateUnknownException");
+        }
+        let retry = post(&client, server.url("/v1/namespaces"), Some(&key), &body).await;
+        assert!(
+            retry.replayed,
+            "the retry is replayed, not run again: {} {}",
+            retry.status, retry.body
+        );
+        if records == RecordsKept::InRedis && stay_same {
+            assert_eq!((retry.status, &retry.body), (answer.status, &answer.body));
+        } else {
+            assert_eq!(retry.status, 200, "the committed answer: {}", retry.body);
+        }
+        let loaded = get(&client, server.url(&format!("/v1/namespaces/{namespace}"))).await;
+        assert_eq!(
+            loaded.status, 200,
+            "the namespace is there: {}",
+            loaded.body
+        );
+    }
+
+    // updateTable: run twice, its requirement would fail (409 CommitFailedException).
+    let namespace = unique("lost");
+    create_namespace(&client, &server, &namespace).await;
+    let created = post(
+        &client,
+        server.url(&format!("/v1/namespaces/{namespace}/tables")),
+        Some(&key()),
+        &create_table_body("evolving"),
+    )
+    .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let table_url = server.url(&format!("/v1/namespaces/{namespace}/tables/evolving"));
+    let update = json!({
+        "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 0}],
+        "updates": [
+            {"action": "add-schema", "schema": {
+                "type": "struct", "schema-id": 1,
+                "fields": [
+                    {"id": 1, "name": "id", "required": true, "type": "long"},
+                    {"id": 2, "name": "data", "required": false, "type": "string"},
+                    {"id": 3, "name": "added", "required": false, "type": "int"}
+                ]
+            }},
+            {"action": "set-current-schema", "schema-id": -1}
+        ]
+    });
+    let key = key();
+    let lost_before = proxy.lost();
+    proxy.lose_next_commit_answer();
+    let answer = post(&client, table_url.clone(), Some(&key), &update).await;
+    assert_eq!(proxy.lost(), lost_before + 1);
+    assert_eq!(answer.status, first, "first answer: {}", answer.body);
+    let retry = post(&client, table_url.clone(), Some(&key), &update).await;
+    assert!(
+        retry.replayed,
+        "the retry is replayed, not run again: {} {}",
+        retry.status, retry.body
+    );
+    assert_ne!(retry.status, 409, "{}", retry.body);
+    let loaded = get(&client, table_url).await;
+    assert_eq!(loaded.json()["metadata"]["current-schema-id"], json!(1));
+    let log = server.log_text();
+    if first == 200 {
+        assert!(
+            log.contains("the database says it committed"),
+            "the catalog asked the database:\n{log}"
+        );
+    }
+}
+
+// Several threads: the proxy runs on the test's runtime while the test blocks on the
+// server's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_over_postgres_with_records_in_redis_is_asked_about() {
+    let Some(url) = database(
+        "IDEMPOTENCY_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+    .await
+    else {
+        return;
+    };
+    let wire = commit_proxy::Wire::Postgres;
+    lost_commit_answers_never_run_a_change_twice(wire, &url, RecordsKept::InRedis, 200).await;
+}
+
+// Several threads: the proxy runs on the test's runtime while the test blocks on the
+// server's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_over_mysql_with_records_in_redis_is_kept_as_unknown() {
+    let Some(url) = database(
+        "IDEMPOTENCY_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+    )
+    .await
+    else {
+        return;
+    };
+    let wire = commit_proxy::Wire::MySql;
+    lost_commit_answers_never_run_a_change_twice(wire, &url, RecordsKept::InRedis, 500).await;
+}
+
+// Several threads: the proxy runs on the test's runtime while the test blocks on the
+// server's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_answer_with_records_in_the_same_database_is_replayed() {
+    for (wire, variable, default) in [
+        (
+            commit_proxy::Wire::Postgres,
+            "IDEMPOTENCY_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        ),
+        (
+            commit_proxy::Wire::MySql,
+            "IDEMPOTENCY_TEST_MYSQL_URL",
+            "mysql://root@127.0.0.1:3306/test",
+        ),
+    ] {
+        let Some(url) = database(variable, default).await else {
+            return;
+        };
+        for records in [RecordsKept::WithTheChange, RecordsKept::InACommitOfTheirOwn] {
+            lost_commit_answers_never_run_a_change_twice(wire, &url, records, 500).await;
+        }
+    }
 }

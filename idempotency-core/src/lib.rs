@@ -334,7 +334,7 @@ pub use decisions::{
 };
 pub use future::ResponseFuture;
 pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-pub use in_transaction::PreparedAnswer;
+pub use in_transaction::{OutcomeUnknown, PreparedAnswer};
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use keyed::bind::MAX_KEPT_PATH;
 pub use layer::{IdempotencyLayer, InFlightRequests};

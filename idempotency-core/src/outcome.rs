@@ -32,6 +32,10 @@ pub enum Outcome {
     /// had taken the key over meanwhile. The record stays as it was: in flight until its
     /// lease lapses, or another owner's.
     Unsettled,
+    /// The request ran, and whether its change took effect is unknown: its handler marked
+    /// the answer [`OutcomeUnknown`](crate::OutcomeUnknown) (the answer to its `COMMIT`
+    /// was lost, say). That answer is stored, so that no retry runs the change again.
+    Unknown,
     /// The stored answer of an earlier request was replayed; nothing ran.
     Replayed,
     /// The store failed and the layer is configured to fail open: it ran unprotected.
@@ -51,6 +55,7 @@ impl Outcome {
             Self::Released => "released",
             Self::ExecutedNotStored => "executed-not-stored",
             Self::Unsettled => "unsettled",
+            Self::Unknown => "unknown",
             Self::Replayed => "replayed",
             Self::RanUnprotected => "ran-unprotected",
             Self::Rejected(_) => "rejected",

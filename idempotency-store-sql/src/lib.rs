@@ -370,6 +370,8 @@
 
 #[cfg(feature = "any")]
 mod any;
+#[cfg(feature = "any")]
+mod commit_outcome;
 mod common;
 mod config;
 mod in_transaction;
@@ -392,6 +394,8 @@ mod table;
 
 #[cfg(feature = "any")]
 pub use any::AnyFinalizer;
+#[cfg(feature = "any")]
+pub use commit_outcome::{CommitError, OUTCOME_CHECK_FOR};
 pub use common::{Operation, PoolSettings};
 pub use config::{open, pool_settings};
 pub use idempotency_core::config::SynchronousReplication;

@@ -18,6 +18,7 @@ use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::any::AnyFinalizer;
+use crate::commit_outcome::{CommitError, OutcomeCheck};
 use crate::common::{backend, millis, new_token};
 use crate::in_transaction::{FinalizeError, finish, prepare};
 use crate::table::TableName;
@@ -153,14 +154,23 @@ pub struct OneCommitStore {
 /// [`commit`](Self::commit) it (or [`rollback`](Self::rollback); dropping it rolls back
 /// too). It holds the store's room for one open write transaction until it ends.
 ///
-/// A service that has no one-commit store (idempotency off, or records elsewhere) wraps
-/// its own transactions with `From`, so that its code has one transaction type.
+/// A service that has no one-commit store (idempotency off, or records elsewhere) begins
+/// its transactions with [`begin_on`](Self::begin_on), or wraps its own with `From`, so
+/// that its code has one transaction type.
+///
+/// A `COMMIT` whose answer is lost never lets a retry run the change twice:
+/// [`commit`](Self::commit) tells a change that did not commit from one whose outcome is
+/// unknown (see [`CommitError`]), and for a keyed transaction on PostgreSQL asks the
+/// database what happened.
 pub struct WriteTransaction {
     /// `Some` until it commits or rolls back.
     transaction: Option<Transaction<'static, Any>>,
     room: Option<OwnedSemaphorePermit>,
     /// SQLite: the reservation's claim, let go once the transaction ended.
     claim: Option<ClaimGuard>,
+    /// A keyed request whose record is kept elsewhere: the pool to ask, after a `COMMIT`
+    /// whose answer was lost, whether it committed.
+    asks_after_lost_commit: Option<AnyPool>,
 }
 
 impl From<Transaction<'static, Any>> for WriteTransaction {
@@ -169,6 +179,7 @@ impl From<Transaction<'static, Any>> for WriteTransaction {
             transaction: Some(transaction),
             room: None,
             claim: None,
+            asks_after_lost_commit: None,
         }
     }
 }
@@ -200,16 +211,25 @@ impl WriteTransaction {
     /// elsewhere), with the same care: on SQLite it takes the write lock at once, and a
     /// caller that goes away while it begins, commits or rolls back leaves no
     /// connection inside a transaction.
-    pub async fn begin_on(pool: &AnyPool) -> Result<Self, sqlx::Error> {
-        Ok(Self::from(begin_on(pool).await?))
+    ///
+    /// Give it the request's `reservation` when the records are kept in another store
+    /// than this database (Redis, say): if the answer to its `COMMIT` is lost, the
+    /// commit then asks the database what happened before it answers (PostgreSQL; see
+    /// [`CommitError`]), which costs one more statement before `COMMIT`. A request without
+    /// a key, or whose record is in this database, needs no question: pass `None`.
+    pub async fn begin_on(
+        pool: &AnyPool,
+        reservation: Option<&ReservationHandle>,
+    ) -> Result<Self, sqlx::Error> {
+        let mut transaction = Self::from(begin_on(pool).await?);
+        transaction.asks_after_lost_commit = reservation.map(|_| pool.clone());
+        Ok(transaction)
     }
 
     fn new(transaction: Transaction<'static, Any>, room: OwnedSemaphorePermit) -> Self {
-        Self {
-            transaction: Some(transaction),
-            room: Some(room),
-            claim: None,
-        }
+        let mut new = Self::from(transaction);
+        new.room = Some(room);
+        new
     }
 
     fn holding(mut self, claim: ClaimGuard) -> Self {
@@ -219,8 +239,26 @@ impl WriteTransaction {
 
     /// Commits the transaction: for a keyed request, the record, the mutation and the
     /// answer, once.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.end(Transaction::commit).await
+    ///
+    /// A failed commit says whether anything of it may be in the database
+    /// ([`CommitError::Unknown`]) or not ([`CommitError::NotCommitted`]). When the answer
+    /// to `COMMIT` was lost and the transaction was begun for a keyed request (see
+    /// [`begin_on`](Self::begin_on)), it asks the database first, for up to
+    /// [`OUTCOME_CHECK_FOR`](crate::OUTCOME_CHECK_FOR), and is `Ok` if it committed after
+    /// all.
+    pub async fn commit(mut self) -> Result<(), CommitError> {
+        let backend = self.backend_name().to_owned();
+        let check = match self.asks_after_lost_commit.take() {
+            Some(pool) => Some(OutcomeCheck::prepare(pool, &mut self).await?),
+            None => None,
+        };
+        let Err(error) = self.end(Transaction::commit).await else {
+            return Ok(());
+        };
+        match check {
+            Some(check) => check.outcome(&backend, error).await,
+            None => Err(CommitError::after(&backend, error)),
+        }
     }
 
     /// Rolls the transaction back, a reservation with it.
@@ -1097,7 +1135,7 @@ impl IdempotencyStore for OneCommitStore {
             .await
             .map_err(StoreError::backend)?;
         if held == Ownership::Held {
-            transaction.commit().await.map_err(backend)?;
+            transaction.commit().await.map_err(StoreError::backend)?;
         }
         Ok(held)
     }

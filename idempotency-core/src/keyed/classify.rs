@@ -1,6 +1,7 @@
 //! Stage 5, **classify**: what happens to what the inner service did, decided from the
 //! facts, without I/O. An error or a panic releases the key. An answer the handler
-//! already finalized in its own transaction is sent as it was finalized. Otherwise 5xx
+//! already finalized in its own transaction is sent as it was finalized; one it marked
+//! [`OutcomeUnknown`] is kept, whatever its status, and releases nothing. Otherwise 5xx
 //! and the release statuses release the key; the profile decides the rest; an answer
 //! that cannot be kept (too large, or encoded although the layer asked for none) is
 //! remembered as "already ran"; an answer whose body failed is released or remembered by
@@ -10,6 +11,7 @@ use http::{HeaderMap, StatusCode, response};
 
 use crate::decisions::Disposition;
 use crate::encoding::is_encoded;
+use crate::in_transaction::OutcomeUnknown;
 use crate::keyed::execute::Ran;
 use crate::read::BodyRead;
 use crate::reservation::{FinalizedInTransaction, ReservationHandle};
@@ -54,6 +56,9 @@ pub(crate) enum Verdict {
     FinalizedByHandler,
     /// Store the answer and replay it to every retry.
     Store,
+    /// Store the answer of a change that may or may not have taken effect, whatever its
+    /// status: releasing the key would let a retry run the change a second time.
+    StoreUnknown,
     /// Release the key, so that a retry runs again; the reason, for the log.
     Release(&'static str),
     /// Remember that the request ran, without its answer.
@@ -85,6 +90,14 @@ pub(crate) fn classify<I, E>(
         BodyRead::Over { .. } => (None, ReadState::TooLarge),
         BodyRead::Failed(_) | BodyRead::TimedOut => (None, ReadState::Failed),
     };
+    if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        // Remembered in any case: as it is, or as "already ran" if it cannot be kept.
+        return match read {
+            ReadState::Whole => Verdict::StoreUnknown,
+            ReadState::TooLarge => Verdict::NotKept(NotKept::TooLarge),
+            ReadState::Failed => Verdict::BodyFailed { release: false },
+        };
+    }
     verdict_on(
         settings,
         &Facts {

@@ -1,5 +1,5 @@
 //! Stage 6, **settle**: the verdict of stage 5 written to the store — the answer stored
-//! for every retry, the key released so that a retry runs again, or "it already ran"
+//! for every retry (also an error answer whose change may have taken effect), the key released so that a retry runs again, or "it already ran"
 //! remembered for an answer that cannot be kept; nothing, when the handler finalized in
 //! its own transaction — and the caller's answer. This is the one place that writes an
 //! owner's outcome to the store, and [`stored_answer`] says what of an answer is stored.
@@ -67,6 +67,16 @@ pub(crate) async fn settle<B: Bodies, E>(
             finalize(settings, id, token, &stored)
                 .await
                 .unless_unsettled(first_run)
+        }
+        Verdict::StoreUnknown => {
+            let BodyRead::Whole(bytes, trailers) = &read else {
+                unreachable!("only a whole answer is stored")
+            };
+            tracing::warn!(outcome = "unknown", key = %settings.log_key(id), status = status.as_u16(), "idempotency: the handler does not know whether its change took effect; its answer is kept for every retry, and the key is not released");
+            let stored = stored_answer(settings, reservation, &parts, bytes, trailers.as_ref());
+            finalize(settings, id, token, &stored)
+                .await
+                .unless_unsettled(Outcome::Unknown)
         }
         Verdict::Release(why) => release(settings, id, token, why).await,
         Verdict::NotKept(why) => remember_not_kept(settings, id, token, status, why)

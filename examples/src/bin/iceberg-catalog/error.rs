@@ -10,6 +10,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use iceberg::ErrorKind;
+use idempotency_core::OutcomeUnknown;
 
 /// An error answer of the catalog.
 #[derive(Debug)]
@@ -17,6 +18,9 @@ pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) kind: &'static str,
     pub(crate) message: String,
+    /// Whether the change may have committed: the answer is then marked
+    /// [`OutcomeUnknown`], and the idempotency layer keeps it instead of releasing the key.
+    outcome_unknown: bool,
 }
 
 impl ApiError {
@@ -25,6 +29,7 @@ impl ApiError {
             status,
             kind,
             message: message.into(),
+            outcome_unknown: false,
         }
     }
 
@@ -68,12 +73,31 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, "CommitFailedException", message)
     }
 
-    /// The commit may or may not have happened (the database failed after the new metadata
-    /// was written). 5xx, so the idempotency layer releases the key and a retry runs again.
+    /// The commit may or may not have happened (the answer to the database's `COMMIT` was
+    /// lost, and asking it afterwards did not tell): a 500, which the Java client raises
+    /// as `CommitStateUnknownException` (it then leaves the files alone).
     pub(crate) fn commit_state_unknown(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "CommitStateUnknownException",
+            message,
+        )
+    }
+
+    /// This answer marked [`OutcomeUnknown`]: the idempotency layer keeps it for every
+    /// retry instead of releasing the key, so that no retry runs the change again.
+    pub(crate) fn kept_for_retries(self) -> Self {
+        Self {
+            outcome_unknown: true,
+            ..self
+        }
+    }
+
+    /// Nothing of the change was committed, and a retry may run it again.
+    pub(crate) fn not_committed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableException",
             message,
         )
     }
@@ -176,7 +200,11 @@ impl IntoResponse for ApiError {
                 "code": self.status.as_u16(),
             }
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.outcome_unknown {
+            response.extensions_mut().insert(OutcomeUnknown);
+        }
+        response
     }
 }
 

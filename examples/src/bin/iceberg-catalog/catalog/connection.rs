@@ -116,9 +116,11 @@ impl Catalog {
     ) -> ApiResult<WriteTransaction> {
         match &self.records {
             Some(Finalizer::OneCommit(records)) => Ok(records.begin(reservation).await?),
-            Some(Finalizer::TwoCommits(_)) | None => {
-                Ok(WriteTransaction::begin_on(self.db.pool()).await?)
+            Some(Finalizer::TwoCommits(_)) => {
+                Ok(WriteTransaction::begin_on(self.db.pool(), None).await?)
             }
+            // The record, if any, is kept elsewhere: a lost COMMIT answer is asked about.
+            None => Ok(WriteTransaction::begin_on(self.db.pool(), reservation).await?),
         }
     }
 }

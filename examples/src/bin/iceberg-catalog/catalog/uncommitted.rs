@@ -4,7 +4,7 @@
 use axum::response::Response;
 use iceberg::table::Table;
 use idempotency_core::ReservationHandle;
-use idempotency_store_sql::WriteTransaction;
+use idempotency_store_sql::{CommitError, WriteTransaction};
 
 use super::connection::{CRASH_AFTER_COMMIT, Catalog, Finalizer};
 use super::log::LOG_TARGET;
@@ -52,7 +52,9 @@ impl<'a, T> Uncommitted<'a, T> {
     /// If the record cannot be written (the request's key was taken over by another
     /// request while it ran, or the database failed), the change rolls back and the
     /// request fails with a 5xx: the key stays with whoever owns it, and nothing of this
-    /// request is committed.
+    /// request is committed. If the answer to the `COMMIT` is lost, the answer says what
+    /// the database says happened; if it cannot tell, a `CommitStateUnknownException`
+    /// that the layer keeps for every retry.
     pub(crate) async fn commit(
         mut self,
         reservation: Option<&ReservationHandle>,
@@ -77,13 +79,29 @@ impl<'a, T> Uncommitted<'a, T> {
                 return Err(error.into());
             }
         };
-        if let Err(e) = self.tx.commit().await {
-            // The database may or may not have applied it; the files stay, since a
-            // committed change may point at them.
-            tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
-            return Err(ApiError::commit_state_unknown(format!(
-                "Database commit failed, the state of the change is unknown: {e}"
-            )));
+        match self.tx.commit().await {
+            Ok(()) => {}
+            Err(CommitError::NotCommitted(e)) => {
+                tracing::error!(target: LOG_TARGET, error = %e, "the database did not commit the change");
+                self.catalog.delete_unused(&self.written).await;
+                return Err(ApiError::not_committed(format!(
+                    "The database did not commit the change, so nothing of it was committed; retry: {e}"
+                )));
+            }
+            // The files stay, since a committed change may point at them.
+            Err(e) => {
+                tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
+                let unknown =
+                    ApiError::commit_state_unknown(format!("Committing the change failed: {e}"));
+                // A record in this database tells: the layer's release leaves a committed
+                // answer alone (the retry replays it) and frees the key of one that rolled
+                // back. Kept elsewhere, nothing tells, so the key keeps this answer.
+                return Err(if self.catalog.records.is_some() {
+                    unknown
+                } else {
+                    unknown.kept_for_retries()
+                });
+            }
         }
         if self.catalog.crash_after_commit {
             tracing::error!(target: LOG_TARGET, "{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");

@@ -1,0 +1,199 @@
+//! A TCP proxy in front of PostgreSQL or MySQL/MariaDB that, when armed, loses the answer
+//! to the next `COMMIT`: it passes the statement on to the server (which commits), then
+//! drops the client's connection without a word, as a network failure or a failover
+//! right after the `COMMIT` does.
+//!
+//! It reads the client's side of each connection by the protocol's framing, to find a
+//! simple-query `COMMIT` (PostgreSQL's `Q` message, MySQL's `COM_QUERY`); the server's
+//! side is copied through untouched. TLS must be off (both test servers have it off).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Which wire protocol the proxied server speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wire {
+    Postgres,
+    MySql,
+}
+
+/// The proxy, listening on a loopback port of its own until dropped.
+pub(crate) struct CommitProxy {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    wire: Wire,
+    upstream: SocketAddr,
+    /// Lose the answer to the next `COMMIT`.
+    armed: AtomicBool,
+    /// How many `COMMIT` answers were lost.
+    lost: AtomicU32,
+}
+
+impl CommitProxy {
+    /// A proxy for the server at `upstream`.
+    pub(crate) async fn start(wire: Wire, upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let shared = Arc::new(Shared {
+            wire,
+            upstream,
+            armed: AtomicBool::new(false),
+            lost: AtomicU32::new(0),
+        });
+        let accepting = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    tokio::spawn(relay(shared.clone(), client));
+                }
+            }
+        });
+        Self {
+            address,
+            shared,
+            accepting,
+        }
+    }
+
+    /// The port clients connect to.
+    pub(crate) fn port(&self) -> u16 {
+        self.address.port()
+    }
+
+    /// Loses the answer to the next `COMMIT` any connection sends.
+    pub(crate) fn lose_next_commit_answer(&self) {
+        self.shared.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many `COMMIT` answers were lost so far.
+    pub(crate) fn lost(&self) -> u32 {
+        self.shared.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for CommitProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// One client connection, relayed until either side closes, or a `COMMIT` is lost.
+async fn relay(shared: Arc<Shared>, client: TcpStream) {
+    let Ok(server) = TcpStream::connect(shared.upstream).await else {
+        return;
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let cut = Arc::new(AtomicBool::new(false));
+    let answers = tokio::spawn(copy_answers(server_read, client_write, cut.clone()));
+    requests(&shared, client_read, server_write, &cut).await;
+    if cut.load(Ordering::SeqCst) {
+        // Give the server time to commit before its side closes too.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    answers.abort();
+}
+
+/// The server's side, copied to the client until the connection is cut.
+async fn copy_answers(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Arc<AtomicBool>) {
+    let mut buffer = vec![0_u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if cut.load(Ordering::SeqCst) || to.write_all(&buffer[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// The client's side, message by message, passed on to the server; returns once either
+/// side closed, or after passing on a `COMMIT` whose answer is to be lost (`cut` set).
+async fn requests(
+    shared: &Shared,
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    cut: &AtomicBool,
+) {
+    // PostgreSQL's first messages (the startup message, and an SSL or GSS request before
+    // it) have no type byte.
+    let mut untyped = shared.wire == Wire::Postgres;
+    loop {
+        let message = match shared.wire {
+            Wire::Postgres => read_postgres(&mut from, &mut untyped).await,
+            Wire::MySql => read_mysql(&mut from).await,
+        };
+        let Some((message, is_commit)) = message else {
+            return;
+        };
+        let lose = is_commit && shared.armed.swap(false, Ordering::SeqCst);
+        if lose {
+            // Set first: the answer must not slip through.
+            cut.store(true, Ordering::SeqCst);
+        }
+        if to.write_all(&message).await.is_err() {
+            return;
+        }
+        if lose {
+            shared.lost.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+    }
+}
+
+/// A PostgreSQL frontend message, whole, and whether it is the simple query `COMMIT`.
+async fn read_postgres(from: &mut OwnedReadHalf, untyped: &mut bool) -> Option<(Vec<u8>, bool)> {
+    let mut message = Vec::new();
+    let mut kind = 0_u8;
+    if !*untyped {
+        kind = from.read_u8().await.ok()?;
+        message.push(kind);
+    }
+    let length = from.read_u32().await.ok()?;
+    message.extend_from_slice(&length.to_be_bytes());
+    let mut body = vec![0_u8; (length as usize).checked_sub(4)?];
+    from.read_exact(&mut body).await.ok()?;
+    if *untyped {
+        // SSLRequest (80877103) and GSSENCRequest (80877104) come before the startup message.
+        let code = body
+            .get(..4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        *untyped = matches!(code, Some(80_877_103 | 80_877_104));
+    }
+    let is_commit = kind == b'Q' && body.strip_suffix(&[0]).is_some_and(is_commit_text);
+    message.extend_from_slice(&body);
+    Some((message, is_commit))
+}
+
+/// A MySQL client packet, whole, and whether it is the text query `COMMIT`.
+async fn read_mysql(from: &mut OwnedReadHalf) -> Option<(Vec<u8>, bool)> {
+    let mut header = [0_u8; 4];
+    from.read_exact(&mut header).await.ok()?;
+    let length = u32::from_le_bytes([header[0], header[1], header[2], 0]) as usize;
+    let mut payload = vec![0_u8; length];
+    from.read_exact(&mut payload).await.ok()?;
+    // COM_QUERY (0x03), then the statement (after the query attributes' two counts, when
+    // the client sends them).
+    let is_commit = payload.first() == Some(&0x03)
+        && payload.len() <= 16
+        && (is_commit_text(&payload[1..]) || payload.get(3..).is_some_and(is_commit_text));
+    let mut message = header.to_vec();
+    message.extend_from_slice(&payload);
+    Some((message, is_commit))
+}
+
+fn is_commit_text(text: &[u8]) -> bool {
+    text.trim_ascii().eq_ignore_ascii_case(b"COMMIT")
+}
