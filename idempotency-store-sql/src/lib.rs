@@ -91,6 +91,13 @@
 //! `finalize_in`, and commits; the store's own documentation says what it holds while
 //! the handler runs, and how duplicates wait, on each database.
 //!
+//! A `COMMIT` whose answer is lost (the connection dropped after it was sent) never lets
+//! a retry run the change again: with the record in the same database, the layer's
+//! release leaves a committed record alone; with the record elsewhere (Redis, say),
+//! `WriteTransaction::commit` asks PostgreSQL what happened, and says `CommitError::Unknown`
+//! where it cannot tell, for the handler to mark its answer
+//! [`OutcomeUnknown`](idempotency_core::OutcomeUnknown) (feature `any`).
+//!
 //! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
 //! versions cannot both link SQLite (`links = "sqlite3"`) into one binary.
 //!
@@ -127,13 +134,8 @@
 //! -- because concurrent CREATE TABLE IF NOT EXISTS can fail on pg_type's unique index.
 //! ```
 //!
-//! **Upgrading from 0.1.0**, whose tables have no `response_trailers`: `migrate()` adds
-//! the column (PostgreSQL with `ADD COLUMN IF NOT EXISTS` under its advisory lock; MySQL,
-//! MariaDB and SQLite after checking the catalog, taking a "duplicate column" from a
-//! concurrent migrator as done). The column is nullable and added in place, so replicas
-//! of the previous release keep working on the migrated table during a rolling upgrade;
-//! they ignore trailers, so a gRPC answer they replay lacks its status until every
-//! replica runs this release.
+//! Tables of 0.1.0 have no `response_trailers`: `migrate()` adds it in place (see the
+//! CHANGELOG).
 //!
 //! MySQL 8 / MariaDB 10.6+ (the index is declared inside `CREATE TABLE`, since MySQL has
 //! no `CREATE INDEX IF NOT EXISTS`; scope and key of at most 255 characters, 2,040 bytes
@@ -184,139 +186,10 @@
 //!
 //! # The statements
 //!
-//! "Now" always comes from the database, in epoch milliseconds:
-//!
-//! | backend | now |
-//! | --- | --- |
-//! | PostgreSQL | `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint` |
-//! | MySQL / MariaDB | `TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000` (no time-zone or DST dependence) |
-//! | SQLite | `CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)` |
-//!
-//! Durations (lease, lifetime) are bound as millisecond parameters and added to it.
-//! Fencing tokens are random 64-bit numbers made by the client, so a token is never
-//! reused across release and re-reserve cycles, on any node.
-//!
-//! **Reserve** inserts, or reports a live row and leaves it alone, or replaces an expired
-//! row (an expired row counts as absent).
-//!
-//! PostgreSQL, one statement that also returns the existing row. `DO NOTHING` (not `DO
-//! UPDATE`) leaves a conflicting row unlocked and unwritten, so a replay costs a read,
-//! not a write-ahead-log flush:
-//!
-//! ```sql
-//! WITH clock AS MATERIALIZED (SELECT <now> AS now_ms),
-//! ins AS (
-//!     INSERT INTO t (scope, idempotency_key, method, path, body_sha256, fencing_token,
-//!                    created_at_ms, expires_at_ms, lease_expires_at_ms,
-//!                    response_status, response_headers, response_body)
-//!     SELECT $1, $2, $3, $4, $5, $6, now_ms, now_ms + $lifetime, now_ms + $lease,
-//!            NULL, NULL, NULL FROM clock
-//!     ON CONFLICT (scope, idempotency_key) DO NOTHING
-//!     RETURNING fencing_token)
-//! SELECT TRUE AS reserved, FALSE AS expired, <NULLs>, fencing_token, ... FROM ins
-//! UNION ALL
-//! SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path, e.body_sha256,
-//!        e.fencing_token, e.lease_expires_at_ms, clock.now_ms, e.response_status,
-//!        e.response_headers, e.response_body
-//! FROM t AS e, clock
-//! WHERE e.scope = $1 AND e.idempotency_key = $2 AND NOT EXISTS (SELECT 1 FROM ins)
-//! ```
-//!
-//! A row that comes back expired is replaced by a second, conditional statement
-//! (`UPDATE … WHERE expires_at_ms <= now`); if another request replaced it first, the
-//! reserve starts over. The fallback SELECT reads the statement's snapshot, so it misses a
-//! row that another transaction inserted after the statement began (the INSERT waited
-//! for it and then saw the conflict). The statement then returns no row, and the store
-//! reads the row with a second query; if that row is gone again, it retries (bounded).
-//!
-//! MySQL / MariaDB, one upsert (no `INSERT IGNORE`, which would turn unrelated errors
-//! into warnings) that inserts, replaces an expired row, or leaves a live row as it is:
-//!
-//! ```sql
-//! INSERT INTO t (scope, idempotency_key, method, path, body_sha256, fencing_token,
-//!                created_at_ms, expires_at_ms, lease_expires_at_ms,
-//!                response_status, response_headers, response_body)
-//! VALUES (?, ?, ?, ?, ?, ?, <created>, <now> + ?lifetime, <now> + ?lease, NULL, NULL, NULL)
-//! ON DUPLICATE KEY UPDATE
-//!     method = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(method), method),
-//!     ...  -- path, body_sha256, created_at_ms, lease_expires_at_ms likewise
-//!     fencing_token = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(fencing_token),
-//!                        <kept token>),
-//!     response_status = IF(expires_at_ms <= VALUES(created_at_ms), NULL, response_status),
-//!     ...  -- response_headers, response_body likewise
-//!     expires_at_ms = IF(expires_at_ms <= VALUES(created_at_ms), VALUES(expires_at_ms),
-//!                        expires_at_ms)  -- last: assignments see earlier ones
-//! <returning>
-//! ```
-//!
-//! The two servers differ in how the store learns the outcome; the store asks the server
-//! which it is (`SELECT VERSION()`) once, when it connects or migrates or at its first
-//! reserve, and `sql(Operation::Reserve)` shows the statement for that server.
-//!
-//! - **MariaDB** (10.5+ has `INSERT … RETURNING`): `<created>` is `<now>`, `<kept token>`
-//!   is `fencing_token`, and `<returning>` is `RETURNING` with the columns `load` selects,
-//!   which hands back the row as it stands after the statement. Fencing tokens are 64
-//!   random bits, so the row carries the token the store just proposed exactly when it
-//!   reserved (a live row holding that same token is a 1-in-2^64 chance); otherwise it is
-//!   the live record. One statement whatever the key holds. (MariaDB sends no column
-//!   names for `RETURNING` to a prepared statement, so the row is decoded by position.)
-//! - **MySQL 8** (no `RETURNING`): `<created>` is `IF(LAST_INSERT_ID(1) = 1, <now>,
-//!   NULL)`, `<kept token>` is `IF(LAST_INSERT_ID(2) = 2, fencing_token, NULL)`, and there
-//!   is no `<returning>`. The outcome is read from the OK packet: 2 affected rows means an
-//!   expired row was replaced; 1 affected row with `LAST_INSERT_ID` 1 means inserted;
-//!   `LAST_INSERT_ID` 2 means a live row was found and left unchanged (sqlx connects with
-//!   `CLIENT_FOUND_ROWS`, so an unchanged row counts as 1, which alone could not be told
-//!   apart from an insert). Only then does a `SELECT` read the existing row.
-//!
-//! A live row is left unchanged, so InnoDB writes nothing for a replay. InnoDB deadlocks
-//! (error 1213, the statement was rolled back whole) are retried, bounded.
-//!
-//! SQLite:
-//!
-//! ```sql
-//! INSERT INTO t (...) VALUES (?1, ?2, ?3, ?4, ?5, ?6, <now>, <now> + ?8, <now> + ?7,
-//!                             NULL, NULL, NULL)
-//! ON CONFLICT (scope, idempotency_key) DO UPDATE SET fencing_token = fencing_token
-//! RETURNING method, path, body_sha256, fencing_token, lease_expires_at_ms,
-//!           <now> AS now_ms, response_status, response_headers, response_body,
-//!           expires_at_ms
-//! ```
-//!
-//! The self-assignment is there because only an inserted or updated row comes back from
-//! `RETURNING`; it leaves the row byte for byte as it was, and SQLite writes no page for
-//! a cell that comes out unchanged, so a replay writes nothing. The row carries the
-//! proposed token when the store reserved; otherwise it is the existing row, which is the
-//! answer while it is live. An expired row is replaced by a second statement, `UPDATE …
-//! WHERE expires_at_ms <= <now>` (replacing it inside the upsert would assign the indexed
-//! `expires_at_ms` on every replay, and SQLite rewrites an index entry whenever its
-//! column is assigned, even to the same value: a page written and synced per replay, 8–10×
-//! slower in the benchmark); if another request replaced it first, the reserve starts
-//! over. Before the upsert, a SQLite reserve reads the key (`load`'s `SELECT`): a live
-//! record is the answer at once, without SQLite's one write lock, so replays and
-//! duplicates never queue behind writes; only a key without a live record goes on to the
-//! upsert.
-//!
-//! **Finalize**, **renew**, **release** and **take over** are each one conditional
-//! statement that matches only the row the token owns, still in flight and not expired;
-//! no matched row means [`Ownership::Lost`](idempotency_core::Ownership::Lost) (or
-//! `None` for take over). Finalize, for example (PostgreSQL; MySQL and SQLite differ only
-//! in placeholders and the "now" expression):
-//!
-//! ```sql
-//! UPDATE t SET response_status = $4, response_headers = $5, response_body = $6
-//! WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
-//!   AND response_status IS NULL AND expires_at_ms > <now>
-//! ```
-//!
-//! Renew sets `lease_expires_at_ms = <now> + $lease`, release is a `DELETE` with the
-//! same condition, and take over sets a new token and lease and also requires
-//! `lease_expires_at_ms <= <now>`.
-//!
-//! **Purge** deletes at most `batch_size` expired rows per statement, so it never holds
-//! many locks for long and several nodes may purge at once: PostgreSQL deletes the
-//! primary keys picked by `SELECT … WHERE expires_at_ms <= <now> LIMIT n FOR UPDATE SKIP
-//! LOCKED`, MySQL runs `DELETE … WHERE expires_at_ms <= <now> LIMIT n`, SQLite deletes
-//! by `rowid IN (SELECT rowid … LIMIT n)`. [`spawn_purge_task`](idempotency_core::spawn_purge_task) runs it periodically.
+//! Every operation is one conditional statement (two in rare races), with "now" taken from
+//! the database's clock and fencing tokens made by the client; `sql(Operation::…)` shows the
+//! statement a store runs. Each statement, and why it is written so, is in the repository's
+//! `DESIGN.md`.
 //!
 //! # Round trips
 //!
