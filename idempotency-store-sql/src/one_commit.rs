@@ -133,8 +133,14 @@ pub struct OneCommitStore {
     pool: AnyPool,
     dialect: Dialect,
     table: TableName,
-    /// PostgreSQL, MySQL/MariaDB: the reservation's insert of the in-flight record.
+    /// PostgreSQL, MySQL/MariaDB: the insert of the in-flight record (a duplicate's
+    /// probe on MySQL/MariaDB).
     insert_in_flight: String,
+    /// The reservation's insert: [`Self::insert_in_flight`], with its lock wait bounded
+    /// on MariaDB.
+    reserve_in_flight: String,
+    /// MariaDB: the reservation's insert bounds its own lock wait.
+    lock_wait_in_statement: bool,
     /// SQLite: the insert of the finished record, written whole in the handler's
     /// transaction.
     insert_completed: String,
@@ -477,12 +483,9 @@ impl OneCommitStore {
         pool: AnyPool,
         table: &TableName,
     ) -> Result<Self, StoreError> {
-        let name = pool
-            .acquire()
-            .await
-            .map_err(backend)?
-            .backend_name()
-            .to_owned();
+        let mut connection = pool.acquire().await.map_err(backend)?;
+        let name = connection.backend_name().to_owned();
+        let mut mariadb = false;
         let (dialect, insert_in_flight, insert_completed) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
@@ -491,11 +494,18 @@ impl OneCommitStore {
                 String::new(),
             ),
             #[cfg(feature = "mysql")]
-            "MySQL" => (
-                Dialect::MySql,
-                crate::mysql::insert_in_flight_statement(table),
-                String::new(),
-            ),
+            "MySQL" => {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&mut *connection)
+                    .await
+                    .map_err(backend)?;
+                mariadb = version.contains("MariaDB");
+                (
+                    Dialect::MySql,
+                    crate::mysql::insert_in_flight_statement(table),
+                    String::new(),
+                )
+            }
             #[cfg(feature = "sqlite")]
             "SQLite" => (
                 Dialect::Sqlite,
@@ -523,6 +533,17 @@ impl OneCommitStore {
             pool,
             dialect,
             table: table.clone(),
+            // MariaDB bounds the reservation's lock wait in the insert itself
+            // (`SET STATEMENT … FOR`): two statements fewer than setting the session's.
+            reserve_in_flight: if mariadb {
+                format!(
+                    "SET STATEMENT innodb_lock_wait_timeout = {MYSQL_RESERVE_LOCK_WAIT_SECS} \
+                     FOR {insert_in_flight}"
+                )
+            } else {
+                insert_in_flight.clone()
+            },
+            lock_wait_in_statement: mariadb,
             insert_in_flight,
             insert_completed,
             finalizer: AnyFinalizer::quiet(table),
@@ -647,7 +668,7 @@ impl OneCommitStore {
         lease: Duration,
         lifetime: Duration,
     ) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
-        let query = sqlx::query(&self.insert_in_flight)
+        let query = sqlx::query(&self.reserve_in_flight)
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .bind(binding.method.as_str())
@@ -836,7 +857,8 @@ impl OneCommitStore {
         let room = self.room().await?;
         for _ in 0..MAX_DEADLOCK_RETRIES {
             let mut transaction = self.begin_raw().await.map_err(backend)?;
-            if self.dialect == Dialect::MySql {
+            let session_lock_wait = self.dialect == Dialect::MySql && !self.lock_wait_in_statement;
+            if session_lock_wait {
                 set_lock_wait(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }
             let query = self.insert_query(id, binding, token, lease, lifetime);
@@ -852,7 +874,7 @@ impl OneCommitStore {
                     .await
                     .map(|done| (0, done.rows_affected() as i64)),
             };
-            if self.dialect == Dialect::MySql {
+            if session_lock_wait {
                 // The handler's statements (and the pool's next user) wait as long as usual.
                 set_lock_wait(&mut transaction, None).await?;
             }
