@@ -258,6 +258,41 @@ fn create_table_body(name: &str) -> Value {
     })
 }
 
+/// A new namespace (its name starts with `prefix`) with the table `evolving` in it, for
+/// [`add_a_column_to_schema_0`]; the namespace's name.
+async fn create_evolving_table(client: &reqwest::Client, server: &Server, prefix: &str) -> String {
+    let namespace = unique(prefix);
+    create_namespace(client, server, &namespace).await;
+    let created = post(
+        client,
+        server.url(&format!("/v1/namespaces/{namespace}/tables")),
+        Some(&key()),
+        &create_table_body("evolving"),
+    )
+    .await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    namespace
+}
+
+/// An `updateTable` that adds a column to the schema of a table created by
+/// [`create_table_body`]: run a second time, its requirement fails (409).
+fn add_a_column_to_schema_0() -> Value {
+    json!({
+        "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 0}],
+        "updates": [
+            {"action": "add-schema", "schema": {
+                "type": "struct", "schema-id": 1,
+                "fields": [
+                    {"id": 1, "name": "id", "required": true, "type": "long"},
+                    {"id": 2, "name": "data", "required": false, "type": "string"},
+                    {"id": 3, "name": "added", "required": false, "type": "int"}
+                ]
+            }},
+            {"action": "set-current-schema", "schema-id": -1}
+        ]
+    })
+}
+
 /// Creates a namespace with a key, and checks that a retry is replayed byte for byte
 /// (or, without the layer, runs again and conflicts).
 async fn create_namespace(client: &reqwest::Client, server: &Server, namespace: &str) {
@@ -1418,33 +1453,11 @@ async fn a_replica_killed_after_committing_update_table_is_replayed_by_the_other
     );
     let client = client();
     // Set up on B: every change A commits kills it.
-    let namespace = unique("killed");
-    create_namespace(&client, &b, &namespace).await;
-    let created = post(
-        &client,
-        b.url(&format!("/v1/namespaces/{namespace}/tables")),
-        Some(&key()),
-        &create_table_body("evolving"),
-    )
-    .await;
-    assert_eq!(created.status, 200, "{}", created.body);
+    let namespace = create_evolving_table(&client, &b, "killed").await;
 
     let table_url =
         |server: &Server| server.url(&format!("/v1/namespaces/{namespace}/tables/evolving"));
-    let update = json!({
-        "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 0}],
-        "updates": [
-            {"action": "add-schema", "schema": {
-                "type": "struct", "schema-id": 1,
-                "fields": [
-                    {"id": 1, "name": "id", "required": true, "type": "long"},
-                    {"id": 2, "name": "data", "required": false, "type": "string"},
-                    {"id": 3, "name": "added", "required": false, "type": "int"}
-                ]
-            }},
-            {"action": "set-current-schema", "schema-id": -1}
-        ]
-    });
+    let update = add_a_column_to_schema_0();
     let key = key();
     let lost = client
         .post(table_url(&a))
@@ -2551,31 +2564,9 @@ async fn lost_commit_answers_never_run_a_change_twice(
     }
 
     // updateTable: run twice, its requirement would fail (409 CommitFailedException).
-    let namespace = unique("lost");
-    create_namespace(&client, &server, &namespace).await;
-    let created = post(
-        &client,
-        server.url(&format!("/v1/namespaces/{namespace}/tables")),
-        Some(&key()),
-        &create_table_body("evolving"),
-    )
-    .await;
-    assert_eq!(created.status, 200, "{}", created.body);
+    let namespace = create_evolving_table(&client, &server, "lost").await;
     let table_url = server.url(&format!("/v1/namespaces/{namespace}/tables/evolving"));
-    let update = json!({
-        "requirements": [{"type": "assert-current-schema-id", "current-schema-id": 0}],
-        "updates": [
-            {"action": "add-schema", "schema": {
-                "type": "struct", "schema-id": 1,
-                "fields": [
-                    {"id": 1, "name": "id", "required": true, "type": "long"},
-                    {"id": 2, "name": "data", "required": false, "type": "string"},
-                    {"id": 3, "name": "added", "required": false, "type": "int"}
-                ]
-            }},
-            {"action": "set-current-schema", "schema-id": -1}
-        ]
-    });
+    let update = add_a_column_to_schema_0();
     let key = key();
     let lost_before = proxy.lost();
     proxy.lose_next_commit_answer();
@@ -2600,59 +2591,44 @@ async fn lost_commit_answers_never_run_a_change_twice(
     }
 }
 
+/// [`lost_commit_answers_never_run_a_change_twice`] on the test database `wire` speaks,
+/// for each way of keeping the records.
+async fn lost_commit_answers_over(wire: commit_proxy::Wire, records: &[RecordsKept], first: u16) {
+    let (variable, default) = match wire {
+        commit_proxy::Wire::Postgres => (
+            "IDEMPOTENCY_TEST_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        ),
+        commit_proxy::Wire::MySql => (
+            "IDEMPOTENCY_TEST_MYSQL_URL",
+            "mysql://root@127.0.0.1:3306/test",
+        ),
+    };
+    let Some(url) = database(variable, default).await else {
+        return;
+    };
+    for records in records {
+        lost_commit_answers_never_run_a_change_twice(wire, &url, *records, first).await;
+    }
+}
+
 // Several threads: the proxy runs on the test's runtime while the test blocks on the
 // server's start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_answer_over_postgres_with_records_in_redis_is_asked_about() {
-    let Some(url) = database(
-        "IDEMPOTENCY_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-    .await
-    else {
-        return;
-    };
     let wire = commit_proxy::Wire::Postgres;
-    lost_commit_answers_never_run_a_change_twice(wire, &url, RecordsKept::InRedis, 200).await;
+    lost_commit_answers_over(wire, &[RecordsKept::InRedis], 200).await;
 }
 
-// Several threads: the proxy runs on the test's runtime while the test blocks on the
-// server's start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_answer_over_mysql_with_records_in_redis_is_kept_as_unknown() {
-    let Some(url) = database(
-        "IDEMPOTENCY_TEST_MYSQL_URL",
-        "mysql://root@127.0.0.1:3306/test",
-    )
-    .await
-    else {
-        return;
-    };
     let wire = commit_proxy::Wire::MySql;
-    lost_commit_answers_never_run_a_change_twice(wire, &url, RecordsKept::InRedis, 500).await;
+    lost_commit_answers_over(wire, &[RecordsKept::InRedis], 500).await;
 }
 
-// Several threads: the proxy runs on the test's runtime while the test blocks on the
-// server's start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_answer_with_records_in_the_same_database_is_replayed() {
-    for (wire, variable, default) in [
-        (
-            commit_proxy::Wire::Postgres,
-            "IDEMPOTENCY_TEST_POSTGRES_URL",
-            "postgres://postgres@127.0.0.1:5432/test",
-        ),
-        (
-            commit_proxy::Wire::MySql,
-            "IDEMPOTENCY_TEST_MYSQL_URL",
-            "mysql://root@127.0.0.1:3306/test",
-        ),
-    ] {
-        let Some(url) = database(variable, default).await else {
-            return;
-        };
-        for records in [RecordsKept::WithTheChange, RecordsKept::InACommitOfTheirOwn] {
-            lost_commit_answers_never_run_a_change_twice(wire, &url, records, 500).await;
-        }
-    }
+    let same = [RecordsKept::WithTheChange, RecordsKept::InACommitOfTheirOwn];
+    lost_commit_answers_over(commit_proxy::Wire::Postgres, &same, 500).await;
+    lost_commit_answers_over(commit_proxy::Wire::MySql, &same, 500).await;
 }

@@ -24,7 +24,8 @@
 //! One more case closes the window from the other side: a `COMMIT` whose answer was lost
 //! (the connection dropped after it was sent). The change may or may not be there, and an
 //! error answer would release the key, so that the retry runs the change a second time.
-//! A handler that cannot find out what happened marks its answer [`OutcomeUnknown`]: the
+//! A handler that cannot find out what happened marks its answer
+//! [`OutcomeUnknown`](crate::OutcomeUnknown): the
 //! layer keeps it for every retry and releases nothing.
 
 use bytes::Bytes;
@@ -195,50 +196,3 @@ impl PreparedAnswer {
         self.response.map(B::from)
     }
 }
-
-/// The mark on an answer whose change may or may not have taken effect: its transaction's
-/// `COMMIT` was sent, and the answer to it was lost, and asking the database afterwards
-/// did not tell (the SQL stores' `WriteTransaction::commit` says when this is so).
-///
-/// A keyed request's answer that carries it is **stored whatever its status**, and every
-/// retry within the key's lifetime is replayed it: releasing the key, as a 5xx otherwise
-/// does, would let a retry run the change a second time. The client learns that the
-/// outcome is unknown (Iceberg's `CommitStateUnknownException`, say) and checks the
-/// state itself; the key cannot run the change again until it expires. A request without
-/// a key is answered as it is.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// use std::sync::Arc;
-/// use std::sync::atomic::{AtomicU32, Ordering};
-/// use axum::{Router, body::Body, response::{IntoResponse, Response}, routing::post};
-/// use http::{Request, StatusCode};
-/// use idempotency_core::{IdempotencyLayer, OutcomeUnknown};
-/// use idempotency_store_memory::MemoryStore;
-/// use tower::ServiceExt;
-///
-/// let runs = Arc::new(AtomicU32::new(0));
-/// let counted = runs.clone();
-/// let handler = move || async move {
-///     counted.fetch_add(1, Ordering::SeqCst);
-///     // ... the COMMIT's answer was lost, and the database could not be asked.
-///     let mut answer = (StatusCode::SERVICE_UNAVAILABLE, "commit state unknown").into_response();
-///     answer.extensions_mut().insert(OutcomeUnknown);
-///     answer
-/// };
-/// let app = Router::new()
-///     .route("/orders", post(handler))
-///     .layer(IdempotencyLayer::new(MemoryStore::new()));
-///
-/// let order = || Request::post("/orders").header("idempotency-key", "k1").body(Body::empty()).unwrap();
-/// let first = app.clone().oneshot(order()).await.unwrap();
-/// assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
-/// let retry = app.oneshot(order()).await.unwrap();
-/// assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE);
-/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
-/// assert_eq!(runs.load(Ordering::SeqCst), 1); // not run again
-/// # }
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OutcomeUnknown;

@@ -334,7 +334,7 @@ pub use decisions::{
 };
 pub use future::ResponseFuture;
 pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-pub use in_transaction::{OutcomeUnknown, PreparedAnswer};
+pub use in_transaction::PreparedAnswer;
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use keyed::bind::MAX_KEPT_PATH;
 pub use layer::{IdempotencyLayer, InFlightRequests};
@@ -343,7 +343,7 @@ pub use policy::{CredentialScope, ExtensionScope, ScopeExtractor, SingleScope};
 pub use profile::{HttpProfile, Profile};
 pub use purge::{PURGE_BATCH_TIME, PURGE_REST_FACTOR, purge_all_expired, spawn_purge_task};
 pub use rejection::{ErrorRenderer, ProblemJson, Rejection, RejectionKind};
-pub use reservation::ReservationHandle;
+pub use reservation::{OutcomeUnknown, ReservationHandle};
 pub use service::{Idempotency, InnerBodies, WrappedBodies};
 pub use settings::{
     DEFAULT_IN_FLIGHT_WAIT, DEFAULT_LEASE, DEFAULT_LIFETIME, DEFAULT_MAX_REQUEST_BODY,

@@ -11,10 +11,9 @@ use http::{HeaderMap, StatusCode, response};
 
 use crate::decisions::Disposition;
 use crate::encoding::is_encoded;
-use crate::in_transaction::OutcomeUnknown;
 use crate::keyed::execute::Ran;
 use crate::read::BodyRead;
-use crate::reservation::{FinalizedInTransaction, ReservationHandle};
+use crate::reservation::{FinalizedInTransaction, OutcomeUnknown, ReservationHandle};
 use crate::settings::Settings;
 
 /// What classifying an answer looks at.
