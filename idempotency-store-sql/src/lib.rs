@@ -44,6 +44,18 @@
 //! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig)) opens its store
 //! with [`open`].
 //!
+//! # One path for handlers: `Tx`
+//!
+//! A handler whose state lives in SQL writes it in a `Tx` (feature `any`), the
+//! transaction its request's write belongs in, and hands its answer to `Tx::commit`,
+//! which records the answer with the write and commits once. The handler's code is the
+//! same whatever the pool — a typed store's (`PostgresStore`, `MySqlStore`,
+//! `SqliteStore`), the one-commit store's over sqlx `Any`, or `RecordsElsewhere` for a
+//! database that does not hold the records (they are in Redis, say) — and with the
+//! `axum` feature `Tx<T>` is an extractor, so domain code takes a transaction and never
+//! sees a reservation. What each kind of pool does underneath is the `Transactions`
+//! trait's table; the sections below are the pieces it is made of.
+//!
 //! # Exactly once: finalize in your own transaction
 //!
 //! With the layer alone, one window stays open: a mutation that committed, and then lost
@@ -228,7 +240,8 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
-//! | `any` | off | [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in); [`OneCommitStore`]: the reservation in the handler's own transaction, one commit per keyed change |
+//! | `any` | off | `Tx` and `Transactions`, the one path for handlers; [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in); [`OneCommitStore`]: the reservation in the handler's own transaction, one commit per keyed change |
+//! | `axum` | off | `Tx<T>` as an axum extractor (turns on `any`) |
 //!
 //! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
 //! builds the PostgreSQL store alone.
@@ -264,6 +277,8 @@ mod sqlite;
 #[cfg(feature = "postgres")]
 mod synchronous;
 mod table;
+#[cfg(feature = "any")]
+mod transactions;
 
 #[cfg(feature = "any")]
 pub use any::AnyFinalizer;
@@ -284,6 +299,8 @@ pub use sqlite::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use synchronous::{InvalidSynchronousReplication, NotSynchronous};
 pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
+#[cfg(feature = "any")]
+pub use transactions::{RecordsElsewhere, Transactions, Tx, TxError};
 
 /// The sqlx version this crate is built on, re-exported so that a caller can build a
 /// pool of the exact same version for `new`.

@@ -1,0 +1,431 @@
+//! One transactional path for handlers, whatever the pool: [`Tx`], the transaction a
+//! request's write belongs in, and [`Transactions`], where it comes from. The crate docs
+//! ("One path for handlers") tell the story.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body::Body;
+use idempotency_core::{BoxError, OutcomeUnknown, ReservationHandle, StoreError};
+
+use crate::commit_outcome::CommitError;
+use crate::in_transaction::FinalizeError;
+
+/// Where a handler's [`Tx`] comes from, and how the request's answer is recorded in it.
+///
+/// | implementation | the transaction | the answer |
+/// | --- | --- | --- |
+/// | `PostgresStore`, `MySqlStore`, `SqliteStore` | a new one on the store's pool (SQLite: `BEGIN IMMEDIATE`) | written into the record the layer reserved (two commits: the reservation's, then this one) |
+/// | `Arc<OneCommitStore>` | the one the record was reserved in (a new one without a key) | written in it: the record, the write and the answer commit once |
+/// | [`RecordsElsewhere`] | a new one on a pool whose database does not hold the records | recorded by the layer after the handler; a lost `COMMIT` is asked about |
+///
+/// A store of your own implements it the same way.
+pub trait Transactions: Clone + Send + Sync + 'static {
+    /// The database the transaction is on.
+    type Database: sqlx::Database;
+    /// An open transaction.
+    type Transaction: Send + 'static;
+
+    /// Whether the records are in the transaction's database: a `COMMIT` whose answer is
+    /// lost is then decided by the record itself (it committed with the write or not at
+    /// all, and the layer's release is fenced on a record still in flight). When they are
+    /// not, a lost `COMMIT` the database cannot tell about must not release the key.
+    fn records_in_transaction(&self) -> bool;
+
+    /// The transaction for a request's write: `reservation` is the request's, `None`
+    /// without a key.
+    fn begin(
+        &self,
+        reservation: Option<&ReservationHandle>,
+    ) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+
+    /// The connection the handler writes on.
+    fn connection(
+        transaction: &mut Self::Transaction,
+    ) -> &mut <Self::Database as sqlx::Database>::Connection;
+
+    /// The same, shared.
+    fn connection_ref(
+        transaction: &Self::Transaction,
+    ) -> &<Self::Database as sqlx::Database>::Connection;
+
+    /// Writes `answer` into the request's record inside `transaction` and returns the
+    /// answer to send once it commits (see `PostgresStore::finalize_in`).
+    fn finalize_in<B>(
+        &self,
+        transaction: &mut Self::Transaction,
+        reservation: Option<&ReservationHandle>,
+        answer: Response<B>,
+    ) -> impl Future<Output = Result<Response<B>, FinalizeError>> + Send
+    where
+        B: Body<Data = Bytes> + From<Bytes> + Send,
+        B::Error: Into<BoxError>;
+
+    /// Commits `transaction`.
+    fn commit(
+        transaction: Self::Transaction,
+    ) -> impl Future<Output = Result<(), CommitError>> + Send;
+}
+
+/// The transaction a request's write belongs in. Write through it as through a
+/// connection (`&mut *tx`), then [`commit`](Self::commit) it with the answer, which
+/// records the answer with the write and commits once. Dropped, it rolls back.
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # async fn handler(
+/// #     store: idempotency_store_sql::SqliteStore,
+/// #     reservation: Option<axum::Extension<idempotency_core::ReservationHandle>>,
+/// # ) -> axum::response::Response {
+/// use axum::response::IntoResponse;
+/// use idempotency_store_sql::Tx;
+///
+/// let mut tx = match Tx::begin(&store, reservation.as_deref()).await {
+///     Ok(tx) => tx,
+///     Err(error) => return (http::StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+/// };
+/// sqlx::query("INSERT INTO orders (item) VALUES ('book')").execute(&mut *tx).await.unwrap();
+/// let answer = (http::StatusCode::CREATED, "order placed").into_response();
+/// match tx.commit(answer).await {
+///     Ok(answer) => answer,                // the write and its record, committed once
+///     Err(error) => error.into_response(), // rolled back, or its outcome unknown: a 5xx
+/// }
+/// # }
+/// ```
+///
+/// With the `axum` feature it is an extractor: `Tx<T>` in a handler's arguments begins the
+/// transaction on the `T` in the router's state (`FromRef`), with the request's
+/// reservation, so that the handler and the domain code it calls take a transaction and
+/// never see a reservation.
+pub struct Tx<T: Transactions> {
+    store: T,
+    /// `Some` until it commits.
+    transaction: Option<T::Transaction>,
+    reservation: Option<ReservationHandle>,
+}
+
+impl<T: Transactions> Tx<T> {
+    /// Begins the transaction for the request `reservation` belongs to (`None`: a request
+    /// without a key).
+    pub async fn begin(
+        store: &T,
+        reservation: Option<&ReservationHandle>,
+    ) -> Result<Self, StoreError> {
+        let transaction = store.begin(reservation).await?;
+        Ok(Self {
+            store: store.clone(),
+            transaction: Some(transaction),
+            reservation: reservation.cloned(),
+        })
+    }
+
+    /// Records `answer` with the write and commits, once; the answer to send.
+    ///
+    /// On an error nothing of the request is committed, or (only when the records are
+    /// kept elsewhere) whether it was is unknown: answer with
+    /// [`TxError::into_response`], or with your own error answer, marked
+    /// [`OutcomeUnknown`] when [`TxError::outcome_unknown`] says so.
+    pub async fn commit<B>(mut self, answer: Response<B>) -> Result<Response<B>, TxError>
+    where
+        B: Body<Data = Bytes> + From<Bytes> + Send,
+        B::Error: Into<BoxError>,
+    {
+        let mut transaction = self.transaction.take().expect("open until it commits");
+        let reservation = self.reservation.as_ref();
+        // On an error the transaction is dropped, which rolls it back.
+        let answer = self
+            .store
+            .finalize_in(&mut transaction, reservation, answer)
+            .await
+            .map_err(TxError::NotRecorded)?;
+        match T::commit(transaction).await {
+            Ok(()) => Ok(answer),
+            Err(error @ CommitError::Unknown(_))
+                if !self.store.records_in_transaction() && reservation.is_some() =>
+            {
+                Err(TxError::Unknown(error))
+            }
+            Err(error) => Err(TxError::NotCommitted(error)),
+        }
+    }
+
+    /// Rolls the transaction back (as dropping it does).
+    pub fn rollback(self) {}
+}
+
+impl<T: Transactions> std::ops::Deref for Tx<T> {
+    type Target = <T::Database as sqlx::Database>::Connection;
+
+    fn deref(&self) -> &Self::Target {
+        T::connection_ref(self.transaction.as_ref().expect("open until it commits"))
+    }
+}
+
+impl<T: Transactions> std::ops::DerefMut for Tx<T> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        T::connection(self.transaction.as_mut().expect("open until it commits"))
+    }
+}
+
+impl<T: Transactions> std::fmt::Debug for Tx<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx")
+            .field("keyed", &self.reservation.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why [`Tx::commit`] did not commit the request's write, or cannot tell whether it did.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TxError {
+    /// The answer could not be recorded (the key was taken over meanwhile, the database
+    /// failed): the transaction rolled back, nothing of the request is committed.
+    #[error(transparent)]
+    NotRecorded(FinalizeError),
+    /// The database did not commit. Or, with the records in the same database, the
+    /// answer to `COMMIT` was lost: the record then decides, and a 5xx lets the layer
+    /// release a key whose record rolled back and keep one whose record committed.
+    #[error(transparent)]
+    NotCommitted(CommitError),
+    /// The answer to `COMMIT` was lost, the database could not tell what happened, and
+    /// the records are kept elsewhere: the answer must be marked [`OutcomeUnknown`], so
+    /// that the layer keeps it for every retry rather than let one run the write again.
+    #[error(transparent)]
+    Unknown(CommitError),
+}
+
+impl TxError {
+    /// Whether the answer must be marked [`OutcomeUnknown`] (see [`TxError::Unknown`]).
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, Self::Unknown(_))
+    }
+
+    /// A plain-text error answer: 503 when nothing was committed (a retry runs again),
+    /// 500 marked [`OutcomeUnknown`] when whether it was is unknown.
+    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        let status = if self.outcome_unknown() {
+            StatusCode::INTERNAL_SERVER_ERROR
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        let mut response = Response::new(B::from(Bytes::from(self.to_string())));
+        *response.status_mut() = status;
+        if self.outcome_unknown() {
+            response.extensions_mut().insert(OutcomeUnknown);
+        }
+        response
+    }
+}
+
+/// The typed stores: a transaction on the store's pool, the answer written into the
+/// record the layer reserved (two commits: the reservation's, then this one).
+macro_rules! typed_transactions {
+    ($store:ty, $database:ty, $connection:ty, |$this:ident| $begin:expr, $backend:literal) => {
+        impl Transactions for $store {
+            type Database = $database;
+            type Transaction = sqlx::Transaction<'static, $database>;
+            fn records_in_transaction(&self) -> bool {
+                true
+            }
+
+            async fn begin(
+                &self,
+                _reservation: Option<&ReservationHandle>,
+            ) -> Result<Self::Transaction, StoreError> {
+                let $this = self;
+                $begin.await.map_err(StoreError::backend)
+            }
+
+            fn connection(transaction: &mut Self::Transaction) -> &mut $connection {
+                transaction
+            }
+
+            fn connection_ref(transaction: &Self::Transaction) -> &$connection {
+                transaction
+            }
+
+            async fn finalize_in<B>(
+                &self,
+                transaction: &mut Self::Transaction,
+                reservation: Option<&ReservationHandle>,
+                answer: Response<B>,
+            ) -> Result<Response<B>, FinalizeError>
+            where
+                B: Body<Data = Bytes> + From<Bytes> + Send,
+                B::Error: Into<BoxError>,
+            {
+                <$store>::finalize_in(self, transaction, reservation, answer).await
+            }
+
+            async fn commit(transaction: Self::Transaction) -> Result<(), CommitError> {
+                transaction
+                    .commit()
+                    .await
+                    .map_err(|error| CommitError::after($backend, error))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+typed_transactions!(
+    crate::PostgresStore,
+    sqlx::Postgres,
+    sqlx::PgConnection,
+    |store| store.pool().begin(),
+    "PostgreSQL"
+);
+#[cfg(feature = "mysql")]
+typed_transactions!(
+    crate::MySqlStore,
+    sqlx::MySql,
+    sqlx::MySqlConnection,
+    |store| store.pool().begin(),
+    "MySQL"
+);
+// On SQLite the write lock is taken at once: a deferred transaction that read first
+// could not start writing once another connection wrote meanwhile.
+#[cfg(feature = "sqlite")]
+typed_transactions!(
+    crate::SqliteStore,
+    sqlx::Sqlite,
+    sqlx::SqliteConnection,
+    |store| store.pool().begin_with("BEGIN IMMEDIATE"),
+    "SQLite"
+);
+
+/// The one-commit store: the transaction the request's record was reserved in, and the
+/// record, the write and the answer committed once.
+impl Transactions for Arc<crate::OneCommitStore> {
+    type Database = sqlx::Any;
+    type Transaction = crate::WriteTransaction;
+
+    fn records_in_transaction(&self) -> bool {
+        true
+    }
+
+    async fn begin(
+        &self,
+        reservation: Option<&ReservationHandle>,
+    ) -> Result<Self::Transaction, StoreError> {
+        crate::OneCommitStore::begin(self, reservation).await
+    }
+
+    fn connection(transaction: &mut Self::Transaction) -> &mut sqlx::AnyConnection {
+        transaction
+    }
+
+    fn connection_ref(transaction: &Self::Transaction) -> &sqlx::AnyConnection {
+        transaction
+    }
+
+    async fn finalize_in<B>(
+        &self,
+        transaction: &mut Self::Transaction,
+        reservation: Option<&ReservationHandle>,
+        answer: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes> + Send,
+        B::Error: Into<BoxError>,
+    {
+        crate::OneCommitStore::finalize_in(self, transaction, reservation, answer).await
+    }
+
+    async fn commit(transaction: Self::Transaction) -> Result<(), CommitError> {
+        transaction.commit().await
+    }
+}
+
+/// Transactions on a pool whose database does not hold the idempotency records (they are
+/// in Redis, say): the layer records the answer after the handler, and a keyed
+/// transaction's `COMMIT` whose answer is lost is asked about (see
+/// `WriteTransaction::begin_on`) and, where the database cannot tell, answered
+/// [`TxError::Unknown`].
+#[derive(Clone, Debug)]
+pub struct RecordsElsewhere(pub sqlx::AnyPool);
+
+impl Transactions for RecordsElsewhere {
+    type Database = sqlx::Any;
+    type Transaction = crate::WriteTransaction;
+
+    fn records_in_transaction(&self) -> bool {
+        false
+    }
+
+    async fn begin(
+        &self,
+        reservation: Option<&ReservationHandle>,
+    ) -> Result<Self::Transaction, StoreError> {
+        crate::WriteTransaction::begin_on(&self.0, reservation)
+            .await
+            .map_err(StoreError::backend)
+    }
+
+    fn connection(transaction: &mut Self::Transaction) -> &mut sqlx::AnyConnection {
+        transaction
+    }
+
+    fn connection_ref(transaction: &Self::Transaction) -> &sqlx::AnyConnection {
+        transaction
+    }
+
+    async fn finalize_in<B>(
+        &self,
+        _transaction: &mut Self::Transaction,
+        _reservation: Option<&ReservationHandle>,
+        answer: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes> + Send,
+        B::Error: Into<BoxError>,
+    {
+        Ok(answer)
+    }
+
+    async fn commit(transaction: Self::Transaction) -> Result<(), CommitError> {
+        transaction.commit().await
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extractor {
+    use axum_core::extract::{FromRef, FromRequestParts};
+    use axum_core::response::{IntoResponse, Response};
+    use http::request::Parts;
+    use idempotency_core::ReservationHandle;
+
+    use super::{Transactions, Tx, TxError};
+
+    /// `Tx<T>` as an axum extractor: the transaction for the request's write, begun on
+    /// the `T` in the router's state (`FromRef`), with the request's reservation.
+    /// Refused with a 503 when it cannot begin.
+    impl<T, S> FromRequestParts<S> for Tx<T>
+    where
+        T: Transactions + FromRef<S>,
+        S: Send + Sync,
+    {
+        type Rejection = Response;
+
+        async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+            let store = T::from_ref(state);
+            let reservation = parts.extensions.get::<ReservationHandle>();
+            Tx::begin(&store, reservation).await.map_err(|error| {
+                (
+                    http::StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot begin the request's transaction; retry: {error}"),
+                )
+                    .into_response()
+            })
+        }
+    }
+
+    impl IntoResponse for TxError {
+        fn into_response(self) -> Response {
+            TxError::into_response(self)
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! One transactional path for handlers: the same axum handler, taking a `Tx<T>`
+//! extractor, writes an order and commits it with its answer on every kind of
+//! `Transactions` — the typed PostgreSQL, MariaDB and SQLite stores, the one-commit store
+//! over sqlx `Any` (SQLite and PostgreSQL), and a pool whose database does not hold the
+//! records. Each time: a keyed write commits once and its retry is replayed, a write
+//! without a key commits on its own, and a handler that does not commit leaves nothing.
+#![cfg(all(
+    feature = "axum",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
+
+mod common;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idempotency_core::{FullStore, IdempotencyLayer, Outcome};
+use idempotency_store_sql::{
+    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordsElsewhere, SqliteStore,
+    TableName, Transactions, Tx, TxError,
+};
+use sqlx::{AnyPool, Database, Executor, IntoArguments};
+use tower::ServiceExt;
+
+fn postgres_url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn mysql_url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A pool of the test's own on `url`, and a fresh `orders` table in it; `None` (skip)
+/// when the server is unreachable outside CI.
+async fn observer(url: &str, env: &str) -> Option<(AnyPool, String)> {
+    sqlx::any::install_default_drivers();
+    let pool = match AnyPool::connect(url).await {
+        Ok(pool) => pool,
+        Err(error) => return common::unreachable(url, url, env, error),
+    };
+    let orders = format!("{}_orders", common::unique_table());
+    sqlx::query(&format!(
+        "CREATE TABLE {orders} (item VARCHAR(64) NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    Some((pool, orders))
+}
+
+/// `POST /orders` writes an order and commits it with its answer; `POST /abandoned`
+/// writes one and answers 503 without committing.
+fn app<T>(transactions: T, layer: IdempotencyLayer, orders: &str) -> Router
+where
+    T: Transactions,
+    for<'c> &'c mut <T::Database as Database>::Connection: Executor<'c, Database = T::Database>,
+    for<'q> <T::Database as Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
+{
+    let insert = format!("INSERT INTO {orders} (item) VALUES ('book')");
+    let abandoned = insert.clone();
+    Router::new()
+        .route(
+            "/orders",
+            post(move |mut tx: Tx<T>| async move {
+                sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+                let answer = (StatusCode::CREATED, "order placed").into_response();
+                let mut sent = tx
+                    .commit(answer)
+                    .await
+                    .unwrap_or_else(TxError::into_response);
+                // Too late for the record: an answer recorded in the transaction is sent
+                // as it was recorded.
+                sent.headers_mut()
+                    .insert("x-after-commit", "1".parse().unwrap());
+                sent
+            }),
+        )
+        .route(
+            "/abandoned",
+            post(move |mut tx: Tx<T>| async move {
+                sqlx::query(&abandoned).execute(&mut *tx).await.unwrap();
+                drop(tx);
+                StatusCode::SERVICE_UNAVAILABLE.into_response()
+            }),
+        )
+        .with_state(transactions)
+        .layer(layer)
+}
+
+async fn send(
+    app: &Router,
+    path: &str,
+    key: Option<&str>,
+) -> (StatusCode, bool, Option<Outcome>, String, bool) {
+    let mut request = Request::post(path);
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    let outcome = response.extensions().get::<Outcome>().copied();
+    let after_commit = response.headers().contains_key("x-after-commit");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body).into_owned();
+    (status, replayed, outcome, body, after_commit)
+}
+
+async fn orders(observer: &AnyPool, orders: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {orders}"))
+        .fetch_one(observer)
+        .await
+        .unwrap()
+}
+
+/// The checks every kind of `Transactions` passes; `in_transaction`: the answer is
+/// recorded in the handler's transaction (else by the layer, after the handler).
+async fn one_path(app: Router, observer: &AnyPool, table: &str, in_transaction: bool) {
+    let key = uuid::Uuid::new_v4().to_string();
+    let first = send(&app, "/orders", Some(&key)).await;
+    assert_eq!(first.0, StatusCode::CREATED, "{}", first.3);
+    assert_eq!(first.2, Some(Outcome::Executed));
+    assert_eq!(
+        first.4, !in_transaction,
+        "an answer recorded in the transaction is sent as recorded"
+    );
+    assert_eq!(orders(observer, table).await, 1);
+
+    let retry = send(&app, "/orders", Some(&key)).await;
+    assert_eq!(
+        (retry.0, retry.1),
+        (StatusCode::CREATED, true),
+        "{}",
+        retry.3
+    );
+    assert_eq!(retry.3, "order placed");
+    assert_eq!(orders(observer, table).await, 1, "the retry ran nothing");
+
+    let unkeyed = send(&app, "/orders", None).await;
+    assert_eq!(unkeyed.0, StatusCode::CREATED);
+    assert_eq!(orders(observer, table).await, 2);
+
+    let abandoned_key = uuid::Uuid::new_v4().to_string();
+    for _ in 0..2 {
+        let abandoned = send(&app, "/abandoned", Some(&abandoned_key)).await;
+        assert_eq!(abandoned.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!abandoned.1, "a 5xx releases the key: the retry runs again");
+    }
+    assert_eq!(orders(observer, table).await, 2, "nothing of it committed");
+    let _ = sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(observer)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_postgres_pool() {
+    let Some((observer, table)) = observer(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await
+    else {
+        return;
+    };
+    let store = PostgresStore::connect(&postgres_url(), &PoolSettings::default())
+        .await
+        .unwrap()
+        .with_table_name(&common::unique_table())
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let app = app(store.clone(), IdempotencyLayer::new(store), &table);
+    one_path(app, &observer, &table, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_mariadb_pool() {
+    let Some((observer, table)) = observer(&mysql_url(), "IDEMPOTENCY_TEST_MYSQL_URL").await else {
+        return;
+    };
+    let store = MySqlStore::connect(&mysql_url(), &PoolSettings::default())
+        .await
+        .unwrap()
+        .with_table_name(&common::unique_table())
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let app = app(store.clone(), IdempotencyLayer::new(store), &table);
+    one_path(app, &observer, &table, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_sqlite_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
+    let (observer, table) = observer(&url, "-").await.unwrap();
+    let store = SqliteStore::connect(&url, &PoolSettings::default())
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let app = app(store.clone(), IdempotencyLayer::new(store), &table);
+    one_path(app, &observer, &table, true).await;
+}
+
+/// The one-commit store over sqlx `Any`, on `url`.
+async fn one_commit(url: &str, env: &str) {
+    let Some((observer, table)) = observer(url, env).await else {
+        return;
+    };
+    let records = common::unique_table();
+    let typed: Arc<dyn FullStore> = match url.split(':').next() {
+        Some("postgres") => Arc::new(
+            PostgresStore::connect(url, &PoolSettings::default())
+                .await
+                .unwrap()
+                .with_table_name(&records)
+                .unwrap()
+                .migrate()
+                .await
+                .unwrap(),
+        ),
+        _ => Arc::new(
+            SqliteStore::connect(url, &PoolSettings::default())
+                .await
+                .unwrap()
+                .with_table_name(&records)
+                .unwrap()
+                .migrate()
+                .await
+                .unwrap(),
+        ),
+    };
+    let pool = sqlx::any::AnyPoolOptions::new()
+        .max_connections(8)
+        .connect(url)
+        .await
+        .unwrap();
+    let store = Arc::new(
+        OneCommitStore::new(typed, pool, &TableName::new(&records).unwrap())
+            .await
+            .unwrap(),
+    );
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::from_shared_store(store),
+        &table,
+    );
+    one_path(app, &observer, &table, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_commit_store_on_postgres() {
+    one_commit(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_commit_store_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    one_commit(
+        &format!("sqlite://{}/orders.db?mode=rwc", dir.path().display()),
+        "-",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_database_does_not_hold_the_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
+    let (observer, table) = observer(&url, "-").await.unwrap();
+    let records_url = format!("sqlite://{}/records.db?mode=rwc", dir.path().display());
+    let records = SqliteStore::connect(&records_url, &PoolSettings::default())
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let elsewhere = RecordsElsewhere(observer.clone());
+    let app = app(elsewhere, IdempotencyLayer::new(records), &table);
+    one_path(app, &observer, &table, false).await;
+}
