@@ -177,6 +177,37 @@ impl<T: Transactions> std::fmt::Debug for Tx<T> {
     }
 }
 
+/// A [`Tx`] still to begin: the store and the request's reservation, for domain code that
+/// begins its transaction only once it is ready to write (after reads, or after writing
+/// files, so as not to hold SQLite's write lock meanwhile). With the `axum` feature it is
+/// an extractor, as [`Tx`] is.
+#[derive(Clone)]
+pub struct LazyTx<T: Transactions> {
+    store: T,
+    reservation: Option<ReservationHandle>,
+}
+
+impl<T: Transactions> LazyTx<T> {
+    /// The transaction for the request `reservation` belongs to (`None`: a request
+    /// without a key), on `store`, to begin later.
+    pub fn new(store: T, reservation: Option<ReservationHandle>) -> Self {
+        Self { store, reservation }
+    }
+
+    /// Begins it.
+    pub async fn begin(self) -> Result<Tx<T>, StoreError> {
+        Tx::begin(&self.store, self.reservation.as_ref()).await
+    }
+}
+
+impl<T: Transactions> std::fmt::Debug for LazyTx<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyTx")
+            .field("keyed", &self.reservation.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Why [`Tx::commit`] did not commit the request's write, or cannot tell whether it did.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -398,7 +429,7 @@ mod extractor {
     use http::request::Parts;
     use idempotency_core::ReservationHandle;
 
-    use super::{Transactions, Tx, TxError};
+    use super::{LazyTx, Transactions, Tx, TxError};
 
     /// `Tx<T>` as an axum extractor: the transaction for the request's write, begun on
     /// the `T` in the router's state (`FromRef`), with the request's reservation.
@@ -420,6 +451,21 @@ mod extractor {
                 )
                     .into_response()
             })
+        }
+    }
+
+    /// `LazyTx<T>` as an axum extractor: never refused; the transaction begins when the
+    /// handler asks.
+    impl<T, S> FromRequestParts<S> for LazyTx<T>
+    where
+        T: Transactions + FromRef<S>,
+        S: Send + Sync,
+    {
+        type Rejection = std::convert::Infallible;
+
+        async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+            let reservation = parts.extensions.get::<ReservationHandle>().cloned();
+            Ok(LazyTx::new(T::from_ref(state), reservation))
         }
     }
 

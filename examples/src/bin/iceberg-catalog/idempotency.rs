@@ -39,7 +39,7 @@ use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
 use idempotency_store_sql::{AnyFinalizer, OneCommitStore, TableName};
 
-use crate::catalog::Finalizer;
+use crate::catalog::Writes;
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -80,7 +80,7 @@ pub(crate) async fn layer(
     pool: &sqlx::AnyPool,
     metadata: Option<impl MetadataReader>,
 ) -> Result<
-    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Finalizer>),
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes>),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     let profile = match metadata {
@@ -98,7 +98,7 @@ async fn records_layer(
     commits: Commits,
     pool: &sqlx::AnyPool,
 ) -> Result<
-    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Finalizer>),
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes>),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     match records {
@@ -119,7 +119,10 @@ async fn records_layer(
                 return Ok((
                     config.iceberg_layer(typed.clone()).with_scope(SingleScope),
                     typed,
-                    Some(Finalizer::TwoCommits(AnyFinalizer::default())),
+                    Some(Writes::TwoCommits {
+                        pool: pool.clone(),
+                        finalizer: AnyFinalizer::default(),
+                    }),
                 ));
             }
             // `open` keeps the records in the default table.
@@ -128,7 +131,7 @@ async fn records_layer(
             Ok((
                 config.iceberg_layer(store.clone()).with_scope(SingleScope),
                 store.clone(),
-                Some(Finalizer::OneCommit(store)),
+                Some(Writes::OneCommit(store)),
             ))
         }
         Records::Redis(url) => {

@@ -200,7 +200,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             idempotency::Commits::One
         };
         let metadata = (!args.store_whole_metadata).then(|| catalog.metadata_reader());
-        let (layer, records, finalizer) = idempotency::layer(
+        let (layer, records, writes) = idempotency::layer(
             records,
             args.idempotency_lifetime,
             commits,
@@ -208,8 +208,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             metadata,
         )
         .await?;
-        let catalog = match finalizer {
-            Some(finalizer) => catalog.with_records_in_database(finalizer),
+        let catalog = match writes {
+            Some(writes) => catalog.with_records_in_database(writes),
             None => catalog,
         };
         (Some(layer), Some(records), catalog)

@@ -7,25 +7,14 @@ use std::sync::Arc;
 use iceberg::CatalogBuilder as _;
 use iceberg::io::{FileIO, LocalFsStorageFactory};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
-use idempotency_core::ReservationHandle;
-use idempotency_store_sql::{AnyFinalizer, OneCommitStore, WriteTransaction};
+use idempotency_store_sql::RecordsElsewhere;
 
 use super::database::{Backend, CATALOG_NAME, Database};
 use super::log::LOG_TARGET;
-use crate::error::ApiResult;
+use super::writes::Writes;
 
 /// Set to `1`, the process aborts right after it commits a change, before it answers.
 pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
-
-/// How a change writes its answer into its idempotency record, in its own transaction.
-pub(crate) enum Finalizer {
-    /// The change is written in the transaction its record was reserved in: the record,
-    /// the change and the answer commit once.
-    OneCommit(Arc<OneCommitStore>),
-    /// The record was reserved in a commit of its own; the change writes the answer into
-    /// it in the change's transaction (`--two-commit`).
-    TwoCommits(AnyFinalizer),
-}
 
 /// Where the state lives and the files go.
 pub(crate) struct Catalog {
@@ -36,10 +25,8 @@ pub(crate) struct Catalog {
     pub(super) file_io: FileIO,
     /// The warehouse root as a `file://` URI, without a trailing slash.
     pub(super) warehouse: String,
-    /// How a change writes its request's answer into its idempotency record, when the
-    /// records are kept in the catalog's database; `None` without idempotency, or with
-    /// records elsewhere.
-    pub(super) records: Option<Finalizer>,
+    /// Where a change's transaction comes from and how its answer is recorded in it.
+    pub(crate) writes: Writes,
     /// [`CRASH_AFTER_COMMIT`] is set.
     pub(super) crash_after_commit: bool,
 }
@@ -84,43 +71,26 @@ impl Catalog {
                 "{CRASH_AFTER_COMMIT}=1: the process aborts after its first committed change"
             );
         }
+        let writes = Writes::Elsewhere(RecordsElsewhere(db.pool().clone()));
         Ok(Self {
             sql_catalog,
             db,
             file_io: FileIO::new_with_fs(),
             warehouse,
-            records: None,
+            writes,
             crash_after_commit,
         })
     }
 
-    /// Keeps the idempotency records in the catalog's database: every keyed change writes
-    /// its answer into its record as `finalizer` says.
-    pub(crate) fn with_records_in_database(mut self, finalizer: Finalizer) -> Self {
-        self.records = Some(finalizer);
+    /// Keeps the idempotency records in the catalog's database: every change writes its
+    /// answer into its record as `writes` says.
+    pub(crate) fn with_records_in_database(mut self, writes: Writes) -> Self {
+        self.writes = writes;
         self
     }
 
     /// The pool the catalog writes with.
     pub(crate) fn pool(&self) -> &sqlx::AnyPool {
         self.db.pool()
-    }
-
-    /// The transaction a change is written in: the one the request's idempotency record
-    /// was reserved in, when there is one, or a new one. On SQLite it takes the write lock
-    /// at once (`BEGIN IMMEDIATE`): a deferred transaction that read first could not start
-    /// writing once another connection wrote meanwhile.
-    pub(super) async fn begin(
-        &self,
-        reservation: Option<&ReservationHandle>,
-    ) -> ApiResult<WriteTransaction> {
-        match &self.records {
-            Some(Finalizer::OneCommit(records)) => Ok(records.begin(reservation).await?),
-            Some(Finalizer::TwoCommits(_)) => {
-                Ok(WriteTransaction::begin_on(self.db.pool(), None).await?)
-            }
-            // The record, if any, is kept elsewhere: a lost COMMIT answer is asked about.
-            None => Ok(WriteTransaction::begin_on(self.db.pool(), reservation).await?),
-        }
     }
 }

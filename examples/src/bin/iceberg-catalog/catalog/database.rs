@@ -6,7 +6,7 @@
 
 use iceberg::TableIdent;
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{Any, AnyPool, Row, Transaction};
+use sqlx::{AnyConnection, AnyPool, Row};
 
 use crate::error::ApiResult;
 
@@ -119,7 +119,7 @@ impl Database {
     /// Runs a write inside a change's transaction; the number of rows it touched.
     pub(super) async fn execute_in(
         &self,
-        tx: &mut Transaction<'static, Any>,
+        tx: &mut AnyConnection,
         statement: &str,
         args: &[&str],
     ) -> Result<u64, sqlx::Error> {
@@ -128,7 +128,7 @@ impl Database {
         for arg in args {
             query = query.bind(*arg);
         }
-        Ok(query.execute(&mut **tx).await?.rows_affected())
+        Ok(query.execute(tx).await?.rows_affected())
     }
 
     /// Whether any table or view has this name.

@@ -20,10 +20,14 @@
 //!
 //! # Exactly once, in one commit: the record, the change and the answer
 //!
-//! A keyed change is written in the transaction its idempotency record was reserved in
-//! (`OneCommitStore::begin`; a new transaction without a key) and handed back as
+//! Every mutating route takes a [`CatalogTx`] (`idempotency_store_sql::LazyTx`, an
+//! axum extractor) and hands it to the domain method, which begins it when it is ready to
+//! write: for a keyed change, the transaction its idempotency record was reserved in (a
+//! new one without a key). The method writes the change in it and hands it back as
 //! [`Uncommitted`]; the route builds the answer from it, and [`Uncommitted::commit`]
-//! writes that answer into the record **in the same transaction** before the one commit.
+//! (`Tx::commit`) writes that answer into the record **in the same transaction** before
+//! the one commit. Domain code takes a transaction and never sees a reservation; where
+//! the records are is [`Writes`].
 //! The record, the change and its answer then commit together or not at all: a replica
 //! killed right after the commit is replayed on the retry (a second `updateTable` would
 //! fail its requirements with `CommitFailedException`, and the Java client would then
@@ -65,6 +69,8 @@
 //!
 //! - [`connection`]: the [`Catalog`] handle and [`Catalog::open`].
 //! - [`database`]: the SQL backend, its transactions, placeholders and shared lookups.
+//! - [`writes`]: [`Writes`], where a change's transaction comes from and how its answer
+//!   is recorded in it, and [`CatalogTx`].
 //! - [`uncommitted`]: [`Uncommitted`], a change and its answer
 //!   committed together.
 //! - [`warehouse`]: locations inside the warehouse, and deleting orphaned metadata files.
@@ -92,5 +98,7 @@ mod transactions;
 mod uncommitted;
 mod views;
 mod warehouse;
+mod writes;
 
-pub(crate) use connection::{Catalog, Finalizer};
+pub(crate) use connection::Catalog;
+pub(crate) use writes::{CatalogTx, Writes};

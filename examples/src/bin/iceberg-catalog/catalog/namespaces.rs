@@ -4,7 +4,6 @@
 //! ([`EXISTS_PROPERTY`]) so that it exists without properties. Another client of the same
 //! tables may leave a namespace that exists only through its tables; listing counts those.
 
-use idempotency_core::ReservationHandle;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use iceberg::{Catalog as _, ErrorKind, NamespaceIdent};
@@ -15,6 +14,7 @@ use super::database::CATALOG_NAME;
 use super::errors::namespace_exists_error;
 use super::names::{check_namespace, display_namespace};
 use super::uncommitted::Uncommitted;
+use super::writes::CatalogTx;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::UpdateNamespacePropertiesResponse;
 
@@ -27,7 +27,7 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         properties: HashMap<String, String>,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, HashMap<String, String>>> {
         check_namespace(namespace)?;
         check_property_keys(properties.keys())?;
@@ -35,7 +35,7 @@ impl Catalog {
             return Err(namespace_exists_error(namespace));
         }
         let joined = namespace.join(".");
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         // The marker row makes the namespace exist whatever its properties.
         let rows = properties
             .iter()
@@ -126,7 +126,7 @@ impl Catalog {
         namespace: &NamespaceIdent,
         removals: Vec<String>,
         updates: HashMap<String, String>,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, UpdateNamespacePropertiesResponse>> {
         if let Some(both) = removals.iter().find(|k| updates.contains_key(*k)) {
             return Err(ApiError::new(
@@ -138,7 +138,7 @@ impl Catalog {
         check_property_keys(removals.iter().chain(updates.keys()))?;
         self.require_namespace(namespace).await?;
         let joined = namespace.join(".");
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let select = self.db.with_placeholders(
             "SELECT property_key FROM iceberg_namespace_properties \
              WHERE catalog_name = ? AND namespace = ?",
@@ -146,7 +146,7 @@ impl Catalog {
         let existing: HashSet<String> = sqlx::query(&select)
             .bind(CATALOG_NAME)
             .bind(&joined)
-            .fetch_all(&mut **tx)
+            .fetch_all(&mut *tx)
             .await?
             .iter()
             .map(|row| row.try_get::<String, _>(0))
@@ -208,7 +208,7 @@ impl Catalog {
     pub(crate) async fn drop_namespace(
         &self,
         namespace: &NamespaceIdent,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         self.require_namespace(namespace).await?;
         let joined = namespace.join(".");
@@ -233,7 +233,7 @@ impl Catalog {
                 display_namespace(namespace)
             )));
         }
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         self.db
             .execute_in(
                 &mut tx,

@@ -4,7 +4,6 @@
 //! A table is a row of `iceberg_tables` with `iceberg_type = 'TABLE'` pointing at its
 //! current metadata file.
 
-use idempotency_core::ReservationHandle;
 use std::collections::HashMap;
 
 use iceberg::spec::{TableMetadata, TableMetadataBuilder};
@@ -18,6 +17,7 @@ use super::errors::table_exists_error;
 use super::log::LOG_TARGET;
 use super::names::{check_name, display_namespace};
 use super::uncommitted::Uncommitted;
+use super::writes::CatalogTx;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{CreateTableRequest, LoadTableResult, RegisteredResult};
 
@@ -49,7 +49,7 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateTableRequest,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
         let (ident, creation) = self.table_creation(namespace, request).await?;
         let location = creation.location.clone().unwrap_or_default();
@@ -60,11 +60,11 @@ impl Catalog {
         metadata.write_to(&self.file_io, &metadata_location).await?;
         let metadata_location = metadata_location.to_string();
         let written = vec![metadata_location.clone()];
-        let mut tx = match self.begin(reservation).await {
+        let mut tx = match tx.begin().await {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let inserted = self
@@ -170,7 +170,7 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         purge: bool,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         let table = if purge {
             match self.sql_catalog.load_table(ident).await {
@@ -183,7 +183,7 @@ impl Catalog {
         } else {
             None
         };
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let deleted = self
             .db
             .execute_in(
@@ -208,7 +208,7 @@ impl Catalog {
         &self,
         from: &TableIdent,
         to: &TableIdent,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         check_name(to.name())?;
         if !self.table_exists(from).await? {
@@ -216,13 +216,13 @@ impl Catalog {
         }
         if from == to {
             // Nothing changes; the answer is still recorded with the key.
-            return Ok(Uncommitted::new(self, self.begin(reservation).await?, ()));
+            return Ok(Uncommitted::new(self, tx.begin().await?, ()));
         }
         self.require_namespace(to.namespace()).await?;
         if self.db.name_taken(to).await? {
             return Err(table_exists_error(to));
         }
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let renamed = self
             .db
             .execute_in(
@@ -263,7 +263,7 @@ impl Catalog {
         ident: &TableIdent,
         metadata_location: String,
         overwrite: bool,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, RegisteredResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
@@ -280,7 +280,7 @@ impl Catalog {
             .map_err(|e| unreadable(&e))?;
         serde_json::from_str::<TableMetadata>(metadata.get()).map_err(|e| unreadable(&e))?;
         let current = self.db.metadata_location(ident, TABLE_TYPE_FILTER).await?;
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let written = match current {
             Some(current) if overwrite => {
                 self.db.execute_in(

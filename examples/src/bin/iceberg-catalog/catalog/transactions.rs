@@ -6,7 +6,6 @@
 //! file written) and swapped in after; the swaps of one transaction share one database
 //! transaction, so a multi-table commit lands whole or not at all.
 
-use idempotency_core::ReservationHandle;
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 
@@ -20,6 +19,7 @@ use super::database::{CATALOG_NAME, TABLE_TYPE_FILTER};
 use super::errors::{invalid_update, requirement_message};
 use super::log::LOG_TARGET;
 use super::uncommitted::Uncommitted;
+use super::writes::CatalogTx;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::CommitTableRequest;
 
@@ -39,12 +39,12 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         request: CommitTableRequest,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, (String, TableMetadata)>> {
         let prepared = self
             .prepare_commit(ident.clone(), request.requirements, request.updates)
             .await?;
-        let swapped = self.swap_in(vec![prepared], reservation).await?;
+        let swapped = self.swap_in(vec![prepared], tx).await?;
         Ok(swapped.map(|mut commits| {
             let commit = commits.pop().expect("one commit");
             (commit.location, commit.metadata)
@@ -55,7 +55,7 @@ impl Catalog {
     pub(crate) async fn commit_transaction(
         &self,
         changes: Vec<(TableIdent, CommitTableRequest)>,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         let mut seen = HashSet::new();
         let mut prepared = Vec::with_capacity(changes.len());
@@ -77,7 +77,7 @@ impl Catalog {
                 }
             }
         }
-        Ok(self.swap_in(prepared, reservation).await?.map(drop))
+        Ok(self.swap_in(prepared, tx).await?.map(drop))
     }
 
     /// Checks the requirements against the current metadata, applies the updates and
@@ -142,13 +142,13 @@ impl Catalog {
     async fn swap_in(
         &self,
         commits: Vec<PreparedCommit>,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, Vec<PreparedCommit>>> {
-        let mut tx = match self.begin(reservation).await {
+        let mut tx = match tx.begin().await {
             Ok(tx) => tx,
             Err(e) => {
                 self.discard(&commits).await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         for commit in &commits {

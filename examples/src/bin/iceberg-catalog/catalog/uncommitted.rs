@@ -3,11 +3,11 @@
 
 use axum::response::Response;
 use iceberg::table::Table;
-use idempotency_core::ReservationHandle;
-use idempotency_store_sql::{CommitError, WriteTransaction};
+use idempotency_store_sql::{CommitError, Tx, TxError};
 
-use super::connection::{CRASH_AFTER_COMMIT, Catalog, Finalizer};
+use super::connection::{CRASH_AFTER_COMMIT, Catalog};
 use super::log::LOG_TARGET;
+use super::writes::Writes;
 use crate::error::{ApiError, ApiResult};
 
 /// A change written in an open database transaction: nothing of it is visible until
@@ -15,7 +15,7 @@ use crate::error::{ApiError, ApiResult};
 #[must_use = "a change that is not committed rolls back"]
 pub(crate) struct Uncommitted<'a, T> {
     catalog: &'a Catalog,
-    tx: WriteTransaction,
+    tx: Tx<Writes>,
     /// What the change made, for the answer.
     pub(crate) value: T,
     /// Metadata files written for the change: nothing points at them unless it commits.
@@ -25,7 +25,7 @@ pub(crate) struct Uncommitted<'a, T> {
 }
 
 impl<'a, T> Uncommitted<'a, T> {
-    pub(super) fn new(catalog: &'a Catalog, tx: WriteTransaction, value: T) -> Self {
+    pub(super) fn new(catalog: &'a Catalog, tx: Tx<Writes>, value: T) -> Self {
         Self {
             catalog,
             tx,
@@ -55,54 +55,38 @@ impl<'a, T> Uncommitted<'a, T> {
     /// request is committed. If the answer to the `COMMIT` is lost, the answer says what
     /// the database says happened; if it cannot tell, a `CommitStateUnknownException`
     /// that the layer keeps for every retry.
-    pub(crate) async fn commit(
-        mut self,
-        reservation: Option<&ReservationHandle>,
-        answer: Response,
-    ) -> ApiResult<Response> {
-        let finalized = match &self.catalog.records {
-            Some(Finalizer::OneCommit(records)) => {
-                records.finalize_in(&mut self.tx, reservation, answer).await
-            }
-            Some(Finalizer::TwoCommits(finalizer)) => {
-                finalizer
-                    .finalize_in(&mut self.tx, reservation, answer)
-                    .await
-            }
-            None => Ok(answer),
-        };
-        let answer = match finalized {
+    pub(crate) async fn commit(self, answer: Response) -> ApiResult<Response> {
+        let answer = match self.tx.commit(answer).await {
             Ok(answer) => answer,
-            Err(error) => {
-                let _ = self.tx.rollback().await;
+            Err(TxError::NotRecorded(error)) => {
                 self.catalog.delete_unused(&self.written).await;
                 return Err(error.into());
             }
-        };
-        match self.tx.commit().await {
-            Ok(()) => {}
-            Err(CommitError::NotCommitted(e)) => {
+            Err(TxError::NotCommitted(CommitError::NotCommitted(e))) => {
                 tracing::error!(target: LOG_TARGET, error = %e, "the database did not commit the change");
                 self.catalog.delete_unused(&self.written).await;
                 return Err(ApiError::not_committed(format!(
                     "The database did not commit the change, so nothing of it was committed; retry: {e}"
                 )));
             }
-            // The files stay, since a committed change may point at them.
+            // The files stay, since a committed change may point at them. With the record
+            // in this database, the record tells: the layer's release leaves a committed
+            // answer alone (the retry replays it) and frees the key of one that rolled back.
+            Err(TxError::NotCommitted(e)) => {
+                tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
+                return Err(ApiError::commit_state_unknown(format!(
+                    "Committing the change failed: {e}"
+                )));
+            }
+            // Kept elsewhere, nothing tells, so the key keeps this answer.
             Err(e) => {
                 tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
-                let unknown =
-                    ApiError::commit_state_unknown(format!("Committing the change failed: {e}"));
-                // A record in this database tells: the layer's release leaves a committed
-                // answer alone (the retry replays it) and frees the key of one that rolled
-                // back. Kept elsewhere, nothing tells, so the key keeps this answer.
-                return Err(if self.catalog.records.is_some() {
-                    unknown
-                } else {
-                    unknown.kept_for_retries()
-                });
+                return Err(ApiError::commit_state_unknown(format!(
+                    "Committing the change failed: {e}"
+                ))
+                .kept_for_retries());
             }
-        }
+        };
         if self.catalog.crash_after_commit {
             tracing::error!(target: LOG_TARGET, "{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");
             std::process::abort();

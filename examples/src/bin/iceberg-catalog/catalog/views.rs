@@ -3,7 +3,6 @@
 //! A view is a row of `iceberg_tables` with `iceberg_type = 'VIEW'` (as in the Java JDBC
 //! catalog) pointing at its metadata file, which this module writes and reads as JSON.
 
-use idempotency_core::ReservationHandle;
 use std::collections::HashMap;
 
 use iceberg::spec::{ViewFormatVersion, ViewMetadata, ViewMetadataBuilder};
@@ -15,6 +14,7 @@ use super::database::{CATALOG_NAME, VIEW_TYPE_FILTER};
 use super::errors::{invalid_update, view_exists_error};
 use super::names::check_name;
 use super::uncommitted::Uncommitted;
+use super::writes::CatalogTx;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{CreateViewRequest, LoadViewResult, RegisteredResult, ViewRequirement};
 
@@ -62,7 +62,7 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateViewRequest,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         check_name(&request.name)?;
         self.require_namespace(namespace).await?;
@@ -89,11 +89,11 @@ impl Catalog {
         self.write_view_metadata(&metadata_location, &metadata)
             .await?;
         let written = vec![metadata_location.clone()];
-        let mut tx = match self.begin(reservation).await {
+        let mut tx = match tx.begin().await {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let inserted = self
@@ -164,7 +164,7 @@ impl Catalog {
         ident: &TableIdent,
         requirements: Vec<ViewRequirement>,
         updates: Vec<ViewUpdate>,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
         let current = self.load_view(ident).await?;
         for requirement in requirements {
@@ -188,11 +188,11 @@ impl Catalog {
         let location = view_metadata_location(&metadata, version);
         self.write_view_metadata(&location, &metadata).await?;
         let written = vec![location.clone()];
-        let mut tx = match self.begin(reservation).await {
+        let mut tx = match tx.begin().await {
             Ok(tx) => tx,
             Err(e) => {
                 self.delete_unused(&written).await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         let swapped = self.db
@@ -238,9 +238,9 @@ impl Catalog {
     pub(crate) async fn drop_view(
         &self,
         ident: &TableIdent,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, ()>> {
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let deleted = self
             .db
             .execute_in(
@@ -263,7 +263,7 @@ impl Catalog {
         &self,
         from: &TableIdent,
         to: &TableIdent,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, ()>> {
         check_name(to.name())?;
         if !self.view_exists(from).await? {
@@ -271,13 +271,13 @@ impl Catalog {
         }
         if from == to {
             // Nothing changes; the answer is still recorded with the key.
-            return Ok(Uncommitted::new(self, self.begin(reservation).await?, ()));
+            return Ok(Uncommitted::new(self, tx.begin().await?, ()));
         }
         self.require_namespace(to.namespace()).await?;
         if self.db.name_taken(to).await? {
             return Err(view_exists_error(to));
         }
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let renamed = self
             .db
             .execute_in(
@@ -315,7 +315,7 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         metadata_location: String,
-        reservation: Option<&ReservationHandle>,
+        tx: CatalogTx,
     ) -> ApiResult<Uncommitted<'_, RegisteredResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
@@ -331,7 +331,7 @@ impl Catalog {
         if self.db.name_taken(ident).await? {
             return Err(view_exists_error(ident));
         }
-        let mut tx = self.begin(reservation).await?;
+        let mut tx = tx.begin().await?;
         let inserted = self
             .db
             .execute_in(

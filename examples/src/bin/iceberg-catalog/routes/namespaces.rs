@@ -9,8 +9,10 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use iceberg::NamespaceIdent;
 
+use crate::catalog::CatalogTx;
+
 use super::request::{
-    AppState, NAMESPACE_SEPARATOR, NamespacePath, Reservation, no_content, parse, parse_namespace,
+    AppState, NAMESPACE_SEPARATOR, NamespacePath, no_content, parse, parse_namespace,
 };
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{
@@ -32,7 +34,7 @@ pub(super) async fn list_namespaces(
 
 pub(super) async fn create_namespace(
     State(state): State<Arc<AppState>>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateNamespaceRequest = parse(&body)?;
@@ -40,14 +42,14 @@ pub(super) async fn create_namespace(
         .map_err(|e| ApiError::bad_request(e.message().to_owned()))?;
     let created = state
         .catalog
-        .create_namespace(&namespace, request.properties, reservation.as_deref())
+        .create_namespace(&namespace, request.properties, tx)
         .await?;
     let answer = Json(NamespaceResponse {
         namespace: request.namespace,
         properties: created.value.clone(),
     })
     .into_response();
-    created.commit(reservation.as_deref(), answer).await
+    created.commit(answer).await
 }
 
 pub(super) async fn load_namespace(
@@ -79,31 +81,23 @@ pub(super) async fn namespace_exists(
 pub(super) async fn drop_namespace(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
 ) -> ApiResult<Response> {
-    let dropped = state
-        .catalog
-        .drop_namespace(&path.ident()?, reservation.as_deref())
-        .await?;
-    dropped.commit(reservation.as_deref(), no_content()).await
+    let dropped = state.catalog.drop_namespace(&path.ident()?, tx).await?;
+    dropped.commit(no_content()).await
 }
 
 pub(super) async fn update_properties(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: UpdateNamespacePropertiesRequest = parse(&body)?;
     let updated = state
         .catalog
-        .update_namespace_properties(
-            &path.ident()?,
-            request.removals,
-            request.updates,
-            reservation.as_deref(),
-        )
+        .update_namespace_properties(&path.ident()?, request.removals, request.updates, tx)
         .await?;
     let answer = Json(&updated.value).into_response();
-    updated.commit(reservation.as_deref(), answer).await
+    updated.commit(answer).await
 }

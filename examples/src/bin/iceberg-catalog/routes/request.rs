@@ -1,30 +1,34 @@
-//! What the handlers share: the state, the request's reservation, the path segments that
+//! What the handlers share: the state (and the change's transaction from it), the path segments that
 //! name a namespace, table or view, and the request bodies.
 //!
 //! Request bodies are parsed here rather than by axum's `Json` extractor, so that a body
 //! that is not the spec's JSON (an unknown table update, say) gets the spec's 400
 //! `BadRequestException` instead of axum's 422.
 
-use axum::Extension;
+use std::sync::Arc;
+
 use axum::body::Bytes;
+use axum::extract::FromRef;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use iceberg::{NamespaceIdent, TableIdent};
-use idempotency_core::ReservationHandle;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Writes};
 use crate::error::{ApiError, ApiResult};
 use crate::rest::TableIdentifier;
-
-/// The reservation of a request with an `Idempotency-Key`, which the layer put on it;
-/// `None` without a key.
-pub(super) type Reservation = Option<Extension<ReservationHandle>>;
 
 /// What every handler shares.
 pub(crate) struct AppState {
     pub(crate) catalog: Catalog,
+}
+
+/// A change's transaction comes from the catalog's [`Writes`].
+impl FromRef<Arc<AppState>> for Writes {
+    fn from_ref(state: &Arc<AppState>) -> Self {
+        state.catalog.writes.clone()
+    }
 }
 
 /// The unit separator that joins namespace levels in a path segment (the spec's default

@@ -10,8 +10,10 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use iceberg::TableIdent;
 
+use crate::catalog::CatalogTx;
+
 use super::request::{
-    AppState, NamespacePath, Reservation, TablePath, identifier, no_content, parse, to_identifier,
+    AppState, NamespacePath, TablePath, identifier, no_content, parse, to_identifier,
 };
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{
@@ -32,7 +34,7 @@ pub(super) async fn list_tables(
 pub(super) async fn create_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateTableRequest = parse(&body)?;
@@ -44,12 +46,9 @@ pub(super) async fn create_table(
             .await?;
         return Ok(Json(staged).into_response());
     }
-    let created = state
-        .catalog
-        .create_table(&namespace, request, reservation.as_deref())
-        .await?;
+    let created = state.catalog.create_table(&namespace, request, tx).await?;
     let answer = Json(&created.value).into_response();
-    created.commit(reservation.as_deref(), answer).await
+    created.commit(answer).await
 }
 
 pub(super) async fn load_table(
@@ -75,7 +74,7 @@ pub(super) async fn table_exists(
 pub(super) async fn commit_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<TablePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -88,33 +87,27 @@ pub(super) async fn commit_table(
             identifier(named)?
         )));
     }
-    let committed = state
-        .catalog
-        .commit_table(&ident, request, reservation.as_deref())
-        .await?;
+    let committed = state.catalog.commit_table(&ident, request, tx).await?;
     let (metadata_location, metadata) = &committed.value;
     let answer = Json(CommitTableResponse {
         metadata_location: metadata_location.clone(),
         metadata: metadata.clone(),
     })
     .into_response();
-    committed.commit(reservation.as_deref(), answer).await
+    committed.commit(answer).await
 }
 
 pub(super) async fn drop_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<TablePath>,
     Query(query): Query<HashMap<String, String>>,
-    reservation: Reservation,
+    tx: CatalogTx,
 ) -> ApiResult<Response> {
     let purge = query
         .get("purgeRequested")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let dropped = state
-        .catalog
-        .drop_table(&path.ident()?, purge, reservation.as_deref())
-        .await?;
-    dropped.commit(reservation.as_deref(), no_content()).await
+    let dropped = state.catalog.drop_table(&path.ident()?, purge, tx).await?;
+    dropped.commit(no_content()).await
 }
 
 /// Scan and commit reports are accepted and dropped: this catalog keeps no metrics.
@@ -126,27 +119,22 @@ pub(super) async fn report_metrics(Path(path): Path<TablePath>) -> ApiResult<Res
 pub(super) async fn register_table(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RegisterTableRequest = parse(&body)?;
     let ident = TableIdent::new(path.ident()?, request.name);
     let registered = state
         .catalog
-        .register_table(
-            &ident,
-            request.metadata_location,
-            request.overwrite,
-            reservation.as_deref(),
-        )
+        .register_table(&ident, request.metadata_location, request.overwrite, tx)
         .await?;
     let answer = Json(&registered.value).into_response();
-    registered.commit(reservation.as_deref(), answer).await
+    registered.commit(answer).await
 }
 
 pub(super) async fn rename_table(
     State(state): State<Arc<AppState>>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RenameRequest = parse(&body)?;
@@ -155,8 +143,8 @@ pub(super) async fn rename_table(
         .rename_table(
             &identifier(&request.source)?,
             &identifier(&request.destination)?,
-            reservation.as_deref(),
+            tx,
         )
         .await?;
-    renamed.commit(reservation.as_deref(), no_content()).await
+    renamed.commit(no_content()).await
 }

@@ -6,13 +6,15 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 
-use super::request::{AppState, Reservation, identifier, no_content, parse};
+use crate::catalog::CatalogTx;
+
+use super::request::{AppState, identifier, no_content, parse};
 use crate::error::{ApiError, ApiResult};
 use crate::rest::CommitTransactionRequest;
 
 pub(super) async fn commit_transaction(
     State(state): State<Arc<AppState>>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CommitTransactionRequest = parse(&body)?;
@@ -25,9 +27,6 @@ pub(super) async fn commit_transaction(
         };
         changes.push((identifier(named)?, change));
     }
-    let committed = state
-        .catalog
-        .commit_transaction(changes, reservation.as_deref())
-        .await?;
-    committed.commit(reservation.as_deref(), no_content()).await
+    let committed = state.catalog.commit_transaction(changes, tx).await?;
+    committed.commit(no_content()).await
 }

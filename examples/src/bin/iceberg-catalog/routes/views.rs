@@ -8,8 +8,10 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use iceberg::TableIdent;
 
+use crate::catalog::CatalogTx;
+
 use super::request::{
-    AppState, NamespacePath, Reservation, ViewPath, identifier, no_content, parse, to_identifier,
+    AppState, NamespacePath, ViewPath, identifier, no_content, parse, to_identifier,
 };
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{
@@ -30,16 +32,16 @@ pub(super) async fn list_views(
 pub(super) async fn create_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateViewRequest = parse(&body)?;
     let created = state
         .catalog
-        .create_view(&path.ident()?, request, reservation.as_deref())
+        .create_view(&path.ident()?, request, tx)
         .await?;
     let answer = Json(&created.value).into_response();
-    created.commit(reservation.as_deref(), answer).await
+    created.commit(answer).await
 }
 
 pub(super) async fn load_view(
@@ -65,38 +67,30 @@ pub(super) async fn view_exists(
 pub(super) async fn replace_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<ViewPath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CommitViewRequest = parse(&body)?;
     let replaced = state
         .catalog
-        .replace_view(
-            &path.ident()?,
-            request.requirements,
-            request.updates,
-            reservation.as_deref(),
-        )
+        .replace_view(&path.ident()?, request.requirements, request.updates, tx)
         .await?;
     let answer = Json(&replaced.value).into_response();
-    replaced.commit(reservation.as_deref(), answer).await
+    replaced.commit(answer).await
 }
 
 pub(super) async fn drop_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<ViewPath>,
-    reservation: Reservation,
+    tx: CatalogTx,
 ) -> ApiResult<Response> {
-    let dropped = state
-        .catalog
-        .drop_view(&path.ident()?, reservation.as_deref())
-        .await?;
-    dropped.commit(reservation.as_deref(), no_content()).await
+    let dropped = state.catalog.drop_view(&path.ident()?, tx).await?;
+    dropped.commit(no_content()).await
 }
 
 pub(super) async fn rename_view(
     State(state): State<Arc<AppState>>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RenameRequest = parse(&body)?;
@@ -105,24 +99,24 @@ pub(super) async fn rename_view(
         .rename_view(
             &identifier(&request.source)?,
             &identifier(&request.destination)?,
-            reservation.as_deref(),
+            tx,
         )
         .await?;
-    renamed.commit(reservation.as_deref(), no_content()).await
+    renamed.commit(no_content()).await
 }
 
 pub(super) async fn register_view(
     State(state): State<Arc<AppState>>,
     Path(path): Path<NamespacePath>,
-    reservation: Reservation,
+    tx: CatalogTx,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RegisterViewRequest = parse(&body)?;
     let ident = TableIdent::new(path.ident()?, request.name);
     let registered = state
         .catalog
-        .register_view(&ident, request.metadata_location, reservation.as_deref())
+        .register_view(&ident, request.metadata_location, tx)
         .await?;
     let answer = Json(&registered.value).into_response();
-    registered.commit(reservation.as_deref(), answer).await
+    registered.commit(answer).await
 }

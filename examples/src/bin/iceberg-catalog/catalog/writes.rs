@@ -1,0 +1,91 @@
+//! [`Writes`]: where a change's transaction comes from and how its answer is recorded in
+//! it, the catalog's implementation of `idempotency_store_sql::Transactions`. Domain code
+//! takes the transaction ([`CatalogTx`]) and never sees a reservation.
+
+use std::sync::Arc;
+
+use axum::http::Response;
+use bytes::Bytes;
+use http_body::Body;
+use idempotency_core::{BoxError, ReservationHandle, StoreError};
+use idempotency_store_sql::{
+    AnyFinalizer, CommitError, FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere,
+    Transactions, WriteTransaction,
+};
+use sqlx::{AnyConnection, AnyPool};
+
+/// A change's transaction, still to begin: the extractor every mutating route takes.
+pub(crate) type CatalogTx = LazyTx<Writes>;
+
+/// Where the idempotency records are, as the catalog's changes write them.
+#[derive(Clone)]
+pub(crate) enum Writes {
+    /// In the catalog's database, reserved in the change's own transaction: the record,
+    /// the change and the answer commit once.
+    OneCommit(Arc<OneCommitStore>),
+    /// In the catalog's database, reserved in a commit of their own; the change writes
+    /// the answer into it in its transaction (`--two-commit`).
+    TwoCommits {
+        pool: AnyPool,
+        finalizer: AnyFinalizer,
+    },
+    /// Elsewhere (Redis), or nowhere (`--no-idempotency`): the layer records the answer.
+    Elsewhere(RecordsElsewhere),
+}
+
+impl Transactions for Writes {
+    type Database = sqlx::Any;
+    type Transaction = WriteTransaction;
+
+    fn records_in_transaction(&self) -> bool {
+        !matches!(self, Self::Elsewhere(_))
+    }
+
+    /// On SQLite every transaction takes the write lock at once (`BEGIN IMMEDIATE`): a
+    /// deferred one that read first could not start writing once another connection wrote.
+    async fn begin(
+        &self,
+        reservation: Option<&ReservationHandle>,
+    ) -> Result<WriteTransaction, StoreError> {
+        match self {
+            Self::OneCommit(store) => store.begin(reservation).await,
+            Self::TwoCommits { pool, .. } => WriteTransaction::begin_on(pool, None)
+                .await
+                .map_err(StoreError::backend),
+            Self::Elsewhere(elsewhere) => elsewhere.begin(reservation).await,
+        }
+    }
+
+    fn connection(transaction: &mut WriteTransaction) -> &mut AnyConnection {
+        transaction
+    }
+
+    fn connection_ref(transaction: &WriteTransaction) -> &AnyConnection {
+        transaction
+    }
+
+    async fn finalize_in<B>(
+        &self,
+        transaction: &mut WriteTransaction,
+        reservation: Option<&ReservationHandle>,
+        answer: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: Body<Data = Bytes> + From<Bytes> + Send,
+        B::Error: Into<BoxError>,
+    {
+        match self {
+            Self::OneCommit(store) => store.finalize_in(transaction, reservation, answer).await,
+            Self::TwoCommits { finalizer, .. } => {
+                finalizer
+                    .finalize_in(transaction, reservation, answer)
+                    .await
+            }
+            Self::Elsewhere(_) => Ok(answer),
+        }
+    }
+
+    async fn commit(transaction: WriteTransaction) -> Result<(), CommitError> {
+        transaction.commit().await
+    }
+}
