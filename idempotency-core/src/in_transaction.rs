@@ -25,8 +25,8 @@
 //! (the connection dropped after it was sent). The change may or may not be there, and an
 //! error answer would release the key, so that the retry runs the change a second time.
 //! A handler that cannot find out what happened marks its answer
-//! [`OutcomeUnknown`](crate::OutcomeUnknown): the
-//! layer keeps it for every retry and releases nothing.
+//! [`OutcomeUnknown`](crate::OutcomeUnknown): the layer keeps the key reserved until it
+//! expires, neither storing that answer nor releasing the key.
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};

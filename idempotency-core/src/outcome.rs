@@ -34,7 +34,8 @@ pub enum Outcome {
     Unsettled,
     /// The request ran, and whether its change took effect is unknown: its handler marked
     /// the answer [`OutcomeUnknown`](crate::OutcomeUnknown) (the answer to its `COMMIT`
-    /// was lost, say). That answer is stored, so that no retry runs the change again.
+    /// was lost, say). The key stays reserved until it expires, so that no retry runs the
+    /// change again.
     Unknown,
     /// The stored answer of an earlier request was replayed; nothing ran.
     Replayed,

@@ -144,19 +144,21 @@ pub(crate) struct FinalizedInTransaction {
 /// `COMMIT` was sent, and the answer to it was lost, and asking the database afterwards
 /// did not tell (the SQL stores' `WriteTransaction::commit` says when this is so).
 ///
-/// A keyed request's answer that carries it is **stored whatever its status**, and every
-/// retry within the key's lifetime is replayed it: releasing the key, as a 5xx otherwise
-/// does, would let a retry run the change a second time. The client learns that the
-/// outcome is unknown (Iceberg's `CommitStateUnknownException`, say) and checks the
-/// state itself; the key cannot run the change again until it expires. A request without
-/// a key is answered as it is.
+/// A keyed request whose answer carries it **keeps its key reserved until the key
+/// expires**: the answer is sent to this caller but neither stored nor replayed (it says
+/// nothing about what happened), and the key is not released, as a 5xx otherwise does,
+/// because a retry would then run the change a second time. Retries meanwhile are told
+/// the request is still in flight (409, or the profile's answer: the Iceberg profile's
+/// 503 with `Retry-After`); an operator who has checked the state can evict the key. A
+/// request without a key is answered as it is.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicU32, Ordering};
-/// use axum::{Router, body::Body, response::{IntoResponse, Response}, routing::post};
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, response::IntoResponse, routing::post};
 /// use http::{Request, StatusCode};
 /// use idempotency_core::{IdempotencyLayer, OutcomeUnknown};
 /// use idempotency_store_memory::MemoryStore;
@@ -167,20 +169,24 @@ pub(crate) struct FinalizedInTransaction {
 /// let handler = move || async move {
 ///     counted.fetch_add(1, Ordering::SeqCst);
 ///     // ... the COMMIT's answer was lost, and the database could not be asked.
-///     let mut answer = (StatusCode::SERVICE_UNAVAILABLE, "commit state unknown").into_response();
+///     let mut answer = (StatusCode::INTERNAL_SERVER_ERROR, "commit state unknown").into_response();
 ///     answer.extensions_mut().insert(OutcomeUnknown);
 ///     answer
 /// };
 /// let app = Router::new()
 ///     .route("/orders", post(handler))
-///     .layer(IdempotencyLayer::new(MemoryStore::new()));
+///     .layer(
+///         IdempotencyLayer::new(MemoryStore::new())
+///             .with_lease(Duration::from_millis(100)) // an owner's lease between renewals
+///             .with_in_flight_wait(Duration::from_millis(50)),
+///     );
 ///
 /// let order = || Request::post("/orders").header("idempotency-key", "k1").body(Body::empty()).unwrap();
 /// let first = app.clone().oneshot(order()).await.unwrap();
-/// assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+/// assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// tokio::time::sleep(Duration::from_millis(300)).await; // past the lease: still held
 /// let retry = app.oneshot(order()).await.unwrap();
-/// assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE);
-/// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+/// assert_eq!(retry.status(), StatusCode::CONFLICT); // still reserved: in flight
 /// assert_eq!(runs.load(Ordering::SeqCst), 1); // not run again
 /// # }
 /// ```

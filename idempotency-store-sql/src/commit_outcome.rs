@@ -42,9 +42,9 @@ pub enum CommitError {
     NotCommitted(#[source] sqlx::Error),
     /// The database may or may not have committed the transaction: the answer to its
     /// `COMMIT` was lost, and asking afterwards did not tell. Answer with an error marked
-    /// [`OutcomeUnknown`](idempotency_core::OutcomeUnknown), so that the layer keeps that
-    /// answer for every retry instead of releasing the key (a retry would run the change
-    /// a second time).
+    /// [`OutcomeUnknown`](idempotency_core::OutcomeUnknown), so that the layer keeps the
+    /// key reserved until it expires instead of releasing it (a retry would run the
+    /// change a second time).
     #[error(
         "the answer to COMMIT was lost, and whether the database committed is unknown; \
          check the state before trying again: {0}"

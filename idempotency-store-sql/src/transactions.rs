@@ -223,7 +223,7 @@ pub enum TxError {
     NotCommitted(CommitError),
     /// The answer to `COMMIT` was lost, the database could not tell what happened, and
     /// the records are kept elsewhere: the answer must be marked [`OutcomeUnknown`], so
-    /// that the layer keeps it for every retry rather than let one run the write again.
+    /// that the layer keeps the key reserved rather than let a retry run the write again.
     #[error(transparent)]
     Unknown(CommitError),
 }
@@ -235,7 +235,8 @@ impl TxError {
     }
 
     /// A plain-text error answer: 503 when nothing was committed (a retry runs again),
-    /// 500 marked [`OutcomeUnknown`] when whether it was is unknown.
+    /// 500 marked [`OutcomeUnknown`] when whether it was is unknown (the key stays
+    /// reserved until it expires).
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let status = if self.outcome_unknown() {
             StatusCode::INTERNAL_SERVER_ERROR

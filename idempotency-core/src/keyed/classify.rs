@@ -1,7 +1,7 @@
 //! Stage 5, **classify**: what happens to what the inner service did, decided from the
 //! facts, without I/O. An error or a panic releases the key. An answer the handler
 //! already finalized in its own transaction is sent as it was finalized; one it marked
-//! [`OutcomeUnknown`] is kept, whatever its status, and releases nothing. Otherwise 5xx
+//! [`OutcomeUnknown`] keeps the key reserved, neither stored nor released. Otherwise 5xx
 //! and the release statuses release the key; the profile decides the rest; an answer
 //! that cannot be kept (too large, or encoded although the layer asked for none) is
 //! remembered as "already ran"; an answer whose body failed is released or remembered by
@@ -55,9 +55,9 @@ pub(crate) enum Verdict {
     FinalizedByHandler,
     /// Store the answer and replay it to every retry.
     Store,
-    /// Store the answer of a change that may or may not have taken effect, whatever its
-    /// status: releasing the key would let a retry run the change a second time.
-    StoreUnknown,
+    /// Keep the key reserved: the change may or may not have taken effect, so its answer
+    /// cannot be replayed, and releasing the key would let a retry run it a second time.
+    KeepReserved,
     /// Release the key, so that a retry runs again; the reason, for the log.
     Release(&'static str),
     /// Remember that the request ran, without its answer.
@@ -90,11 +90,11 @@ pub(crate) fn classify<I, E>(
         BodyRead::Failed(_) | BodyRead::TimedOut => (None, ReadState::Failed),
     };
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
-        // Remembered in any case: as it is, or as "already ran" if it cannot be kept.
+        // A body that failed cannot be delivered: remembered as "already ran" instead,
+        // which runs nothing again either.
         return match read {
-            ReadState::Whole => Verdict::StoreUnknown,
-            ReadState::TooLarge => Verdict::NotKept(NotKept::TooLarge),
             ReadState::Failed => Verdict::BodyFailed { release: false },
+            ReadState::Whole | ReadState::TooLarge => Verdict::KeepReserved,
         };
     }
     verdict_on(

@@ -1,5 +1,5 @@
 //! Stage 6, **settle**: the verdict of stage 5 written to the store — the answer stored
-//! for every retry (also an error answer whose change may have taken effect), the key released so that a retry runs again, or "it already ran"
+//! for every retry, the key held reserved when the change's outcome is unknown, the key released so that a retry runs again, or "it already ran"
 //! remembered for an answer that cannot be kept; nothing, when the handler finalized in
 //! its own transaction — and the caller's answer. This is the one place that writes an
 //! owner's outcome to the store, and [`stored_answer`] says what of an answer is stored.
@@ -68,16 +68,7 @@ pub(crate) async fn settle<B: Bodies, E>(
                 .await
                 .unless_unsettled(first_run)
         }
-        Verdict::StoreUnknown => {
-            let BodyRead::Whole(bytes, trailers) = &read else {
-                unreachable!("only a whole answer is stored")
-            };
-            tracing::warn!(outcome = "unknown", key = %settings.log_key(id), status = status.as_u16(), "idempotency: the handler does not know whether its change took effect; its answer is kept for every retry, and the key is not released");
-            let stored = stored_answer(settings, reservation, &parts, bytes, trailers.as_ref());
-            finalize(settings, id, token, &stored)
-                .await
-                .unless_unsettled(Outcome::Unknown)
-        }
+        Verdict::KeepReserved => keep_reserved(settings, id, token, status).await,
         Verdict::Release(why) => release(settings, id, token, why).await,
         Verdict::NotKept(why) => remember_not_kept(settings, id, token, status, why)
             .await
@@ -337,6 +328,30 @@ async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &
         }
         Err(error) => {
             tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: releasing the key failed; it stays reserved until its lease lapses ({why})");
+            Outcome::Unsettled
+        }
+    }
+}
+
+/// Holds the key reserved for as long as a record is kept, its answer neither stored
+/// nor released: [`Outcome::Unknown`] if the store took it, [`Outcome::Unsettled`] if not.
+async fn keep_reserved(
+    settings: &Settings,
+    id: &RecordId,
+    token: FencingToken,
+    status: StatusCode,
+) -> Outcome {
+    match RequestPathStore::of(settings).hold(id, token).await {
+        Ok(Ownership::Held) => {
+            tracing::warn!(outcome = "unknown", key = %settings.log_key(id), status = status.as_u16(), "idempotency: the handler does not know whether its change took effect; the key stays reserved until it expires, so that no retry runs the change again");
+            Outcome::Unknown
+        }
+        Ok(Ownership::Lost) => {
+            tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: could not keep a key it no longer owns reserved (its change's outcome is unknown)");
+            Outcome::Unsettled
+        }
+        Err(error) => {
+            tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: keeping the key reserved failed (its change's outcome is unknown); it stays reserved until its lease lapses");
             Outcome::Unsettled
         }
     }

@@ -19,7 +19,7 @@ pub(crate) struct ApiError {
     pub(crate) kind: &'static str,
     pub(crate) message: String,
     /// Whether the change may have committed: the answer is then marked
-    /// [`OutcomeUnknown`], and the idempotency layer keeps it instead of releasing the key.
+    /// [`OutcomeUnknown`], and the idempotency layer keeps the key reserved.
     outcome_unknown: bool,
 }
 
@@ -84,9 +84,9 @@ impl ApiError {
         )
     }
 
-    /// This answer marked [`OutcomeUnknown`]: the idempotency layer keeps it for every
-    /// retry instead of releasing the key, so that no retry runs the change again.
-    pub(crate) fn kept_for_retries(self) -> Self {
+    /// This answer marked [`OutcomeUnknown`]: the idempotency layer keeps the key reserved
+    /// until it expires instead of releasing it, so that no retry runs the change again.
+    pub(crate) fn marked_outcome_unknown(self) -> Self {
         Self {
             outcome_unknown: true,
             ..self

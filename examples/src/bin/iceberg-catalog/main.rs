@@ -64,10 +64,8 @@
 //! - [`telemetry`]: `--metrics-listen`, the layer's metrics as Prometheus text (shared
 //!   with `grpc-orders`, in the examples' library).
 //! - [`admin`]: `--admin-token`, endpoints that inspect and evict idempotency records.
-//!
-//! For the Java client's fault tests, `ICEBERG_CATALOG_TEST_DELAYS=1` makes the catalog
-//! hold a request that carries `x-iceberg-catalog-test-delay-ms: N` for N milliseconds
-//! inside the layer, a slow commit whose retry arrives while it still runs.
+//! - `test_hooks`: what the crash and fault tests switch on, only in a build with the
+//!   `test-hooks` feature.
 
 mod admin;
 mod catalog;
@@ -75,6 +73,8 @@ mod error;
 mod idempotency;
 mod rest;
 mod routes;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -217,12 +217,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
     let admin = admin::router(args.admin_token.as_deref(), records)?;
     let catalog_routes = routes::router(Arc::new(AppState { catalog }));
-    let catalog_routes = if std::env::var(TEST_DELAYS).is_ok_and(|v| v == "1") {
-        tracing::warn!("{TEST_DELAYS}=1: requests with {TEST_DELAY_HEADER} are held that long");
-        catalog_routes.layer(middleware::from_fn(test_delay))
-    } else {
-        catalog_routes
-    };
+    #[cfg(feature = "test-hooks")]
+    let catalog_routes = test_hooks::install(catalog_routes);
     // The layer wraps the whole router (not each route, as `Router::layer` would), so a
     // replay can reach the catalog's other routes. The admin routes sit in front of it:
     // an eviction is not itself a keyed mutation.
@@ -277,27 +273,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Set to `1`, a request that carries [`TEST_DELAY_HEADER`] (milliseconds, at most a
-/// minute) is held that long inside the idempotency layer before the catalog handles it: a
-/// slow commit, for the Java client's fault tests (`examples/tests/java_client.rs`), whose
-/// proxy adds the header to a first attempt and not to its retry.
-const TEST_DELAYS: &str = "ICEBERG_CATALOG_TEST_DELAYS";
-/// The header [`TEST_DELAYS`] honours.
-const TEST_DELAY_HEADER: &str = "x-iceberg-catalog-test-delay-ms";
-
-/// Holds a request for the milliseconds its [`TEST_DELAY_HEADER`] asks for.
-async fn test_delay(request: Request, next: Next) -> Response {
-    let delay = request
-        .headers()
-        .get(TEST_DELAY_HEADER)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse::<u64>().ok());
-    if let Some(millis) = delay {
-        tokio::time::sleep(Duration::from_millis(millis.min(60_000))).await;
-    }
-    next.run(request).await
 }
 
 /// One line per request: method, path, status, what the idempotency layer did, time.

@@ -13,9 +13,6 @@ use super::database::{Backend, CATALOG_NAME, Database};
 use super::log::LOG_TARGET;
 use super::writes::Writes;
 
-/// Set to `1`, the process aborts right after it commits a change, before it answers.
-pub(crate) const CRASH_AFTER_COMMIT: &str = "ICEBERG_CATALOG_CRASH_AFTER_COMMIT";
-
 /// Where the state lives and the files go.
 pub(crate) struct Catalog {
     /// Serves the reads it does well (namespaces, list / load / exists table); every
@@ -27,8 +24,6 @@ pub(crate) struct Catalog {
     pub(super) warehouse: String,
     /// Where a change's transaction comes from and how its answer is recorded in it.
     pub(crate) writes: Writes,
-    /// [`CRASH_AFTER_COMMIT`] is set.
-    pub(super) crash_after_commit: bool,
 }
 
 impl Catalog {
@@ -64,13 +59,6 @@ impl Catalog {
                 Err(e) => return Err(e.into()),
             }
         };
-        let crash_after_commit = std::env::var(CRASH_AFTER_COMMIT).is_ok_and(|v| v == "1");
-        if crash_after_commit {
-            tracing::warn!(
-                target: LOG_TARGET,
-                "{CRASH_AFTER_COMMIT}=1: the process aborts after its first committed change"
-            );
-        }
         let writes = Writes::Elsewhere(RecordsElsewhere(db.pool().clone()));
         Ok(Self {
             sql_catalog,
@@ -78,7 +66,6 @@ impl Catalog {
             file_io: FileIO::new_with_fs(),
             warehouse,
             writes,
-            crash_after_commit,
         })
     }
 

@@ -43,9 +43,6 @@
 //! it can (a refused or failed change); a purge (`purgeRequested`) deletes the table's
 //! files only after the drop committed.
 //!
-//! For crash tests, `ICEBERG_CATALOG_CRASH_AFTER_COMMIT=1` makes the process abort right
-//! after it commits a change, before it answers.
-//!
 //! # Files
 //!
 //! A table's location is `<warehouse>/<namespace levels>/<table>` unless the request or

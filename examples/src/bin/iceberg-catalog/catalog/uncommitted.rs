@@ -5,7 +5,7 @@ use axum::response::Response;
 use iceberg::table::Table;
 use idempotency_store_sql::{CommitError, Tx, TxError};
 
-use super::connection::{CRASH_AFTER_COMMIT, Catalog};
+use super::connection::Catalog;
 use super::log::LOG_TARGET;
 use super::writes::Writes;
 use crate::error::{ApiError, ApiResult};
@@ -54,7 +54,7 @@ impl<'a, T> Uncommitted<'a, T> {
     /// request fails with a 5xx: the key stays with whoever owns it, and nothing of this
     /// request is committed. If the answer to the `COMMIT` is lost, the answer says what
     /// the database says happened; if it cannot tell, a `CommitStateUnknownException`
-    /// that the layer keeps for every retry.
+    /// whose key the layer keeps reserved until it expires.
     pub(crate) async fn commit(self, answer: Response) -> ApiResult<Response> {
         let answer = match self.tx.commit(answer).await {
             Ok(answer) => answer,
@@ -78,19 +78,17 @@ impl<'a, T> Uncommitted<'a, T> {
                     "Committing the change failed: {e}"
                 )));
             }
-            // Kept elsewhere, nothing tells, so the key keeps this answer.
+            // Kept elsewhere, nothing tells, so the key stays reserved.
             Err(e) => {
                 tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
                 return Err(ApiError::commit_state_unknown(format!(
                     "Committing the change failed: {e}"
                 ))
-                .kept_for_retries());
+                .marked_outcome_unknown());
             }
         };
-        if self.catalog.crash_after_commit {
-            tracing::error!(target: LOG_TARGET, "{CRASH_AFTER_COMMIT}=1: aborting after the commit, before answering");
-            std::process::abort();
-        }
+        #[cfg(feature = "test-hooks")]
+        crate::test_hooks::after_commit();
         if let Some(table) = self.purge
             && let Err(e) = iceberg::drop_table_data(&table).await
         {
