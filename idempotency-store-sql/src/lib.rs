@@ -300,7 +300,7 @@ pub use sqlite::SqliteStore;
 pub use synchronous::{InvalidSynchronousReplication, NotSynchronous};
 pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
 #[cfg(feature = "any")]
-pub use transactions::{LazyTx, RecordsElsewhere, Transactions, Tx, TxError};
+pub use transactions::{LazyTx, OpenTransaction, RecordsElsewhere, Transactions, Tx, TxError};
 
 /// The sqlx version this crate is built on, re-exported so that a caller can build a
 /// pool of the exact same version for `new`.

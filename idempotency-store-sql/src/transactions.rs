@@ -26,7 +26,7 @@ pub trait Transactions: Clone + Send + Sync + 'static {
     /// The database the transaction is on.
     type Database: sqlx::Database;
     /// An open transaction.
-    type Transaction: Send + 'static;
+    type Transaction: OpenTransaction<Connection = <Self::Database as sqlx::Database>::Connection>;
 
     /// Whether the records are in the transaction's database: a `COMMIT` whose answer is
     /// lost is then decided by the record itself (it committed with the write or not at
@@ -41,16 +41,6 @@ pub trait Transactions: Clone + Send + Sync + 'static {
         reservation: Option<&ReservationHandle>,
     ) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
 
-    /// The connection the handler writes on.
-    fn connection(
-        transaction: &mut Self::Transaction,
-    ) -> &mut <Self::Database as sqlx::Database>::Connection;
-
-    /// The same, shared.
-    fn connection_ref(
-        transaction: &Self::Transaction,
-    ) -> &<Self::Database as sqlx::Database>::Connection;
-
     /// Writes `answer` into the request's record inside `transaction` and returns the
     /// answer to send once it commits (see `PostgresStore::finalize_in`).
     fn finalize_in<B>(
@@ -62,11 +52,59 @@ pub trait Transactions: Clone + Send + Sync + 'static {
     where
         B: Body<Data = Bytes> + From<Bytes> + Send,
         B::Error: Into<BoxError>;
+}
 
-    /// Commits `transaction`.
-    fn commit(
-        transaction: Self::Transaction,
-    ) -> impl Future<Output = Result<(), CommitError>> + Send;
+/// A transaction a handler writes through and commits: sqlx's own, and
+/// [`WriteTransaction`](crate::WriteTransaction).
+pub trait OpenTransaction: Send + 'static {
+    /// The connection it writes on.
+    type Connection;
+
+    /// The connection it writes on.
+    fn connection(&mut self) -> &mut Self::Connection;
+
+    /// The same, shared.
+    fn connection_ref(&self) -> &Self::Connection;
+
+    /// Commits it, saying on a failure whether anything of it may be in the database.
+    fn commit(self) -> impl Future<Output = Result<(), CommitError>> + Send;
+}
+
+/// A `COMMIT` the database answered with an error rolled back, and so did one on SQLite;
+/// one whose answer was lost may have committed.
+impl<DB: sqlx::Database> OpenTransaction for sqlx::Transaction<'static, DB> {
+    type Connection = DB::Connection;
+
+    fn connection(&mut self) -> &mut DB::Connection {
+        self
+    }
+
+    fn connection_ref(&self) -> &DB::Connection {
+        self
+    }
+
+    async fn commit(self) -> Result<(), CommitError> {
+        sqlx::Transaction::commit(self)
+            .await
+            .map_err(|error| CommitError::after(DB::NAME, error))
+    }
+}
+
+/// See [`WriteTransaction::commit`](crate::WriteTransaction::commit).
+impl OpenTransaction for crate::WriteTransaction {
+    type Connection = sqlx::AnyConnection;
+
+    fn connection(&mut self) -> &mut sqlx::AnyConnection {
+        self
+    }
+
+    fn connection_ref(&self) -> &sqlx::AnyConnection {
+        self
+    }
+
+    async fn commit(self) -> Result<(), CommitError> {
+        crate::WriteTransaction::commit(self).await
+    }
 }
 
 /// The transaction a request's write belongs in. Write through it as through a
@@ -140,7 +178,7 @@ impl<T: Transactions> Tx<T> {
             .finalize_in(&mut transaction, reservation, answer)
             .await
             .map_err(TxError::NotRecorded)?;
-        match T::commit(transaction).await {
+        match transaction.commit().await {
             Ok(()) => Ok(answer),
             Err(error @ CommitError::Unknown(_))
                 if !self.store.records_in_transaction() && reservation.is_some() =>
@@ -159,13 +197,19 @@ impl<T: Transactions> std::ops::Deref for Tx<T> {
     type Target = <T::Database as sqlx::Database>::Connection;
 
     fn deref(&self) -> &Self::Target {
-        T::connection_ref(self.transaction.as_ref().expect("open until it commits"))
+        self.transaction
+            .as_ref()
+            .expect("open until it commits")
+            .connection_ref()
     }
 }
 
 impl<T: Transactions> std::ops::DerefMut for Tx<T> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        T::connection(self.transaction.as_mut().expect("open until it commits"))
+        self.transaction
+            .as_mut()
+            .expect("open until it commits")
+            .connection()
     }
 }
 
@@ -255,7 +299,7 @@ impl TxError {
 /// The typed stores: a transaction on the store's pool, the answer written into the
 /// record the layer reserved (two commits: the reservation's, then this one).
 macro_rules! typed_transactions {
-    ($store:ty, $database:ty, $connection:ty, |$this:ident| $begin:expr, $backend:literal) => {
+    ($store:ty, $database:ty, |$this:ident| $begin:expr) => {
         impl Transactions for $store {
             type Database = $database;
             type Transaction = sqlx::Transaction<'static, $database>;
@@ -271,14 +315,6 @@ macro_rules! typed_transactions {
                 $begin.await.map_err(StoreError::backend)
             }
 
-            fn connection(transaction: &mut Self::Transaction) -> &mut $connection {
-                transaction
-            }
-
-            fn connection_ref(transaction: &Self::Transaction) -> &$connection {
-                transaction
-            }
-
             async fn finalize_in<B>(
                 &self,
                 transaction: &mut Self::Transaction,
@@ -291,43 +327,22 @@ macro_rules! typed_transactions {
             {
                 <$store>::finalize_in(self, transaction, reservation, answer).await
             }
-
-            async fn commit(transaction: Self::Transaction) -> Result<(), CommitError> {
-                transaction
-                    .commit()
-                    .await
-                    .map_err(|error| CommitError::after($backend, error))
-            }
         }
     };
 }
 
 #[cfg(feature = "postgres")]
-typed_transactions!(
-    crate::PostgresStore,
-    sqlx::Postgres,
-    sqlx::PgConnection,
-    |store| store.pool().begin(),
-    "PostgreSQL"
-);
+typed_transactions!(crate::PostgresStore, sqlx::Postgres, |store| store
+    .pool()
+    .begin());
 #[cfg(feature = "mysql")]
-typed_transactions!(
-    crate::MySqlStore,
-    sqlx::MySql,
-    sqlx::MySqlConnection,
-    |store| store.pool().begin(),
-    "MySQL"
-);
+typed_transactions!(crate::MySqlStore, sqlx::MySql, |store| store.pool().begin());
 // On SQLite the write lock is taken at once: a deferred transaction that read first
 // could not start writing once another connection wrote meanwhile.
 #[cfg(feature = "sqlite")]
-typed_transactions!(
-    crate::SqliteStore,
-    sqlx::Sqlite,
-    sqlx::SqliteConnection,
-    |store| store.pool().begin_with("BEGIN IMMEDIATE"),
-    "SQLite"
-);
+typed_transactions!(crate::SqliteStore, sqlx::Sqlite, |store| store
+    .pool()
+    .begin_with("BEGIN IMMEDIATE"));
 
 /// The one-commit store: the transaction the request's record was reserved in, and the
 /// record, the write and the answer committed once.
@@ -346,14 +361,6 @@ impl Transactions for Arc<crate::OneCommitStore> {
         crate::OneCommitStore::begin(self, reservation).await
     }
 
-    fn connection(transaction: &mut Self::Transaction) -> &mut sqlx::AnyConnection {
-        transaction
-    }
-
-    fn connection_ref(transaction: &Self::Transaction) -> &sqlx::AnyConnection {
-        transaction
-    }
-
     async fn finalize_in<B>(
         &self,
         transaction: &mut Self::Transaction,
@@ -365,10 +372,6 @@ impl Transactions for Arc<crate::OneCommitStore> {
         B::Error: Into<BoxError>,
     {
         crate::OneCommitStore::finalize_in(self, transaction, reservation, answer).await
-    }
-
-    async fn commit(transaction: Self::Transaction) -> Result<(), CommitError> {
-        transaction.commit().await
     }
 }
 
@@ -397,14 +400,6 @@ impl Transactions for RecordsElsewhere {
             .map_err(StoreError::backend)
     }
 
-    fn connection(transaction: &mut Self::Transaction) -> &mut sqlx::AnyConnection {
-        transaction
-    }
-
-    fn connection_ref(transaction: &Self::Transaction) -> &sqlx::AnyConnection {
-        transaction
-    }
-
     async fn finalize_in<B>(
         &self,
         _transaction: &mut Self::Transaction,
@@ -416,10 +411,6 @@ impl Transactions for RecordsElsewhere {
         B::Error: Into<BoxError>,
     {
         Ok(answer)
-    }
-
-    async fn commit(transaction: Self::Transaction) -> Result<(), CommitError> {
-        transaction.commit().await
     }
 }
 

@@ -9,10 +9,10 @@ use bytes::Bytes;
 use http_body::Body;
 use idempotency_core::{BoxError, ReservationHandle, StoreError};
 use idempotency_store_sql::{
-    AnyFinalizer, CommitError, FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere,
-    Transactions, WriteTransaction,
+    AnyFinalizer, FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere, Transactions,
+    WriteTransaction,
 };
-use sqlx::{AnyConnection, AnyPool};
+use sqlx::AnyPool;
 
 /// A change's transaction, still to begin: the extractor every mutating route takes.
 pub(crate) type CatalogTx = LazyTx<Writes>;
@@ -56,14 +56,6 @@ impl Transactions for Writes {
         }
     }
 
-    fn connection(transaction: &mut WriteTransaction) -> &mut AnyConnection {
-        transaction
-    }
-
-    fn connection_ref(transaction: &WriteTransaction) -> &AnyConnection {
-        transaction
-    }
-
     async fn finalize_in<B>(
         &self,
         transaction: &mut WriteTransaction,
@@ -83,9 +75,5 @@ impl Transactions for Writes {
             }
             Self::Elsewhere(_) => Ok(answer),
         }
-    }
-
-    async fn commit(transaction: WriteTransaction) -> Result<(), CommitError> {
-        transaction.commit().await
     }
 }
