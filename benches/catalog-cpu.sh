@@ -12,7 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 db="$1"; shift; extra=("$@")
-cargo build --release --locked -q -p examples --bin iceberg-catalog
+# --two-commit is a comparison only in builds with the examples' test-hooks feature.
+cargo build --release --locked -q -p examples --features test-hooks --bin iceberg-catalog
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 port=18383
 work=$(mktemp -d)

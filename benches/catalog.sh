@@ -31,7 +31,10 @@ if ! command -v wrk >/dev/null 2>&1; then
 fi
 scripts/services start >&2
 echo "building the example catalog (release)…" >&2
-cargo build --release --locked -q -p examples --bin iceberg-catalog >&2
+# --two-commit is a comparison only in builds with the examples' test-hooks feature.
+features=()
+[ "$records" = two-commit ] && features=(--features test-hooks)
+cargo build --release --locked -q -p examples "${features[@]}" --bin iceberg-catalog >&2
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 catalog_bin="$target_dir/release/iceberg-catalog"
 

@@ -18,7 +18,8 @@ build by default) with its database behind a counting TCP proxy, sends warm-up r
     N=50 benches/statement-counts.py postgres
 
 Needs the servers of scripts/services (PostgreSQL on 5432, MariaDB on 3306, Redis on
-6379) and the catalog built (`cargo build --release -p examples --bin iceberg-catalog`).
+6379) and the catalog built with its comparison switches, for `--two-commit`
+(`cargo build --release -p examples --features test-hooks --bin iceberg-catalog`).
 """
 
 import asyncio

@@ -2484,7 +2484,9 @@ async fn a_retry_whose_metadata_file_is_unreadable_or_gone_is_told_the_state_is_
 enum RecordsKept {
     /// In the same database, reserved in the change's transaction (the default).
     WithTheChange,
-    /// In the same database, reserved in a commit of their own (`--two-commit`).
+    /// In the same database, reserved in a commit of their own (`--two-commit`, in builds
+    /// with the `test-hooks` feature).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     InACommitOfTheirOwn,
     /// In Redis.
     InRedis,
@@ -2629,7 +2631,11 @@ async fn a_lost_commit_answer_over_mysql_with_records_in_redis_keeps_the_key_res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_commit_answer_with_records_in_the_same_database_is_replayed() {
-    let same = [RecordsKept::WithTheChange, RecordsKept::InACommitOfTheirOwn];
+    #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
+    let mut same = vec![RecordsKept::WithTheChange];
+    // `--two-commit` is in builds with the `test-hooks` feature only.
+    #[cfg(feature = "test-hooks")]
+    same.push(RecordsKept::InACommitOfTheirOwn);
     lost_commit_answers_over(commit_proxy::Wire::Postgres, &same, 500).await;
     lost_commit_answers_over(commit_proxy::Wire::MySql, &same, 500).await;
 }

@@ -132,7 +132,9 @@ struct Args {
 
     /// Reserve a keyed request's record in a commit of its own before the change runs
     /// (and write its answer in the change's transaction), instead of in the change's own
-    /// transaction: two commits per change instead of one. For comparison (benches).
+    /// transaction: two commits per change instead of one. For comparison (benches and
+    /// tests), only in a build with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, conflicts_with_all = ["idempotency_store", "no_idempotency"])]
     two_commit: bool,
 
@@ -194,11 +196,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             Some(url) => idempotency::Records::Redis(url),
             None => idempotency::Records::Database(&args.database),
         };
+        #[cfg(feature = "test-hooks")]
         let commits = if args.two_commit {
             idempotency::Commits::Two
         } else {
             idempotency::Commits::One
         };
+        #[cfg(not(feature = "test-hooks"))]
+        let commits = idempotency::Commits::One;
         let metadata = (!args.store_whole_metadata).then(|| catalog.metadata_reader());
         let (layer, records, writes) = idempotency::layer(
             records,
