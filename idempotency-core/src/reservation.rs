@@ -148,7 +148,7 @@ pub(crate) struct FinalizedInTransaction {
 /// expires**: the answer is sent to this caller but neither stored nor replayed (it says
 /// nothing about what happened), and the key is not released, as a 5xx otherwise does,
 /// because a retry would then run the change a second time. Retries meanwhile are told
-/// the request is still in flight (409, or the profile's answer: the Iceberg profile's
+/// the request is still in flight (409 by default, or the profile's in-flight answer);
 /// 503 with `Retry-After`); an operator who has checked the state can evict the key. A
 /// request without a key is answered as it is.
 ///

@@ -52,12 +52,33 @@ pub enum CommitError {
     Unknown(#[source] sqlx::Error),
 }
 
+/// The database a transaction is on, as far as a failed `COMMIT` tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Can be asked what a transaction did.
+    Postgres,
+    /// A local file: a commit that failed did not commit.
+    Sqlite,
+    Other,
+}
+
+impl Backend {
+    /// The backend sqlx names `name` (`Database::NAME`, `AnyConnection::backend_name`).
+    pub(crate) fn of(name: &str) -> Self {
+        match name {
+            "PostgreSQL" => Self::Postgres,
+            "SQLite" => Self::Sqlite,
+            _ => Self::Other,
+        }
+    }
+}
+
 impl CommitError {
     /// What a failed `COMMIT` on `backend` did, without asking: a `COMMIT` the database
     /// answered with an error rolled back, and so did one on SQLite (a local file); one
     /// whose answer was lost may have committed.
-    pub(crate) fn after(backend: &str, error: sqlx::Error) -> Self {
-        if matches!(error, sqlx::Error::Database(_)) || backend == "SQLite" {
+    pub(crate) fn after(backend: Backend, error: sqlx::Error) -> Self {
+        if matches!(error, sqlx::Error::Database(_)) || backend == Backend::Sqlite {
             Self::NotCommitted(error)
         } else {
             Self::Unknown(error)
@@ -80,7 +101,7 @@ impl OutcomeCheck {
         pool: AnyPool,
         transaction: &mut Transaction<'static, Any>,
     ) -> Result<Self, CommitError> {
-        let transaction_id = if transaction.backend_name() == "PostgreSQL" {
+        let transaction_id = if Backend::of(transaction.backend_name()) == Backend::Postgres {
             sqlx::query("SELECT txid_current_if_assigned()")
                 .fetch_one(&mut **transaction)
                 .await
@@ -98,10 +119,10 @@ impl OutcomeCheck {
     /// What the failed `COMMIT` did, as the database tells: `Ok` if it committed after all.
     pub(crate) async fn outcome(
         self,
-        backend: &str,
+        backend: Backend,
         error: sqlx::Error,
     ) -> Result<(), CommitError> {
-        if backend != "PostgreSQL" || matches!(error, sqlx::Error::Database(_)) {
+        if backend != Backend::Postgres || matches!(error, sqlx::Error::Database(_)) {
             return Err(CommitError::after(backend, error));
         }
         let Some(id) = self.transaction_id else {

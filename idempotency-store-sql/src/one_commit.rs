@@ -18,7 +18,7 @@ use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::any::AnyFinalizer;
-use crate::commit_outcome::{CommitError, OutcomeCheck};
+use crate::commit_outcome::{Backend, CommitError, OutcomeCheck};
 use crate::common::{backend, millis, new_token};
 use crate::in_transaction::{FinalizeError, finish, prepare};
 use crate::table::TableName;
@@ -136,11 +136,9 @@ pub struct OneCommitStore {
     /// PostgreSQL, MySQL/MariaDB: the insert of the in-flight record (a duplicate's
     /// probe on MySQL/MariaDB).
     insert_in_flight: String,
-    /// The reservation's insert: [`Self::insert_in_flight`], with its lock wait bounded
-    /// on MariaDB.
-    reserve_in_flight: String,
-    /// MariaDB: the reservation's insert bounds its own lock wait.
-    lock_wait_in_statement: bool,
+    /// MariaDB: the reservation's insert, [`Self::insert_in_flight`] with its own lock
+    /// wait bound (`SET STATEMENT … FOR`); elsewhere the session's is set around it.
+    bounded_reserve: Option<String>,
     /// SQLite: the insert of the finished record, written whole in the handler's
     /// transaction.
     insert_completed: String,
@@ -253,7 +251,7 @@ impl WriteTransaction {
     /// [`OUTCOME_CHECK_FOR`](crate::OUTCOME_CHECK_FOR), and is `Ok` if it committed after
     /// all.
     pub async fn commit(mut self) -> Result<(), CommitError> {
-        let backend = self.backend_name().to_owned();
+        let backend = Backend::of(self.backend_name());
         let check = match self.asks_after_lost_commit.take() {
             Some(pool) => Some(OutcomeCheck::prepare(pool, &mut self).await?),
             None => None,
@@ -262,8 +260,8 @@ impl WriteTransaction {
             return Ok(());
         };
         match check {
-            Some(check) => check.outcome(&backend, error).await,
-            None => Err(CommitError::after(&backend, error)),
+            Some(check) => check.outcome(backend, error).await,
+            None => Err(CommitError::after(backend, error)),
         }
     }
 
@@ -535,15 +533,12 @@ impl OneCommitStore {
             table: table.clone(),
             // MariaDB bounds the reservation's lock wait in the insert itself
             // (`SET STATEMENT … FOR`): two statements fewer than setting the session's.
-            reserve_in_flight: if mariadb {
+            bounded_reserve: mariadb.then(|| {
                 format!(
                     "SET STATEMENT innodb_lock_wait_timeout = {MYSQL_RESERVE_LOCK_WAIT_SECS} \
                      FOR {insert_in_flight}"
                 )
-            } else {
-                insert_in_flight.clone()
-            },
-            lock_wait_in_statement: mariadb,
+            }),
             insert_in_flight,
             insert_completed,
             finalizer: AnyFinalizer::quiet(table),
@@ -668,7 +663,11 @@ impl OneCommitStore {
         lease: Duration,
         lifetime: Duration,
     ) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
-        let query = sqlx::query(&self.reserve_in_flight)
+        let statement = self
+            .bounded_reserve
+            .as_ref()
+            .unwrap_or(&self.insert_in_flight);
+        let query = sqlx::query(statement)
             .bind(id.scope.as_str())
             .bind(id.key.as_str())
             .bind(binding.method.as_str())
@@ -857,7 +856,8 @@ impl OneCommitStore {
         let room = self.room().await?;
         for _ in 0..MAX_DEADLOCK_RETRIES {
             let mut transaction = self.begin_raw().await.map_err(backend)?;
-            let session_lock_wait = self.dialect == Dialect::MySql && !self.lock_wait_in_statement;
+            let session_lock_wait =
+                self.dialect == Dialect::MySql && self.bounded_reserve.is_none();
             if session_lock_wait {
                 set_lock_wait(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }

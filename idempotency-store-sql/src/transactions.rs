@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use idempotency_core::{BoxError, OutcomeUnknown, ReservationHandle, StoreError};
 
-use crate::commit_outcome::CommitError;
+use crate::commit_outcome::{Backend, CommitError};
 use crate::in_transaction::FinalizeError;
 
 /// Where a handler's [`Tx`] comes from, and how the request's answer is recorded in it.
@@ -86,7 +86,7 @@ impl<DB: sqlx::Database> OpenTransaction for sqlx::Transaction<'static, DB> {
     async fn commit(self) -> Result<(), CommitError> {
         sqlx::Transaction::commit(self)
             .await
-            .map_err(|error| CommitError::after(DB::NAME, error))
+            .map_err(|error| CommitError::after(Backend::of(DB::NAME), error))
     }
 }
 

@@ -4,6 +4,8 @@
 //! over sqlx `Any` (SQLite and PostgreSQL), and a pool whose database does not hold the
 //! records. Each time: a keyed write commits once and its retry is replayed, a write
 //! without a key commits on its own, and a handler that does not commit leaves nothing.
+//! With authentication in front of the layer, two tenants that send one key each get
+//! their own write and answer.
 #![cfg(all(
     feature = "axum",
     feature = "postgres",
@@ -294,4 +296,86 @@ async fn a_pool_whose_database_does_not_hold_the_records() {
     let elsewhere = RecordsElsewhere(observer.clone());
     let app = app(elsewhere, IdempotencyLayer::new(records), &table);
     one_path(app, &observer, &table, false).await;
+}
+
+/// Who is calling, as the authentication in front of the layer found out.
+#[derive(Clone)]
+struct Tenant(String);
+
+/// The README's order of layers with authentication in front: two tenants who send the
+/// same key each get their own write and answer, and each retry is replayed its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_with_one_key_each_get_their_own_answer() {
+    use axum::extract::{Extension, Request};
+    use axum::middleware::{self, Next};
+    use idempotency_core::ExtensionScope;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
+    let (observer, table) = observer(&url, "-").await.unwrap();
+    let store = SqliteStore::connect(&url, &PoolSettings::default())
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {table} (item) VALUES ('book')");
+    let authenticate = |mut request: Request, next: Next| async move {
+        let tenant = request
+            .headers()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        match tenant {
+            Some(tenant) => {
+                request.extensions_mut().insert(Tenant(tenant));
+                next.run(request).await
+            }
+            None => StatusCode::UNAUTHORIZED.into_response(),
+        }
+    };
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(
+                move |Extension(tenant): Extension<Tenant>, mut tx: Tx<SqliteStore>| async move {
+                    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+                    let answer =
+                        (StatusCode::CREATED, format!("order of {}", tenant.0)).into_response();
+                    tx.commit(answer)
+                        .await
+                        .unwrap_or_else(TxError::into_response)
+                },
+            ),
+        )
+        .with_state(store.clone())
+        .layer(
+            IdempotencyLayer::new(store)
+                .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())),
+        )
+        .layer(middleware::from_fn(authenticate));
+    let send = |tenant: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::post("/orders")
+                .header("authorization", tenant)
+                .header("idempotency-key", "shared-key")
+                .body(Body::empty())
+                .unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (String::from_utf8_lossy(&body).into_owned(), replayed)
+        }
+    };
+    assert_eq!(send("alice").await, ("order of alice".to_owned(), false));
+    assert_eq!(send("bob").await, ("order of bob".to_owned(), false));
+    assert_eq!(
+        orders(&observer, &table).await,
+        2,
+        "each tenant's write ran"
+    );
+    assert_eq!(send("alice").await, ("order of alice".to_owned(), true));
+    assert_eq!(send("bob").await, ("order of bob".to_owned(), true));
+    assert_eq!(orders(&observer, &table).await, 2);
 }

@@ -70,21 +70,19 @@ impl<'a, T> Uncommitted<'a, T> {
                 )));
             }
             // The files stay, since a committed change may point at them. With the record
-            // in this database, the record tells: the layer's release leaves a committed
-            // answer alone (the retry replays it) and frees the key of one that rolled back.
-            Err(TxError::NotCommitted(e)) => {
-                tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
-                return Err(ApiError::commit_state_unknown(format!(
-                    "Committing the change failed: {e}"
-                )));
-            }
-            // Kept elsewhere, nothing tells, so the key stays reserved.
-            Err(e) => {
-                tracing::error!(target: LOG_TARGET, error = %e, "commit of catalog transaction failed");
-                return Err(ApiError::commit_state_unknown(format!(
-                    "Committing the change failed: {e}"
-                ))
-                .marked_outcome_unknown());
+            // in this database the record tells (the layer's release leaves a committed
+            // answer alone and frees the key of one that rolled back); kept elsewhere,
+            // nothing tells, and the key stays reserved.
+            Err(error) => {
+                tracing::error!(target: LOG_TARGET, %error, "commit of catalog transaction failed");
+                let unknown = ApiError::commit_state_unknown(format!(
+                    "Committing the change failed: {error}"
+                ));
+                return Err(if error.outcome_unknown() {
+                    unknown.marked_outcome_unknown()
+                } else {
+                    unknown
+                });
             }
         };
         #[cfg(feature = "test-hooks")]
