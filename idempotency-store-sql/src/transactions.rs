@@ -180,9 +180,7 @@ impl<T: Transactions> Tx<T> {
             .map_err(TxError::NotRecorded)?;
         match transaction.commit().await {
             Ok(()) => Ok(answer),
-            Err(error @ CommitError::Unknown(_))
-                if !self.store.records_in_transaction() && reservation.is_some() =>
-            {
+            Err(error @ CommitError::Unknown(_)) if !self.store.records_in_transaction() => {
                 Err(TxError::Unknown(error))
             }
             Err(error) => Err(TxError::NotCommitted(error)),
@@ -303,6 +301,7 @@ macro_rules! typed_transactions {
         impl Transactions for $store {
             type Database = $database;
             type Transaction = sqlx::Transaction<'static, $database>;
+
             fn records_in_transaction(&self) -> bool {
                 true
             }
