@@ -8,7 +8,8 @@
 # unkeyed add-snapshot commits to each size; at each size, for each path, alternating
 # blocks of 25 unkeyed and 25 keyed add-snapshot commits over one connection (each keyed
 # commit with a fresh key), the records table's size read before and after the keyed
-# blocks, then 50 replays of one keyed commit. Prints a Markdown table.
+# blocks, then three blocks of 50 replays of one keyed commit (the fastest block counts).
+# Prints a Markdown table.
 #
 #   benches/catalog-snapshots.sh                          # SQLite and PostgreSQL, 200 1200 3200
 #   benches/catalog-snapshots.sh sqlite "200 1200"        # one database, other sizes
@@ -172,12 +173,16 @@ for kind in databases.split():
                 after = records_size(kind, database)
                 grown += after[0] - before[0]
                 stored_answers += after[1] - before[1]
-            # Replays of the last keyed commit, which must be its answer byte for byte.
-            started = time.perf_counter()
-            for _ in range(REPLAYS):
-                status, replay = catalog.request("POST", TABLE, body, key)
-                assert status == 200 and replay == first, (status, replay[:300])
-            replayed = time.perf_counter() - started
+            # Replays of the last keyed commit, which must be its answer byte for byte: the
+            # fastest of three blocks, so that one busy moment of the machine does not
+            # decide the comparison of the two paths.
+            replayed = float("inf")
+            for _ in range(3):
+                started = time.perf_counter()
+                for _ in range(REPLAYS):
+                    status, replay = catalog.request("POST", TABLE, body, key)
+                    assert status == 200 and replay == first, (status, replay[:300])
+                replayed = min(replayed, time.perf_counter() - started)
             catalog.stop()
             commits = rounds * BLOCK
             u, k, r = commits / unkeyed, commits / keyed, REPLAYS / replayed

@@ -33,7 +33,7 @@
 //! - **Metadata by pointer**: with a [`MetadataReader`] (the catalog's own storage
 //!   client, [`IcebergProfile::with_metadata_reader`]), an answer that carries table or
 //!   view metadata is stored without it: its `metadata` value is taken out and its
-//!   length and SHA-256 kept, and a replay reads the immutable file the answer's
+//!   length and XXH3-128 digest kept, and a replay reads the immutable file the answer's
 //!   `metadata-location` names, checks it and puts it back, so the retry gets the first
 //!   answer's bytes. A record then costs the same few hundred bytes whatever the table's
 //!   size. A retry whose file cannot be read (deleted, storage down) or does not match
