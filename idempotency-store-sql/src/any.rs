@@ -9,6 +9,7 @@ use idempotency_core::{
 };
 
 use crate::in_transaction::{FinalizeError, finish, prepare};
+use crate::record_database::{Dialect, RecordDatabase};
 
 /// `finalize_in` for a transaction on sqlx's `Any` driver (feature `any`), whichever
 /// database it is on: PostgreSQL, MySQL/MariaDB or SQLite. For services that keep their
@@ -61,16 +62,6 @@ impl Default for AnyFinalizer {
 }
 
 impl AnyFinalizer {
-    /// For the one-commit path: PostgreSQL's finalize announces nothing (its duplicates
-    /// wait on the record's lock, not on announcements).
-    pub(crate) fn quiet(table: &crate::TableName) -> Self {
-        Self {
-            #[cfg(feature = "postgres")]
-            postgres: crate::postgres::finalize_quietly_statement(table),
-            ..Self::new(table)
-        }
-    }
-
     /// For records in `table` (the table the store was given with `with_table_name`, or
     /// the default).
     pub fn new(table: &crate::TableName) -> Self {
@@ -130,93 +121,38 @@ impl AnyFinalizer {
     }
 
     /// The backend's fenced finalize statement, bound in that backend's parameter order.
-    pub(crate) async fn write_stored(
+    async fn write_stored(
         &self,
         transaction: &mut sqlx::AnyConnection,
         id: &RecordId,
         token: FencingToken,
         stored: &StoredResponse,
     ) -> Result<Ownership, FinalizeError> {
-        let token = token.0;
-        let (status, headers, body) = (
-            i32::from(stored.status),
-            stored.encode_headers(),
-            stored.body.to_vec(),
-        );
-        let trailers = crate::common::trailers_column(stored);
         let backend = transaction.backend_name().to_owned();
-        match backend.as_str() {
-            "PostgreSQL" => {
-                #[cfg(feature = "postgres")]
-                {
-                    let row = sqlx::query(&self.postgres)
-                        .bind(id.scope.as_str())
-                        .bind(id.key.as_str())
-                        .bind(token)
-                        .bind(status)
-                        .bind(headers)
-                        .bind(body)
-                        .bind(crate::postgres::notice_for(id))
-                        .bind(trailers)
-                        .fetch_optional(transaction)
-                        .await
-                        .map_err(FinalizeError::Database)?;
-                    Ok(crate::common::ownership(u64::from(row.is_some())))
-                }
-                #[cfg(not(feature = "postgres"))]
-                Err(FinalizeError::NotBuiltFor {
+        let statement = match Dialect::of(&backend) {
+            #[cfg(feature = "postgres")]
+            Some(Dialect::Postgres) => &self.postgres,
+            #[cfg(feature = "mysql")]
+            Some(Dialect::MySql) => &self.mysql,
+            #[cfg(feature = "sqlite")]
+            Some(Dialect::Sqlite) => &self.sqlite,
+            #[allow(unreachable_patterns)]
+            Some(dialect) => {
+                return Err(FinalizeError::NotBuiltFor {
                     database: backend,
-                    feature: "postgres",
-                })
+                    feature: dialect.feature(),
+                });
             }
-            "MySQL" => {
-                #[cfg(feature = "mysql")]
-                {
-                    let done = sqlx::query(&self.mysql)
-                        .bind(status)
-                        .bind(headers)
-                        .bind(body)
-                        .bind(trailers)
-                        .bind(id.scope.as_str())
-                        .bind(id.key.as_str())
-                        .bind(token)
-                        .execute(transaction)
-                        .await
-                        .map_err(FinalizeError::Database)?;
-                    Ok(crate::common::ownership(done.rows_affected()))
-                }
-                #[cfg(not(feature = "mysql"))]
-                Err(FinalizeError::NotBuiltFor {
-                    database: backend,
-                    feature: "mysql",
-                })
+            None => {
+                return Err(FinalizeError::WrongDatabase {
+                    expected: "PostgreSQL, MySQL/MariaDB or SQLite",
+                    found: backend,
+                });
             }
-            "SQLite" => {
-                #[cfg(feature = "sqlite")]
-                {
-                    let done = sqlx::query(&self.sqlite)
-                        .bind(id.scope.as_str())
-                        .bind(id.key.as_str())
-                        .bind(token)
-                        .bind(status)
-                        .bind(headers)
-                        .bind(body)
-                        .bind(trailers)
-                        .execute(transaction)
-                        .await
-                        .map_err(FinalizeError::Database)?;
-                    Ok(crate::common::ownership(done.rows_affected()))
-                }
-                #[cfg(not(feature = "sqlite"))]
-                Err(FinalizeError::NotBuiltFor {
-                    database: backend,
-                    feature: "sqlite",
-                })
-            }
-            _ => Err(FinalizeError::WrongDatabase {
-                expected: "PostgreSQL, MySQL/MariaDB or SQLite",
-                found: backend,
-            }),
-        }
+        };
+        let written = sqlx::Any::write_answer(transaction, statement, id, token, stored)
+            .await
+            .map_err(FinalizeError::Database)?;
+        Ok(crate::common::ownership(written))
     }
 }

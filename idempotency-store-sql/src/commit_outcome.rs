@@ -24,7 +24,9 @@
 
 use std::time::Duration;
 
-use sqlx::{Any, AnyPool, Row, Transaction};
+use sqlx::{Pool, Transaction};
+
+use crate::record_database::RecordDatabase;
 
 /// How long a transaction whose `COMMIT` answer was lost keeps asking the database what
 /// happened before it calls the outcome unknown: long enough for a connection or a
@@ -88,24 +90,22 @@ impl CommitError {
 
 /// What a transaction needs to find out, after its `COMMIT` answer was lost, what
 /// happened: the pool to ask on, and (PostgreSQL) its id.
-pub(crate) struct OutcomeCheck {
-    pool: AnyPool,
+pub(crate) struct OutcomeCheck<DB: RecordDatabase> {
+    pool: Pool<DB>,
     /// PostgreSQL: the transaction's id, `None` if it wrote nothing.
     transaction_id: Option<i64>,
 }
 
-impl OutcomeCheck {
+impl<DB: RecordDatabase> OutcomeCheck<DB> {
     /// Readies the check for `transaction`, right before its `COMMIT` (PostgreSQL: reads
     /// its id). An error here means the `COMMIT` was never sent: nothing committed.
     pub(crate) async fn prepare(
-        pool: AnyPool,
-        transaction: &mut Transaction<'static, Any>,
+        pool: Pool<DB>,
+        transaction: &mut Transaction<'static, DB>,
     ) -> Result<Self, CommitError> {
-        let transaction_id = if Backend::of(transaction.backend_name()) == Backend::Postgres {
-            sqlx::query("SELECT txid_current_if_assigned()")
-                .fetch_one(&mut **transaction)
+        let transaction_id = if Backend::of(DB::backend_name(transaction)) == Backend::Postgres {
+            DB::optional_number(transaction, "SELECT txid_current_if_assigned()")
                 .await
-                .and_then(|row| row.try_get::<Option<i64>, _>(0))
                 .map_err(CommitError::NotCommitted)?
         } else {
             None
@@ -131,11 +131,12 @@ impl OutcomeCheck {
         };
         let give_up_at = tokio::time::Instant::now() + OUTCOME_CHECK_FOR;
         loop {
-            let status = sqlx::query("SELECT txid_status($1)")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await
-                .and_then(|row| row.try_get::<Option<String>, _>(0));
+            let status = match self.pool.acquire().await {
+                Ok(mut connection) => {
+                    DB::optional_text_of(&mut connection, "SELECT txid_status($1)", id).await
+                }
+                Err(error) => Err(error),
+            };
             match status {
                 Ok(Some(status)) if status == "committed" => {
                     tracing::warn!(%error, "the answer to COMMIT was lost; the database says it committed");

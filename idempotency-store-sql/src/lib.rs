@@ -50,7 +50,7 @@
 //! transaction its request's write belongs in, and hands its answer to `Tx::commit`,
 //! which records the answer with the write and commits once. The handler's code is the
 //! same whatever the pool — a typed store's (`PostgresStore`, `MySqlStore`,
-//! `SqliteStore`), the one-commit store's over sqlx `Any`, or `RecordsElsewhere` for a
+//! `SqliteStore`), the one-commit store's (on a typed pool or sqlx `Any`), or `RecordsElsewhere` for a
 //! database that does not hold the records (they are in Redis, say) — and with the
 //! `axum` feature `Tx<T>` is an extractor, so domain code takes a transaction and never
 //! sees a reservation. What each kind of pool does underneath is the `Transactions`
@@ -96,7 +96,8 @@
 //!
 //! # One commit: the reservation in the handler's transaction
 //!
-//! `OneCommitStore` (feature `any`) goes one step further: the reservation itself is
+//! `OneCommitStore` (feature `any`; on a `PgPool`, `MySqlPool`, `SqlitePool` or
+//! `AnyPool`) goes one step further: the reservation itself is
 //! written in the handler's transaction, so a keyed first execution commits once, as the
 //! same request without a key does (two commits otherwise: the reservation's, then the
 //! handler's). The handler begins its transaction with `OneCommitStore::begin`, writes,
@@ -240,7 +241,7 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
-//! | `any` | off | `Tx` and `Transactions`, the one path for handlers; [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in); [`OneCommitStore`]: the reservation in the handler's own transaction, one commit per keyed change |
+//! | `any` | off | `Tx` and `Transactions`, the one path for handlers; [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in); [`OneCommitStore`]: the reservation in the handler's own transaction, one commit per keyed change, on a typed pool or `Any` |
 //! | `axum` | off | `Tx<T>` as an axum extractor (turns on `any`) |
 //!
 //! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
@@ -272,6 +273,8 @@ mod mysql;
 mod one_commit;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "any")]
+mod record_database;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "postgres")]
@@ -294,6 +297,8 @@ pub use mysql::MySqlStore;
 pub use one_commit::{OneCommitStore, WriteTransaction};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+#[cfg(feature = "any")]
+pub use record_database::RecordDatabase;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 #[cfg(feature = "postgres")]

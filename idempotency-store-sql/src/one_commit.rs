@@ -14,13 +14,13 @@ use idempotency_core::{
     IdempotencyStore, InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
     Reservation, ReservationHandle, StoreError, Waited, async_trait,
 };
-use sqlx::{Any, AnyConnection, AnyPool, Row, Transaction};
+use sqlx::{Any, Pool, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::any::AnyFinalizer;
 use crate::commit_outcome::{Backend, CommitError, OutcomeCheck};
 use crate::common::{backend, millis, new_token};
 use crate::in_transaction::{FinalizeError, finish, prepare};
+use crate::record_database::{Dialect, RecordDatabase};
 use crate::table::TableName;
 
 /// How long a MySQL/MariaDB reservation waits on a duplicate's uncommitted row before it
@@ -36,9 +36,9 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///
 /// # How it works
 ///
-/// The layer's reservation opens a transaction on the pool the handler writes with (an
-/// `AnyPool`: PostgreSQL, MySQL/MariaDB or SQLite) and inserts the in-flight record in
-/// it, uncommitted. The handler takes that transaction ([`begin`]), writes
+/// The layer's reservation opens a transaction on the pool the handler writes with (a
+/// `PgPool`, `MySqlPool` or `SqlitePool`, or an `AnyPool` on any of them: see
+/// [`RecordDatabase`]) and inserts the in-flight record in it, uncommitted. The handler takes that transaction ([`begin`]), writes
 /// its mutation, writes its answer into the record ([`finalize_in`]) and commits. If it
 /// does not take the transaction (it writes nothing, or fails before it writes), the
 /// layer writes the answer into the record in that transaction and commits it; a 5xx or
@@ -85,52 +85,51 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// the pool for it. On SQLite write transactions queue for the one writer's place in the
 /// process, so that waiting writers hold no pooled connections.
 ///
-/// Use it when the handler's state lives in the same database as the records and the
-/// handler writes through sqlx `Any` (the example Iceberg catalog does): a first
-/// execution then costs one durable commit, as the same request without a key. Use a
-/// typed store ([`PostgresStore`](crate::PostgresStore), …) with its `finalize_in` when
-/// the handler is on typed connections, and a typed store alone when the handler's
-/// state lives elsewhere.
+/// Use it when the handler's state lives in the same database as the records: a first
+/// execution then costs one durable commit, as the same request without a key. A typed
+/// store alone (or under [`RecordsElsewhere`](crate::RecordsElsewhere)) when the
+/// handler's state lives elsewhere.
 ///
 /// Records committed by other stores on the same table (a typed store on another
 /// replica) are read and handled by `records`, the typed store this one is built on:
 /// replays, 422s and expired records work across both. Scope quotas are not checked on
 /// this path: give `records` none.
 ///
+/// On the pool of a typed store, with the [`Tx`](crate::Tx) extractor (feature `axum`):
+///
 /// ```no_run
-/// # #[cfg(feature = "postgres")]
+/// # #[cfg(all(feature = "postgres", feature = "axum"))]
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use std::sync::Arc;
-/// use axum::{Extension, Router, response::{IntoResponse, Response}, routing::post};
-/// use idempotency_core::{IdempotencyLayer, ReservationHandle, SingleScope};
-/// use idempotency_store_sql::{OneCommitStore, PostgresStore};
+/// use axum::{Router, response::{IntoResponse, Response}, routing::post};
+/// use idempotency_core::{IdempotencyLayer, SingleScope};
+/// use idempotency_store_sql::{OneCommitStore, PostgresStore, TableName, Tx, TxError};
+/// use sqlx::{PgPool, Postgres};
 ///
-/// sqlx::any::install_default_drivers();
-/// let url = "postgres://app@db/orders";
-/// let records = PostgresStore::connect(url, &Default::default()).await?.migrate().await?;
-/// let pool = sqlx::AnyPool::connect(url).await?;
-/// let store = Arc::new(OneCommitStore::new(Arc::new(records), pool, &Default::default()).await?);
+/// let records = PostgresStore::connect("postgres://app@db/orders", &Default::default())
+///     .await?
+///     .migrate()
+///     .await?;
+/// let pool: PgPool = records.pool().clone();
+/// let store = Arc::new(OneCommitStore::new(Arc::new(records), pool, &TableName::default()).await?);
 ///
-/// let orders = store.clone();
-/// let place = move |reservation: Option<Extension<ReservationHandle>>| async move {
-///     let reservation = reservation.as_deref();
-///     // The reservation's transaction, or a new one for a request without a key.
-///     let mut tx = orders.begin(reservation).await.unwrap();
-///     sqlx::query("INSERT INTO orders (item) VALUES ('book')").execute(&mut **tx).await.unwrap();
+/// // The reservation's transaction, or a new one for a request without a key.
+/// async fn place(mut tx: Tx<Arc<OneCommitStore<Postgres>>>) -> Response {
+///     sqlx::query("INSERT INTO orders (item) VALUES ('book')").execute(&mut *tx).await.unwrap();
 ///     let answer = (http::StatusCode::CREATED, "order placed").into_response();
-///     let answer: Response = orders.finalize_in(&mut tx, reservation, answer).await.unwrap();
-///     tx.commit().await.unwrap(); // the one commit: record, order and answer
-///     answer
-/// };
+///     // The one commit: record, order and answer.
+///     tx.commit(answer).await.unwrap_or_else(TxError::into_response)
+/// }
 /// let app: Router = Router::new()
 ///     .route("/orders", post(place))
+///     .with_state(store.clone())
 ///     .layer(IdempotencyLayer::from_shared_store(store).with_scope(SingleScope));
 /// # drop(app); Ok(()) }
 /// ```
-pub struct OneCommitStore {
+pub struct OneCommitStore<DB: RecordDatabase = Any> {
     /// Everything that is not a one-commit reservation: committed records, typed.
     records: Arc<dyn FullStore>,
-    pool: AnyPool,
+    pool: Pool<DB>,
     dialect: Dialect,
     table: TableName,
     /// PostgreSQL, MySQL/MariaDB: the insert of the in-flight record (a duplicate's
@@ -142,9 +141,11 @@ pub struct OneCommitStore {
     /// SQLite: the insert of the finished record, written whole in the handler's
     /// transaction.
     insert_completed: String,
-    finalizer: AnyFinalizer,
+    /// The answer's write into the record (PostgreSQL: without announcing it; nobody
+    /// waits on an uncommitted record's channel).
+    finalize: String,
     /// The reservations whose record is not committed yet.
-    claims: Arc<Claims>,
+    claims: Arc<Claims<DB>>,
     /// Room for open write transactions, each holding a pooled connection: half the
     /// pool, so that their handlers always find a connection to read with (SQLite: one,
     /// the database's single writer, queued here rather than on pooled connections).
@@ -166,19 +167,19 @@ pub struct OneCommitStore {
 /// [`commit`](Self::commit) tells a change that did not commit from one whose outcome is
 /// unknown (see [`CommitError`]), and for a keyed transaction on PostgreSQL asks the
 /// database what happened.
-pub struct WriteTransaction {
+pub struct WriteTransaction<DB: RecordDatabase = Any> {
     /// `Some` until it commits or rolls back.
-    transaction: Option<Transaction<'static, Any>>,
+    transaction: Option<Transaction<'static, DB>>,
     room: Option<OwnedSemaphorePermit>,
     /// SQLite: the reservation's claim, let go once the transaction ended.
-    claim: Option<ClaimGuard>,
+    claim: Option<ClaimGuard<DB>>,
     /// A keyed request whose record is kept elsewhere: the pool to ask, after a `COMMIT`
     /// whose answer was lost, whether it committed.
-    asks_after_lost_commit: Option<AnyPool>,
+    asks_after_lost_commit: Option<Pool<DB>>,
 }
 
-impl From<Transaction<'static, Any>> for WriteTransaction {
-    fn from(transaction: Transaction<'static, Any>) -> Self {
+impl<DB: RecordDatabase> From<Transaction<'static, DB>> for WriteTransaction<DB> {
+    fn from(transaction: Transaction<'static, DB>) -> Self {
         Self {
             transaction: Some(transaction),
             room: None,
@@ -193,9 +194,11 @@ impl From<Transaction<'static, Any>> for WriteTransaction {
 /// Begun on a task of its own and handed over: a caller that goes away while `BEGIN` runs
 /// (its client hung up) would otherwise leave the connection in a transaction that nobody
 /// ends — on SQLite, holding the database's write lock for good.
-async fn begin_on(pool: &AnyPool) -> Result<Transaction<'static, Any>, sqlx::Error> {
+async fn begin_on<DB: RecordDatabase>(
+    pool: &Pool<DB>,
+) -> Result<Transaction<'static, DB>, sqlx::Error> {
     let pool = pool.clone();
-    let immediate = pool.connect_options().database_url.scheme() == "sqlite";
+    let immediate = DB::is_sqlite(&pool);
     let (handover, begun) = oneshot::channel();
     tokio::spawn(async move {
         let transaction = if immediate {
@@ -210,7 +213,7 @@ async fn begin_on(pool: &AnyPool) -> Result<Transaction<'static, Any>, sqlx::Err
     begun.await.unwrap_or(Err(sqlx::Error::PoolClosed))
 }
 
-impl WriteTransaction {
+impl<DB: RecordDatabase> WriteTransaction<DB> {
     /// A transaction on `pool` without a one-commit store (idempotency off, or records
     /// elsewhere), with the same care: on SQLite it takes the write lock at once, and a
     /// caller that goes away while it begins, commits or rolls back leaves no
@@ -222,7 +225,7 @@ impl WriteTransaction {
     /// [`CommitError`]), which costs one more statement before `COMMIT`. A request without
     /// a key, or whose record is in this database, needs no question: pass `None`.
     pub async fn begin_on(
-        pool: &AnyPool,
+        pool: &Pool<DB>,
         reservation: Option<&ReservationHandle>,
     ) -> Result<Self, sqlx::Error> {
         let mut transaction = Self::from(begin_on(pool).await?);
@@ -230,13 +233,13 @@ impl WriteTransaction {
         Ok(transaction)
     }
 
-    fn new(transaction: Transaction<'static, Any>, room: OwnedSemaphorePermit) -> Self {
+    fn new(transaction: Transaction<'static, DB>, room: OwnedSemaphorePermit) -> Self {
         let mut new = Self::from(transaction);
         new.room = Some(room);
         new
     }
 
-    fn holding(mut self, claim: ClaimGuard) -> Self {
+    fn holding(mut self, claim: ClaimGuard<DB>) -> Self {
         self.claim = Some(claim);
         self
     }
@@ -251,7 +254,7 @@ impl WriteTransaction {
     /// [`OUTCOME_CHECK_FOR`](crate::OUTCOME_CHECK_FOR), and is `Ok` if it committed after
     /// all.
     pub async fn commit(mut self) -> Result<(), CommitError> {
-        let backend = Backend::of(self.backend_name());
+        let backend = Backend::of(DB::backend_name(&self));
         let check = match self.asks_after_lost_commit.take() {
             Some(pool) => Some(OutcomeCheck::prepare(pool, &mut self).await?),
             None => None,
@@ -273,7 +276,7 @@ impl WriteTransaction {
     /// Commits or rolls back on a task of its own, which finishes even if the caller goes
     /// away meanwhile (a connection must not go back to the pool half way through), and
     /// gives the room and the claim back once it is done.
-    async fn end<F>(mut self, how: fn(Transaction<'static, Any>) -> F) -> Result<(), sqlx::Error>
+    async fn end<F>(mut self, how: fn(Transaction<'static, DB>) -> F) -> Result<(), sqlx::Error>
     where
         F: Future<Output = Result<(), sqlx::Error>> + Send + 'static,
     {
@@ -288,7 +291,7 @@ impl WriteTransaction {
     }
 }
 
-impl Drop for WriteTransaction {
+impl<DB: RecordDatabase> Drop for WriteTransaction<DB> {
     /// Rolls back a transaction dropped while open, and gives its room (and its pooled
     /// connection) back only once that is done: sqlx alone would return the connection
     /// with the rollback still queued, and the next `BEGIN` on it would fail.
@@ -306,46 +309,38 @@ impl Drop for WriteTransaction {
     }
 }
 
-impl std::ops::Deref for WriteTransaction {
-    type Target = Transaction<'static, Any>;
+impl<DB: RecordDatabase> std::ops::Deref for WriteTransaction<DB> {
+    type Target = Transaction<'static, DB>;
 
     fn deref(&self) -> &Self::Target {
         self.transaction.as_ref().expect("open until it ends")
     }
 }
 
-impl std::ops::DerefMut for WriteTransaction {
+impl<DB: RecordDatabase> std::ops::DerefMut for WriteTransaction<DB> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         self.transaction.as_mut().expect("open until it ends")
     }
 }
 
-impl std::fmt::Debug for WriteTransaction {
+impl<DB: RecordDatabase> std::fmt::Debug for WriteTransaction<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteTransaction").finish_non_exhaustive()
     }
 }
 
-/// The database a pool is on, as the one-commit path tells them apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dialect {
-    Postgres,
-    MySql,
-    Sqlite,
-}
-
 /// A reservation whose record is not committed yet, with the token it was given.
-struct Pending {
+struct Pending<DB: RecordDatabase> {
     token: FencingToken,
-    state: PendingState,
+    state: PendingState<DB>,
     terms: Terms,
 }
 
-enum PendingState {
+enum PendingState<DB: RecordDatabase> {
     /// SQLite: this process's claim on the key; nothing is written yet.
     Claimed,
     /// The record is in this transaction, which the handler has not taken.
-    Open(WriteTransaction),
+    Open(WriteTransaction<DB>),
     /// The handler took the transaction; it commits or rolls it back.
     Taken,
     /// SQLite: the handler wrote the record in its transaction; the claim goes when that
@@ -358,19 +353,27 @@ enum PendingState {
 
 /// The reservations whose record is not committed yet, by record, and the signal that
 /// one settled, which SQLite's duplicates wait for.
-#[derive(Default)]
-struct Claims {
-    pending: Mutex<HashMap<RecordId, Pending>>,
+struct Claims<DB: RecordDatabase> {
+    pending: Mutex<HashMap<RecordId, Pending<DB>>>,
     settled: Notify,
 }
 
-impl Claims {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Pending>> {
+impl<DB: RecordDatabase> Default for Claims<DB> {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::default(),
+            settled: Notify::new(),
+        }
+    }
+}
+
+impl<DB: RecordDatabase> Claims<DB> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Pending<DB>>> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Removes the reservation `token` holds on `id`, and tells the waiters.
-    fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending> {
+    fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending<DB>> {
         let mut pending = self.lock();
         if pending.get(id).is_none_or(|entry| entry.token != token) {
             return None;
@@ -388,7 +391,7 @@ impl Claims {
         self: &Arc<Self>,
         id: &RecordId,
         token: FencingToken,
-    ) -> Option<(PendingState, Terms, SettlingGuard)> {
+    ) -> Option<(PendingState<DB>, Terms, SettlingGuard<DB>)> {
         let mut pending = self.lock();
         let entry = pending.get_mut(id).filter(|entry| {
             entry.token == token && !matches!(entry.state, PendingState::Settling)
@@ -412,13 +415,13 @@ impl Claims {
 
 /// A reservation being settled by the layer: it goes, and its waiters are told, when the
 /// settling is done (or abandoned).
-struct SettlingGuard {
-    claims: Arc<Claims>,
+struct SettlingGuard<DB: RecordDatabase> {
+    claims: Arc<Claims<DB>>,
     id: RecordId,
     token: FencingToken,
 }
 
-impl Drop for SettlingGuard {
+impl<DB: RecordDatabase> Drop for SettlingGuard<DB> {
     fn drop(&mut self) {
         self.claims.forget(&self.id, self.token);
     }
@@ -427,13 +430,13 @@ impl Drop for SettlingGuard {
 /// SQLite: a claim held by the handler's transaction. When the transaction ends, a claim
 /// whose record was written in it goes (after the commit, so that a duplicate that was
 /// waiting reads the record); one whose record was not stays for the layer to settle.
-struct ClaimGuard {
-    claims: Arc<Claims>,
+struct ClaimGuard<DB: RecordDatabase> {
+    claims: Arc<Claims<DB>>,
     id: RecordId,
     token: FencingToken,
 }
 
-impl Drop for ClaimGuard {
+impl<DB: RecordDatabase> Drop for ClaimGuard<DB> {
     fn drop(&mut self) {
         let finalized = self.claims.lock().get(&self.id).is_some_and(|entry| {
             entry.token == self.token && matches!(entry.state, PendingState::Finalized)
@@ -454,22 +457,22 @@ struct Terms {
 }
 
 /// What a handler takes of its reservation.
-enum Taken {
-    Open(WriteTransaction),
+enum Taken<DB: RecordDatabase> {
+    Open(WriteTransaction<DB>),
     Claimed,
 }
 
 /// What an attempt to insert an in-flight record found.
-enum Attempt {
+enum Attempt<DB: RecordDatabase> {
     /// Inserted, in this open transaction.
-    Inserted(WriteTransaction),
+    Inserted(WriteTransaction<DB>),
     /// A committed record holds the key.
     Committed,
     /// Another transaction holds the key (its owner runs), still when the wait ended.
     Busy,
 }
 
-impl OneCommitStore {
+impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// A one-commit store writing reservations through `pool` (the pool the handler
     /// writes with) into `table`, where `records` (a typed store on the same database
     /// and table, e.g. from [`open`](crate::open)) keeps everything committed.
@@ -478,11 +481,11 @@ impl OneCommitStore {
     /// feature for (`postgres`, `mysql`, `sqlite`).
     pub async fn new(
         records: Arc<dyn FullStore>,
-        pool: AnyPool,
+        pool: Pool<DB>,
         table: &TableName,
     ) -> Result<Self, StoreError> {
         let mut connection = pool.acquire().await.map_err(backend)?;
-        let name = connection.backend_name().to_owned();
+        let name = DB::backend_name(&connection).to_owned();
         let mut mariadb = false;
         let (dialect, insert_in_flight, insert_completed) = match name.as_str() {
             #[cfg(feature = "postgres")]
@@ -493,8 +496,7 @@ impl OneCommitStore {
             ),
             #[cfg(feature = "mysql")]
             "MySQL" => {
-                let version: String = sqlx::query_scalar("SELECT VERSION()")
-                    .fetch_one(&mut *connection)
+                let version = DB::text(&mut connection, "SELECT VERSION()")
                     .await
                     .map_err(backend)?;
                 mariadb = version.contains("MariaDB");
@@ -541,7 +543,16 @@ impl OneCommitStore {
             }),
             insert_in_flight,
             insert_completed,
-            finalizer: AnyFinalizer::quiet(table),
+            finalize: match dialect {
+                #[cfg(feature = "postgres")]
+                Dialect::Postgres => crate::postgres::finalize_quietly_statement(table),
+                #[cfg(feature = "mysql")]
+                Dialect::MySql => crate::mysql::finalize_statement(table),
+                #[cfg(feature = "sqlite")]
+                Dialect::Sqlite => crate::sqlite::finalize_statement(table),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!("a dialect without its feature was refused above"),
+            },
             claims: Arc::default(),
         })
     }
@@ -561,7 +572,7 @@ impl OneCommitStore {
     pub async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
-    ) -> Result<WriteTransaction, StoreError> {
+    ) -> Result<WriteTransaction<DB>, StoreError> {
         if let Some(reservation) = reservation {
             let (id, token) = (reservation.id(), reservation.token());
             match self.take(id, token) {
@@ -589,7 +600,7 @@ impl OneCommitStore {
     /// Marks the reservation `token` holds on `id` as taken by its handler, and hands over
     /// what the handler writes in: the open transaction, or (SQLite) word that the
     /// handler's own transaction will hold the record. `None` once taken.
-    fn take(&self, id: &RecordId, token: FencingToken) -> Option<Taken> {
+    fn take(&self, id: &RecordId, token: FencingToken) -> Option<Taken<DB>> {
         let mut pending = self.claims.lock();
         let entry = pending.get_mut(id).filter(|entry| entry.token == token)?;
         if !matches!(entry.state, PendingState::Open(_) | PendingState::Claimed) {
@@ -606,28 +617,24 @@ impl OneCommitStore {
     /// committed it while this request ran).
     async fn write_completed(
         &self,
-        connection: &mut AnyConnection,
+        connection: &mut DB::Connection,
         id: &RecordId,
         token: FencingToken,
         terms: &Terms,
         response: &idempotency_core::StoredResponse,
     ) -> Result<Ownership, sqlx::Error> {
-        let written = sqlx::query(&self.insert_completed)
-            .bind(id.scope.as_str())
-            .bind(id.key.as_str())
-            .bind(terms.binding.method.as_str())
-            .bind(terms.binding.path.as_str())
-            .bind(terms.binding.body_sha256.to_vec())
-            .bind(token.0)
-            .bind(millis(terms.lifetime.max(terms.lease)))
-            .bind(millis(terms.lease))
-            .bind(i32::from(response.status))
-            .bind(response.encode_headers())
-            .bind(response.body.to_vec())
-            .bind(crate::common::trailers_column(response))
-            .execute(connection)
-            .await?;
-        Ok(crate::common::ownership(written.rows_affected()))
+        let written = DB::insert_completed(
+            connection,
+            &self.insert_completed,
+            id,
+            &terms.binding,
+            token,
+            millis(terms.lifetime.max(terms.lease)),
+            millis(terms.lease),
+            response,
+        )
+        .await?;
+        Ok(crate::common::ownership(written))
     }
 
     /// SQLite: the finished record, in a transaction of its own, for a handler that wrote
@@ -654,33 +661,37 @@ impl OneCommitStore {
         Ok(held)
     }
 
-    /// The in-flight record's insert, bound.
-    fn insert_query<'q>(
-        &'q self,
-        id: &'q RecordId,
-        binding: &'q Binding,
+    /// Inserts the in-flight record in `transaction`: `(committed, inserted)` (see
+    /// [`RecordDatabase::insert_in_flight`]).
+    async fn insert_in_flight(
+        &self,
+        transaction: &mut DB::Connection,
+        id: &RecordId,
+        binding: &Binding,
         token: FencingToken,
         lease: Duration,
         lifetime: Duration,
-    ) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+    ) -> Result<(i64, i64), sqlx::Error> {
         let statement = self
             .bounded_reserve
             .as_ref()
             .unwrap_or(&self.insert_in_flight);
-        let query = sqlx::query(statement)
-            .bind(id.scope.as_str())
-            .bind(id.key.as_str())
-            .bind(binding.method.as_str())
-            .bind(binding.path.as_str())
-            .bind(binding.body_sha256.to_vec())
-            .bind(token.0)
+        let lock_key = match self.dialect {
+            Dialect::Postgres => Some(self.table.record_lock_key(id)),
+            Dialect::MySql | Dialect::Sqlite => None,
+        };
+        DB::insert_in_flight(
+            transaction,
+            statement,
+            id,
+            binding,
+            token,
             // In flight under a live lease, a record never expires.
-            .bind(millis(lifetime.max(lease)))
-            .bind(millis(lease));
-        match self.dialect {
-            Dialect::Postgres => query.bind(self.table.record_lock_key(id)),
-            Dialect::MySql | Dialect::Sqlite => query,
-        }
+            millis(lifetime.max(lease)),
+            millis(lease),
+            lock_key,
+        )
+        .await
     }
 
     /// Room for one more open write transaction.
@@ -697,17 +708,17 @@ impl OneCommitStore {
     }
 
     /// A transaction on the pool; on SQLite, one that takes the write lock at once.
-    async fn begin_raw(&self) -> Result<Transaction<'static, Any>, sqlx::Error> {
+    async fn begin_raw(&self) -> Result<Transaction<'static, DB>, sqlx::Error> {
         begin_on(&self.pool).await
     }
 
     /// Writes `response` into the request's record inside `transaction` and returns the
-    /// answer to send once it commits, as [`AnyFinalizer::finalize_in`] does; a request
+    /// answer to send once it commits, as [`AnyFinalizer::finalize_in`](crate::AnyFinalizer::finalize_in) does; a request
     /// without a key gets its response back untouched. On an error, roll the transaction
     /// back.
     pub async fn finalize_in<B>(
         &self,
-        transaction: &mut AnyConnection,
+        transaction: &mut DB::Connection,
         reservation: Option<&ReservationHandle>,
         response: Response<B>,
     ) -> Result<Response<B>, FinalizeError>
@@ -738,15 +749,40 @@ impl OneCommitStore {
             }
             return finish(prepared, ownership);
         }
-        let answer = self
-            .finalizer
-            .finalize_in(transaction, reservation, response)
-            .await?;
-        // Finalized: the layer will not call finalize or release for it.
-        if let Some(reservation) = reservation {
-            self.forget(reservation.id(), reservation.token());
-        }
-        Ok(answer)
+        let Some(reservation) = reservation else {
+            return Ok(response);
+        };
+        // Finalized (or nothing to keep): the layer will not call finalize or release
+        // for it.
+        let (id, token) = (reservation.id(), reservation.token());
+        let prepared = match prepare(Some(reservation), response).await? {
+            Ok(prepared) => prepared,
+            Err(unchanged) => {
+                self.forget(id, token);
+                return Ok(unchanged);
+            }
+        };
+        let stored = prepared
+            .stored()
+            .expect("prepare() keeps only answers to store");
+        let ownership = self
+            .write_answer(transaction, id, token, stored)
+            .await
+            .map_err(FinalizeError::Database)?;
+        self.forget(id, token);
+        finish(prepared, ownership)
+    }
+
+    /// Writes `answer` into the record `token` holds, in `connection`'s transaction.
+    async fn write_answer(
+        &self,
+        connection: &mut DB::Connection,
+        id: &RecordId,
+        token: FencingToken,
+        answer: &idempotency_core::StoredResponse,
+    ) -> Result<Ownership, sqlx::Error> {
+        let written = DB::write_answer(connection, &self.finalize, id, token, answer).await?;
+        Ok(crate::common::ownership(written))
     }
 
     /// The typed store that keeps the committed records.
@@ -755,7 +791,7 @@ impl OneCommitStore {
     }
 
     /// Removes the reservation `token` holds on `id` from the pending ones.
-    fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending> {
+    fn forget(&self, id: &RecordId, token: FencingToken) -> Option<Pending<DB>> {
         self.claims.forget(id, token)
     }
 
@@ -852,31 +888,21 @@ impl OneCommitStore {
         token: FencingToken,
         lease: Duration,
         lifetime: Duration,
-    ) -> Result<Attempt, StoreError> {
+    ) -> Result<Attempt<DB>, StoreError> {
         let room = self.room().await?;
         for _ in 0..MAX_DEADLOCK_RETRIES {
             let mut transaction = self.begin_raw().await.map_err(backend)?;
             let session_lock_wait =
                 self.dialect == Dialect::MySql && self.bounded_reserve.is_none();
             if session_lock_wait {
-                set_lock_wait(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
+                set_lock_wait::<DB>(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }
-            let query = self.insert_query(id, binding, token, lease, lifetime);
-            let inserted = match self.dialect {
-                // One row: whether a record holds the key, whether ours went in.
-                Dialect::Postgres => query.fetch_one(&mut *transaction).await.and_then(|row| {
-                    let committed: i64 = row.try_get("committed")?;
-                    let inserted: i64 = row.try_get("inserted")?;
-                    Ok((committed, inserted))
-                }),
-                Dialect::MySql | Dialect::Sqlite => query
-                    .execute(&mut *transaction)
-                    .await
-                    .map(|done| (0, done.rows_affected() as i64)),
-            };
+            let inserted = self
+                .insert_in_flight(&mut transaction, id, binding, token, lease, lifetime)
+                .await;
             if session_lock_wait {
                 // The handler's statements (and the pool's next user) wait as long as usual.
-                set_lock_wait(&mut transaction, None).await?;
+                set_lock_wait::<DB>(&mut transaction, None).await?;
             }
             match inserted {
                 Ok((_, 1)) => {
@@ -916,34 +942,37 @@ impl OneCommitStore {
             Dialect::Postgres => {
                 // `lock_timeout` 0 would mean "forever".
                 let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
-                sqlx::query(&format!("SET LOCAL lock_timeout = {ms}"))
-                    .execute(&mut *transaction)
+                DB::run(&mut transaction, &format!("SET LOCAL lock_timeout = {ms}"))
                     .await
                     .map_err(backend)?;
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(self.table.record_lock_key(id))
-                    .execute(&mut *transaction)
+                let key = self.table.record_lock_key(id);
+                DB::run_with(&mut transaction, "SELECT pg_advisory_xact_lock($1)", key)
                     .await
                     .map(|_| ())
             }
             Dialect::MySql => {
                 let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
-                set_lock_wait(&mut transaction, Some(seconds)).await?;
+                set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
                 // A probe: the insert waits on the owner's uncommitted row, and is rolled
                 // back whatever it finds.
-                let probed = sqlx::query(&self.insert_in_flight)
-                    .bind(id.scope.as_str())
-                    .bind(id.key.as_str())
-                    .bind("")
-                    .bind("")
-                    .bind(vec![0_u8; 32])
-                    .bind(0_i64)
-                    .bind(0_i64)
-                    .bind(0_i64)
-                    .execute(&mut *transaction)
-                    .await
-                    .map(|_| ());
-                set_lock_wait(&mut transaction, None).await?;
+                let nothing = Binding {
+                    method: String::new(),
+                    path: String::new(),
+                    body_sha256: [0; 32],
+                };
+                let probed = DB::insert_in_flight(
+                    &mut transaction,
+                    &self.insert_in_flight,
+                    id,
+                    &nothing,
+                    FencingToken(0),
+                    0,
+                    0,
+                    None,
+                )
+                .await
+                .map(|_| ());
+                set_lock_wait::<DB>(&mut transaction, None).await?;
                 probed
             }
             // SQLite's duplicates wait for the owner's claim instead.
@@ -986,15 +1015,13 @@ impl OneCommitStore {
 
 /// Sets (or, `None`, resets) how long InnoDB statements of this session wait for a row
 /// lock.
-async fn set_lock_wait(
-    connection: &mut AnyConnection,
+async fn set_lock_wait<DB: RecordDatabase>(
+    connection: &mut DB::Connection,
     seconds: Option<u64>,
 ) -> Result<(), StoreError> {
     let value = seconds.map_or("DEFAULT".to_owned(), |s| s.to_string());
-    sqlx::query(&format!("SET SESSION innodb_lock_wait_timeout = {value}"))
-        .execute(connection)
-        .await
-        .map_err(backend)?;
+    let statement = format!("SET SESSION innodb_lock_wait_timeout = {value}");
+    DB::run(connection, &statement).await.map_err(backend)?;
     Ok(())
 }
 
@@ -1050,7 +1077,7 @@ fn conflict(error: &sqlx::Error) -> Conflict {
 }
 
 #[async_trait]
-impl IdempotencyStore for OneCommitStore {
+impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
     async fn reserve(
         &self,
         id: &RecordId,
@@ -1152,8 +1179,7 @@ impl IdempotencyStore for OneCommitStore {
             }
         };
         let held = self
-            .finalizer
-            .write_stored(&mut transaction, id, token, response)
+            .write_answer(&mut transaction, id, token, response)
             .await
             .map_err(StoreError::backend)?;
         if held == Ownership::Held {
@@ -1192,7 +1218,7 @@ impl IdempotencyStore for OneCommitStore {
 }
 
 #[async_trait]
-impl RecordAdmin for OneCommitStore {
+impl<DB: RecordDatabase> RecordAdmin for OneCommitStore<DB> {
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         self.records.inspect(id).await
     }
@@ -1203,13 +1229,13 @@ impl RecordAdmin for OneCommitStore {
 }
 
 #[async_trait]
-impl PurgeExpired for OneCommitStore {
+impl<DB: RecordDatabase> PurgeExpired for OneCommitStore<DB> {
     async fn purge_expired(&self, batch_size: usize) -> Result<Purged, StoreError> {
         self.records.purge_expired(batch_size).await
     }
 }
 
-impl std::fmt::Debug for OneCommitStore {
+impl<DB: RecordDatabase> std::fmt::Debug for OneCommitStore<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OneCommitStore")
             .field("dialect", &self.dialect)

@@ -12,13 +12,14 @@ use idempotency_core::{BoxError, OutcomeUnknown, ReservationHandle, StoreError};
 
 use crate::commit_outcome::{Backend, CommitError};
 use crate::in_transaction::FinalizeError;
+use crate::record_database::RecordDatabase;
 
 /// Where a handler's [`Tx`] comes from, and how the request's answer is recorded in it.
 ///
 /// | implementation | the transaction | the answer |
 /// | --- | --- | --- |
 /// | `PostgresStore`, `MySqlStore`, `SqliteStore` | a new one on the store's pool (SQLite: `BEGIN IMMEDIATE`) | written into the record the layer reserved (two commits: the reservation's, then this one) |
-/// | `Arc<OneCommitStore>` | the one the record was reserved in (a new one without a key) | written in it: the record, the write and the answer commit once |
+/// | `Arc<OneCommitStore<DB>>` (a `PgPool`, `MySqlPool`, `SqlitePool` or `AnyPool`) | the one the record was reserved in (a new one without a key) | written in it: the record, the write and the answer commit once |
 /// | [`RecordsElsewhere`] | a new one on a pool whose database does not hold the records | recorded by the layer after the handler; a lost `COMMIT` is asked about |
 ///
 /// A store of your own implements it the same way.
@@ -91,14 +92,14 @@ impl<DB: sqlx::Database> OpenTransaction for sqlx::Transaction<'static, DB> {
 }
 
 /// See [`WriteTransaction::commit`](crate::WriteTransaction::commit).
-impl OpenTransaction for crate::WriteTransaction {
-    type Connection = sqlx::AnyConnection;
+impl<DB: RecordDatabase> OpenTransaction for crate::WriteTransaction<DB> {
+    type Connection = DB::Connection;
 
-    fn connection(&mut self) -> &mut sqlx::AnyConnection {
+    fn connection(&mut self) -> &mut DB::Connection {
         self
     }
 
-    fn connection_ref(&self) -> &sqlx::AnyConnection {
+    fn connection_ref(&self) -> &DB::Connection {
         self
     }
 
@@ -343,11 +344,11 @@ typed_transactions!(crate::SqliteStore, sqlx::Sqlite, |store| store
     .pool()
     .begin_with("BEGIN IMMEDIATE"));
 
-/// The one-commit store: the transaction the request's record was reserved in, and the
-/// record, the write and the answer committed once.
-impl Transactions for Arc<crate::OneCommitStore> {
-    type Database = sqlx::Any;
-    type Transaction = crate::WriteTransaction;
+/// The one-commit store, on any of the [`RecordDatabase`]s: the transaction the request's
+/// record was reserved in, and the record, the write and the answer committed once.
+impl<DB: RecordDatabase> Transactions for Arc<crate::OneCommitStore<DB>> {
+    type Database = DB;
+    type Transaction = crate::WriteTransaction<DB>;
 
     fn records_in_transaction(&self) -> bool {
         true
@@ -379,12 +380,18 @@ impl Transactions for Arc<crate::OneCommitStore> {
 /// transaction's `COMMIT` whose answer is lost is asked about (see
 /// `WriteTransaction::begin_on`) and, where the database cannot tell, answered
 /// [`TxError::Unknown`].
-#[derive(Clone, Debug)]
-pub struct RecordsElsewhere(pub sqlx::AnyPool);
+#[derive(Debug)]
+pub struct RecordsElsewhere<DB: RecordDatabase = sqlx::Any>(pub sqlx::Pool<DB>);
 
-impl Transactions for RecordsElsewhere {
-    type Database = sqlx::Any;
-    type Transaction = crate::WriteTransaction;
+impl<DB: RecordDatabase> Clone for RecordsElsewhere<DB> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<DB: RecordDatabase> Transactions for RecordsElsewhere<DB> {
+    type Database = DB;
+    type Transaction = crate::WriteTransaction<DB>;
 
     fn records_in_transaction(&self) -> bool {
         false

@@ -1,9 +1,12 @@
 //! One transactional path for handlers: the same axum handler, taking a `Tx<T>`
 //! extractor, writes an order and commits it with its answer on every kind of
-//! `Transactions` — the typed PostgreSQL, MariaDB and SQLite stores, the one-commit store
-//! over sqlx `Any` (SQLite and PostgreSQL), and a pool whose database does not hold the
-//! records. Each time: a keyed write commits once and its retry is replayed, a write
-//! without a key commits on its own, and a handler that does not commit leaves nothing.
+//! `Transactions` — the typed PostgreSQL, MariaDB and SQLite stores (two commits), the
+//! one-commit store on typed pools (`PgPool`, `MySqlPool`, `SqlitePool`) and over sqlx
+//! `Any` (SQLite and PostgreSQL), and a pool whose database does not hold the records.
+//! Each time: a keyed write commits with its answer and its retry is replayed, a write
+//! without a key commits on its own, and a handler that does not commit leaves nothing;
+//! the handler looks from another connection for a committed in-flight record, which a
+//! one-commit store never has (the reservation rides in the handler's transaction).
 //! With authentication in front of the layer, two tenants that send one key each get
 //! their own write and answer.
 #![cfg(all(
@@ -25,10 +28,10 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{FullStore, IdempotencyLayer, Outcome};
 use idempotency_store_sql::{
-    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordsElsewhere, SqliteStore,
-    TableName, Transactions, Tx, TxError,
+    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, RecordsElsewhere,
+    SqliteStore, TableName, Transactions, Tx, TxError,
 };
-use sqlx::{AnyPool, Database, Executor, IntoArguments};
+use sqlx::{AnyPool, Database, Executor, IntoArguments, Pool};
 use tower::ServiceExt;
 
 fn postgres_url() -> String {
@@ -59,9 +62,21 @@ async fn observer(url: &str, env: &str) -> Option<(AnyPool, String)> {
     Some((pool, orders))
 }
 
-/// `POST /orders` writes an order and commits it with its answer; `POST /abandoned`
-/// writes one and answers 503 without committing.
-fn app<T>(transactions: T, layer: IdempotencyLayer, orders: &str) -> Router
+/// Where the handler looks for committed in-flight records before it commits: the test's
+/// own pool and the records table.
+#[derive(Clone)]
+struct Records(AnyPool, String);
+
+/// `POST /orders` writes an order and commits it with its answer, saying in
+/// `x-in-flight-committed` how many in-flight records another connection saw before its
+/// commit (with `records`); `POST /abandoned` writes one and answers 503 without
+/// committing.
+fn app<T>(
+    transactions: T,
+    layer: IdempotencyLayer,
+    orders: &str,
+    records: Option<Records>,
+) -> Router
 where
     T: Transactions,
     for<'c> &'c mut <T::Database as Database>::Connection: Executor<'c, Database = T::Database>,
@@ -72,18 +87,32 @@ where
     Router::new()
         .route(
             "/orders",
-            post(move |mut tx: Tx<T>| async move {
-                sqlx::query(&insert).execute(&mut *tx).await.unwrap();
-                let answer = (StatusCode::CREATED, "order placed").into_response();
-                let mut sent = tx
-                    .commit(answer)
-                    .await
-                    .unwrap_or_else(TxError::into_response);
-                // Too late for the record: an answer recorded in the transaction is sent
-                // as it was recorded.
-                sent.headers_mut()
-                    .insert("x-after-commit", "1".parse().unwrap());
-                sent
+            post(move |mut tx: Tx<T>| {
+                let (insert, records) = (insert.clone(), records.clone());
+                async move {
+                    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+                    let mut answer = (StatusCode::CREATED, "order placed").into_response();
+                    if let Some(Records(observer, table)) = &records {
+                        let seen: i64 = sqlx::query_scalar(&format!(
+                            "SELECT COUNT(*) FROM {table} WHERE response_status IS NULL"
+                        ))
+                        .fetch_one(observer)
+                        .await
+                        .unwrap();
+                        answer
+                            .headers_mut()
+                            .insert("x-in-flight-committed", seen.into());
+                    }
+                    let mut sent = tx
+                        .commit(answer)
+                        .await
+                        .unwrap_or_else(TxError::into_response);
+                    // Too late for the record: an answer recorded in the transaction is sent
+                    // as it was recorded.
+                    sent.headers_mut()
+                        .insert("x-after-commit", "1".parse().unwrap());
+                    sent
+                }
             }),
         )
         .route(
@@ -98,11 +127,22 @@ where
         .layer(layer)
 }
 
+/// How many commits a keyed first execution takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Commits {
+    /// The reservation's, then the handler's with the answer.
+    Two,
+    /// The handler's, holding the reservation, the write and the answer.
+    One,
+    /// The records are in another database: not observed.
+    Elsewhere,
+}
+
 async fn send(
     app: &Router,
     path: &str,
     key: Option<&str>,
-) -> (StatusCode, bool, Option<Outcome>, String, bool) {
+) -> (StatusCode, bool, Option<Outcome>, String, bool, Option<i64>) {
     let mut request = Request::post(path);
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
@@ -119,9 +159,20 @@ async fn send(
         .is_some_and(|v| v == "true");
     let outcome = response.extensions().get::<Outcome>().copied();
     let after_commit = response.headers().contains_key("x-after-commit");
+    let in_flight_committed = response
+        .headers()
+        .get("x-in-flight-committed")
+        .map(|seen| seen.to_str().unwrap().parse().unwrap());
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8_lossy(&body).into_owned();
-    (status, replayed, outcome, body, after_commit)
+    (
+        status,
+        replayed,
+        outcome,
+        body,
+        after_commit,
+        in_flight_committed,
+    )
 }
 
 async fn orders(observer: &AnyPool, orders: &str) -> i64 {
@@ -131,16 +182,26 @@ async fn orders(observer: &AnyPool, orders: &str) -> i64 {
         .unwrap()
 }
 
-/// The checks every kind of `Transactions` passes; `in_transaction`: the answer is
-/// recorded in the handler's transaction (else by the layer, after the handler).
-async fn one_path(app: Router, observer: &AnyPool, table: &str, in_transaction: bool) {
+/// The checks every kind of `Transactions` passes; with the records elsewhere, the
+/// answer is recorded by the layer after the handler (else in the handler's transaction).
+async fn one_path(app: Router, observer: &AnyPool, table: &str, commits: Commits) {
     let key = uuid::Uuid::new_v4().to_string();
     let first = send(&app, "/orders", Some(&key)).await;
     assert_eq!(first.0, StatusCode::CREATED, "{}", first.3);
     assert_eq!(first.2, Some(Outcome::Executed));
     assert_eq!(
-        first.4, !in_transaction,
+        first.4,
+        commits == Commits::Elsewhere,
         "an answer recorded in the transaction is sent as recorded"
+    );
+    let expected_in_flight = match commits {
+        Commits::Two => Some(1),
+        Commits::One => Some(0),
+        Commits::Elsewhere => None,
+    };
+    assert_eq!(
+        first.5, expected_in_flight,
+        "committed in-flight records seen before the handler's commit ({commits:?} commits)"
     );
     assert_eq!(orders(observer, table).await, 1);
 
@@ -170,111 +231,195 @@ async fn one_path(app: Router, observer: &AnyPool, table: &str, in_transaction: 
         .await;
 }
 
+async fn postgres_store(table: &str) -> PostgresStore {
+    PostgresStore::connect(&postgres_url(), &PoolSettings::default())
+        .await
+        .unwrap()
+        .with_table_name(table)
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap()
+}
+
+async fn mariadb_store(table: &str) -> MySqlStore {
+    MySqlStore::connect(&mysql_url(), &PoolSettings::default())
+        .await
+        .unwrap()
+        .with_table_name(table)
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap()
+}
+
+async fn sqlite_store(url: &str, table: &str) -> SqliteStore {
+    SqliteStore::connect(url, &PoolSettings::default())
+        .await
+        .unwrap()
+        .with_table_name(table)
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap()
+}
+
+/// A one-commit store on `pool`, its committed records kept by `typed` in `records`.
+async fn one_commit_store<DB: RecordDatabase>(
+    typed: Arc<dyn FullStore>,
+    pool: Pool<DB>,
+    records: &str,
+) -> Arc<OneCommitStore<DB>> {
+    let table = TableName::new(records).unwrap();
+    Arc::new(OneCommitStore::new(typed, pool, &table).await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_postgres_pool() {
+async fn a_typed_postgres_store() {
     let Some((observer, table)) = observer(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await
     else {
         return;
     };
-    let store = PostgresStore::connect(&postgres_url(), &PoolSettings::default())
-        .await
-        .unwrap()
-        .with_table_name(&common::unique_table())
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
-    let app = app(store.clone(), IdempotencyLayer::new(store), &table);
-    one_path(app, &observer, &table, true).await;
+    let records = common::unique_table();
+    let store = postgres_store(&records).await;
+    let peek = Records(observer.clone(), records);
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::new(store),
+        &table,
+        Some(peek),
+    );
+    one_path(app, &observer, &table, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_mariadb_pool() {
+async fn a_typed_mariadb_store() {
     let Some((observer, table)) = observer(&mysql_url(), "IDEMPOTENCY_TEST_MYSQL_URL").await else {
         return;
     };
-    let store = MySqlStore::connect(&mysql_url(), &PoolSettings::default())
-        .await
-        .unwrap()
-        .with_table_name(&common::unique_table())
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
-    let app = app(store.clone(), IdempotencyLayer::new(store), &table);
-    one_path(app, &observer, &table, true).await;
+    let records = common::unique_table();
+    let store = mariadb_store(&records).await;
+    let peek = Records(observer.clone(), records);
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::new(store),
+        &table,
+        Some(peek),
+    );
+    one_path(app, &observer, &table, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_sqlite_pool() {
+async fn a_typed_sqlite_store() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
     let (observer, table) = observer(&url, "-").await.unwrap();
-    let store = SqliteStore::connect(&url, &PoolSettings::default())
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
-    let app = app(store.clone(), IdempotencyLayer::new(store), &table);
-    one_path(app, &observer, &table, true).await;
+    let records = common::unique_table();
+    let store = sqlite_store(&url, &records).await;
+    let peek = Records(observer.clone(), records);
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::new(store),
+        &table,
+        Some(peek),
+    );
+    one_path(app, &observer, &table, Commits::Two).await;
+}
+
+/// The one-commit store on a typed pool: the typed store's own (`PgPool`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_a_pg_pool() {
+    let Some((observer, table)) = observer(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await
+    else {
+        return;
+    };
+    let records = common::unique_table();
+    let typed = postgres_store(&records).await;
+    let pool: sqlx::PgPool = typed.pool().clone();
+    let store = one_commit_store(Arc::new(typed), pool, &records).await;
+    let peek = Records(observer.clone(), records);
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::from_shared_store(store),
+        &table,
+        Some(peek),
+    );
+    one_path(app, &observer, &table, Commits::One).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_a_mysql_pool() {
+    let Some((observer, table)) = observer(&mysql_url(), "IDEMPOTENCY_TEST_MYSQL_URL").await else {
+        return;
+    };
+    let records = common::unique_table();
+    let typed = mariadb_store(&records).await;
+    let pool: sqlx::MySqlPool = typed.pool().clone();
+    let store = one_commit_store(Arc::new(typed), pool, &records).await;
+    let peek = Records(observer.clone(), records);
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::from_shared_store(store),
+        &table,
+        Some(peek),
+    );
+    one_path(app, &observer, &table, Commits::One).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_a_sqlite_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
+    let (observer, table) = observer(&url, "-").await.unwrap();
+    let records = common::unique_table();
+    let typed = sqlite_store(&url, &records).await;
+    let pool: sqlx::SqlitePool = typed.pool().clone();
+    let store = one_commit_store(Arc::new(typed), pool, &records).await;
+    let peek = Records(observer.clone(), records);
+    let app = app(
+        store.clone(),
+        IdempotencyLayer::from_shared_store(store),
+        &table,
+        Some(peek),
+    );
+    one_path(app, &observer, &table, Commits::One).await;
 }
 
 /// The one-commit store over sqlx `Any`, on `url`.
-async fn one_commit(url: &str, env: &str) {
+async fn one_commit_on_any(url: &str, env: &str) {
     let Some((observer, table)) = observer(url, env).await else {
         return;
     };
     let records = common::unique_table();
     let typed: Arc<dyn FullStore> = match url.split(':').next() {
-        Some("postgres") => Arc::new(
-            PostgresStore::connect(url, &PoolSettings::default())
-                .await
-                .unwrap()
-                .with_table_name(&records)
-                .unwrap()
-                .migrate()
-                .await
-                .unwrap(),
-        ),
-        _ => Arc::new(
-            SqliteStore::connect(url, &PoolSettings::default())
-                .await
-                .unwrap()
-                .with_table_name(&records)
-                .unwrap()
-                .migrate()
-                .await
-                .unwrap(),
-        ),
+        Some("postgres") => Arc::new(postgres_store(&records).await),
+        _ => Arc::new(sqlite_store(url, &records).await),
     };
     let pool = sqlx::any::AnyPoolOptions::new()
         .max_connections(8)
         .connect(url)
         .await
         .unwrap();
-    let store = Arc::new(
-        OneCommitStore::new(typed, pool, &TableName::new(&records).unwrap())
-            .await
-            .unwrap(),
-    );
+    let store = one_commit_store(typed, pool, &records).await;
+    let peek = Records(observer.clone(), records);
     let app = app(
         store.clone(),
         IdempotencyLayer::from_shared_store(store),
         &table,
+        Some(peek),
     );
-    one_path(app, &observer, &table, true).await;
+    one_path(app, &observer, &table, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_one_commit_store_on_postgres() {
-    one_commit(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await;
+async fn one_commit_on_an_any_pool_on_postgres() {
+    one_commit_on_any(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_one_commit_store_on_sqlite() {
+async fn one_commit_on_an_any_pool_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    one_commit(
+    one_commit_on_any(
         &format!("sqlite://{}/orders.db?mode=rwc", dir.path().display()),
         "-",
     )
@@ -294,8 +439,8 @@ async fn a_pool_whose_database_does_not_hold_the_records() {
         .await
         .unwrap();
     let elsewhere = RecordsElsewhere(observer.clone());
-    let app = app(elsewhere, IdempotencyLayer::new(records), &table);
-    one_path(app, &observer, &table, false).await;
+    let app = app(elsewhere, IdempotencyLayer::new(records), &table, None);
+    one_path(app, &observer, &table, Commits::Elsewhere).await;
 }
 
 /// Who is calling, as the authentication in front of the layer found out.

@@ -1,0 +1,339 @@
+//! [`RecordDatabase`]: the sqlx databases whose transactions a request's record is written
+//! in — sqlx's typed `Postgres`, `MySql` and `Sqlite` and its `Any` — and the few bound
+//! statements the one-commit path runs on them, written once for all four.
+//!
+//! The statements' text is each backend's (`postgres.rs`, `mysql.rs`, `sqlite.rs`); what
+//! is here is how they are bound and run on a connection of any of the four drivers, so
+//! that [`OneCommitStore`](crate::OneCommitStore), [`WriteTransaction`](crate::WriteTransaction)
+//! and [`AnyFinalizer`](crate::AnyFinalizer) are written once instead of once per driver.
+
+use std::future::Future;
+
+use idempotency_core::{Binding, FencingToken, RecordId, StoredResponse};
+use sqlx::{Pool, Row};
+
+/// The database a connection is on, as the statements tell them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+impl Dialect {
+    /// The dialect of a database sqlx names `name` (`Database::NAME`, or an `Any`
+    /// connection's backend name).
+    pub(crate) fn of(name: &str) -> Option<Self> {
+        match name {
+            "PostgreSQL" => Some(Self::Postgres),
+            "MySQL" => Some(Self::MySql),
+            "SQLite" => Some(Self::Sqlite),
+            _ => None,
+        }
+    }
+
+    /// This crate's cargo feature for the dialect.
+    pub(crate) fn feature(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+mod sealed {
+    /// Only this crate's databases are [`RecordDatabase`](super::RecordDatabase)s: their
+    /// methods are the crate's statements.
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+}
+
+/// A sqlx database whose transactions a request's record can be written in, so that the
+/// record and the handler's write commit once: `sqlx::Postgres`, `sqlx::MySql`,
+/// `sqlx::Sqlite` (each with this crate's feature for it) and `sqlx::Any`. A service on a
+/// typed pool (`PgPool`, …) and one on an `AnyPool` use the same
+/// [`OneCommitStore`](crate::OneCommitStore) and [`Tx`](crate::Tx).
+///
+/// Sealed; its methods are the crate's own.
+pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
+    #[doc(hidden)]
+    /// The backend's name (`Database::NAME`, or what an `Any` connection is on).
+    fn backend_name(connection: &Self::Connection) -> &str;
+
+    #[doc(hidden)]
+    /// Whether `pool` is on SQLite, whose write transactions take the write lock at once.
+    fn is_sqlite(pool: &Pool<Self>) -> bool;
+
+    #[doc(hidden)]
+    /// Runs a statement without parameters; the rows it changed.
+    fn run(
+        connection: &mut Self::Connection,
+        sql: &str,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// Runs a statement with one `BIGINT` parameter (a lock key); the rows it changed.
+    fn run_with(
+        connection: &mut Self::Connection,
+        sql: &str,
+        value: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// The one text value a query without parameters answers (`SELECT VERSION()`).
+    fn text(
+        connection: &mut Self::Connection,
+        sql: &str,
+    ) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// The one nullable `BIGINT` a query without parameters answers.
+    fn optional_number(
+        connection: &mut Self::Connection,
+        sql: &str,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// The one nullable text value a query with one `BIGINT` parameter answers.
+    fn optional_text_of(
+        connection: &mut Self::Connection,
+        sql: &str,
+        value: i64,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// Inserts the in-flight record for `id` with the backend's `insert_in_flight`
+    /// statement: `(committed, inserted)`. PostgreSQL's statement takes the key's
+    /// advisory lock (`lock_key`) and answers a row saying whether a record holds the
+    /// key and whether this one went in; the others' answer the rows inserted.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_in_flight(
+        connection: &mut Self::Connection,
+        sql: &str,
+        id: &RecordId,
+        binding: &Binding,
+        token: FencingToken,
+        expires_in_ms: i64,
+        lease_ms: i64,
+        lock_key: Option<i64>,
+    ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// SQLite: inserts the finished record for `id` whole; the rows inserted.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_completed(
+        connection: &mut Self::Connection,
+        sql: &str,
+        id: &RecordId,
+        binding: &Binding,
+        token: FencingToken,
+        expires_in_ms: i64,
+        lease_ms: i64,
+        answer: &StoredResponse,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// Writes `answer` into the record `token` holds, with the backend's finalize
+    /// statement (`sql`, of the connection's backend); the rows it finalized.
+    fn write_answer(
+        connection: &mut Self::Connection,
+        sql: &str,
+        id: &RecordId,
+        token: FencingToken,
+        answer: &StoredResponse,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
+
+/// Implements [`RecordDatabase`] for one sqlx database: the bodies are the same for all
+/// four (each compiles against its driver's own types), but how a connection names its
+/// backend differs between the typed drivers and `Any`.
+macro_rules! record_database {
+    ($database:ty, backend: |$connection:ident| $name:expr, sqlite: |$pool:ident| $sqlite:expr) => {
+        impl sealed::Sealed for $database {}
+
+        impl RecordDatabase for $database {
+            fn backend_name($connection: &Self::Connection) -> &str {
+                $name
+            }
+
+            fn is_sqlite($pool: &Pool<Self>) -> bool {
+                $sqlite
+            }
+
+            async fn run(connection: &mut Self::Connection, sql: &str) -> Result<u64, sqlx::Error> {
+                Ok(sqlx::query(sql).execute(connection).await?.rows_affected())
+            }
+
+            async fn run_with(
+                connection: &mut Self::Connection,
+                sql: &str,
+                value: i64,
+            ) -> Result<u64, sqlx::Error> {
+                let done = sqlx::query(sql).bind(value).execute(connection).await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn text(
+                connection: &mut Self::Connection,
+                sql: &str,
+            ) -> Result<String, sqlx::Error> {
+                sqlx::query_scalar(sql).fetch_one(connection).await
+            }
+
+            async fn optional_number(
+                connection: &mut Self::Connection,
+                sql: &str,
+            ) -> Result<Option<i64>, sqlx::Error> {
+                sqlx::query(sql).fetch_one(connection).await?.try_get(0)
+            }
+
+            async fn optional_text_of(
+                connection: &mut Self::Connection,
+                sql: &str,
+                value: i64,
+            ) -> Result<Option<String>, sqlx::Error> {
+                sqlx::query(sql)
+                    .bind(value)
+                    .fetch_one(connection)
+                    .await?
+                    .try_get(0)
+            }
+
+            async fn insert_in_flight(
+                connection: &mut Self::Connection,
+                sql: &str,
+                id: &RecordId,
+                binding: &Binding,
+                token: FencingToken,
+                expires_in_ms: i64,
+                lease_ms: i64,
+                lock_key: Option<i64>,
+            ) -> Result<(i64, i64), sqlx::Error> {
+                let query = sqlx::query(sql)
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(binding.method.as_str())
+                    .bind(binding.path.as_str())
+                    .bind(binding.body_sha256.to_vec())
+                    .bind(token.0)
+                    .bind(expires_in_ms)
+                    .bind(lease_ms);
+                match lock_key {
+                    Some(lock_key) => {
+                        let row = query.bind(lock_key).fetch_one(connection).await?;
+                        Ok((row.try_get("committed")?, row.try_get("inserted")?))
+                    }
+                    None => {
+                        let done = query.execute(connection).await?;
+                        Ok((0, done.rows_affected() as i64))
+                    }
+                }
+            }
+
+            async fn insert_completed(
+                connection: &mut Self::Connection,
+                sql: &str,
+                id: &RecordId,
+                binding: &Binding,
+                token: FencingToken,
+                expires_in_ms: i64,
+                lease_ms: i64,
+                answer: &StoredResponse,
+            ) -> Result<u64, sqlx::Error> {
+                let done = sqlx::query(sql)
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(binding.method.as_str())
+                    .bind(binding.path.as_str())
+                    .bind(binding.body_sha256.to_vec())
+                    .bind(token.0)
+                    .bind(expires_in_ms)
+                    .bind(lease_ms)
+                    .bind(i32::from(answer.status))
+                    .bind(answer.encode_headers())
+                    .bind(answer.body.to_vec())
+                    .bind(crate::common::trailers_column(answer))
+                    .execute(connection)
+                    .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn write_answer(
+                connection: &mut Self::Connection,
+                sql: &str,
+                id: &RecordId,
+                token: FencingToken,
+                answer: &StoredResponse,
+            ) -> Result<u64, sqlx::Error> {
+                let (status, headers, body) = (
+                    i32::from(answer.status),
+                    answer.encode_headers(),
+                    answer.body.to_vec(),
+                );
+                let trailers = crate::common::trailers_column(answer);
+                let query = sqlx::query(sql);
+                // Each backend's finalize statement takes its values in its own order.
+                match Dialect::of(Self::backend_name(connection)) {
+                    #[cfg(feature = "postgres")]
+                    Some(Dialect::Postgres) => {
+                        let row = query
+                            .bind(id.scope.as_str())
+                            .bind(id.key.as_str())
+                            .bind(token.0)
+                            .bind(status)
+                            .bind(headers)
+                            .bind(body)
+                            .bind(crate::postgres::notice_for(id))
+                            .bind(trailers)
+                            .fetch_optional(connection)
+                            .await?;
+                        Ok(u64::from(row.is_some()))
+                    }
+                    Some(Dialect::MySql) => {
+                        let done = query
+                            .bind(status)
+                            .bind(headers)
+                            .bind(body)
+                            .bind(trailers)
+                            .bind(id.scope.as_str())
+                            .bind(id.key.as_str())
+                            .bind(token.0)
+                            .execute(connection)
+                            .await?;
+                        Ok(done.rows_affected())
+                    }
+                    _ => {
+                        let done = query
+                            .bind(id.scope.as_str())
+                            .bind(id.key.as_str())
+                            .bind(token.0)
+                            .bind(status)
+                            .bind(headers)
+                            .bind(body)
+                            .bind(trailers)
+                            .execute(connection)
+                            .await?;
+                        Ok(done.rows_affected())
+                    }
+                }
+            }
+        }
+    };
+}
+
+record_database!(sqlx::Any,
+    backend: |connection| connection.backend_name(),
+    sqlite: |pool| pool.connect_options().database_url.scheme() == "sqlite");
+#[cfg(feature = "postgres")]
+record_database!(sqlx::Postgres,
+    backend: |_connection| <sqlx::Postgres as sqlx::Database>::NAME,
+    sqlite: |_pool| false);
+#[cfg(feature = "mysql")]
+record_database!(sqlx::MySql,
+    backend: |_connection| <sqlx::MySql as sqlx::Database>::NAME,
+    sqlite: |_pool| false);
+#[cfg(feature = "sqlite")]
+record_database!(sqlx::Sqlite,
+    backend: |_connection| <sqlx::Sqlite as sqlx::Database>::NAME,
+    sqlite: |_pool| true);
