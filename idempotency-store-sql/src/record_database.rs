@@ -252,7 +252,7 @@ macro_rules! record_database {
                     .bind(lease_ms)
                     .bind(i32::from(answer.status))
                     .bind(answer.encode_headers())
-                    .bind(answer.body.to_vec())
+                    .bind(&answer.body[..])
                     .bind(crate::common::trailers_column(answer))
                     .execute(connection)
                     .await?;
@@ -269,7 +269,7 @@ macro_rules! record_database {
                 let (status, headers, body) = (
                     i32::from(answer.status),
                     answer.encode_headers(),
-                    answer.body.to_vec(),
+                    &answer.body[..],
                 );
                 let trailers = crate::common::trailers_column(answer);
                 let query = sqlx::query(sql);

@@ -1,4 +1,6 @@
-//! `OneCommitStore` behind the layer, on PostgreSQL, MariaDB and SQLite: a handler that
+//! `OneCommitStore` behind the layer, on PostgreSQL, MariaDB and SQLite, each on its typed
+//! pool (`PgPool`, `MySqlPool`, `SqlitePool`: the modules named after the database) and on
+//! sqlx `Any` (`…_any`), the handler writing through `Tx`: a handler that
 //! writes its side effect in the reservation's transaction commits the record, the side
 //! effect and the answer once — nothing of the record is visible while it runs — and
 //! every rule of the two-commit path holds: retries replay, a duplicate in flight waits
@@ -25,8 +27,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{FullStore, IdempotencyLayer, Outcome, RejectionKind, ReservationHandle};
-use idempotency_store_sql::{OneCommitStore, PoolSettings, TableName};
-use sqlx::AnyPool;
+use idempotency_store_sql::{OneCommitStore, PoolSettings, RecordDatabase, TableName, Tx, TxError};
+use sqlx::{AnyPool, Executor, IntoArguments};
 use tower::ServiceExt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,15 +40,16 @@ enum Backend {
 
 /// One database for a test: the one-commit store on a fresh table, a pool of the test's
 /// own, and the side effects table.
-struct Database {
+struct Database<DB: RecordDatabase> {
     backend: Backend,
-    store: Arc<OneCommitStore>,
+    store: Arc<OneCommitStore<DB>>,
+    /// The test's own, to look from outside.
     pool: AnyPool,
     table: String,
     _dir: tempfile::TempDir,
 }
 
-impl Database {
+impl<DB: RecordDatabase> Database<DB> {
     async fn open(backend: Backend) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let (url, env) = match backend {
@@ -118,7 +121,13 @@ impl Database {
         .execute(&pool)
         .await
         .unwrap();
-        let store = OneCommitStore::new(typed, pool.clone(), &TableName::new(&table).unwrap())
+        // The handlers' pool, of the driver under test.
+        let handlers = sqlx::pool::PoolOptions::<DB>::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .unwrap();
+        let store = OneCommitStore::new(typed, handlers, &TableName::new(&table).unwrap())
             .await
             .unwrap();
         Some(Self {
@@ -163,13 +172,23 @@ impl Database {
     }
 }
 
-#[derive(Clone)]
-struct App {
-    store: Arc<OneCommitStore>,
+struct App<DB: RecordDatabase> {
+    store: Arc<OneCommitStore<DB>>,
     side_effects: String,
     /// The test's pool, to look from outside while the handler runs.
     observer: AnyPool,
     records: String,
+}
+
+impl<DB: RecordDatabase> Clone for App<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            side_effects: self.side_effects.clone(),
+            observer: self.observer.clone(),
+            records: self.records.clone(),
+        }
+    }
 }
 
 /// `POST /effects`: writes one side effect in the reservation's transaction and its
@@ -177,19 +196,22 @@ struct App {
 /// written nothing and rolled the transaction back; `x-answer: 503` the same, with 503;
 /// `x-sleep-ms` waits inside the transaction. The answer says how many records another
 /// connection could see while the handler ran.
-async fn effect(
-    State(app): State<App>,
+async fn effect<DB: RecordDatabase>(
+    State(app): State<App<DB>>,
     headers: HeaderMap,
     reservation: Option<Extension<ReservationHandle>>,
-) -> Response {
-    let reservation = reservation.as_deref();
-    let mut tx = app.store.begin(reservation).await.unwrap();
+) -> Response
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let mut tx = Tx::begin(&app.store, reservation.as_deref()).await.unwrap();
     let visible: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", app.records))
         .fetch_one(&app.observer)
         .await
         .unwrap();
     if let Some(status) = headers.get("x-answer") {
-        tx.rollback().await.unwrap();
+        tx.rollback();
         let status = StatusCode::from_bytes(status.as_bytes()).unwrap();
         return (status, "refused").into_response();
     }
@@ -197,7 +219,7 @@ async fn effect(
         "INSERT INTO {} (name) VALUES ('effect')",
         app.side_effects
     ))
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await
     .unwrap();
     if let Some(ms) = headers.get("x-sleep-ms") {
@@ -209,22 +231,22 @@ async fn effect(
         format!(r#"{{"records_visible_while_running":{visible}}}"#),
     )
         .into_response();
-    let answer = app
-        .store
-        .finalize_in(&mut tx, reservation, answer)
+    tx.commit(answer)
         .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    answer
+        .unwrap_or_else(TxError::into_response)
 }
 
-fn app(database: &Database) -> Router {
+fn app<DB: RecordDatabase>(database: &Database<DB>) -> Router
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
     let records = match database.backend {
         Backend::MariaDb => format!("`{}`", database.table),
         Backend::Postgres | Backend::Sqlite => format!("\"{}\"", database.table),
     };
     Router::new()
-        .route("/effects", post(effect))
+        .route("/effects", post(effect::<DB>))
         .with_state(App {
             store: database.store.clone(),
             side_effects: format!("{}_side_effects", database.table),
@@ -253,8 +275,12 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, Opti
     )
 }
 
-async fn one_commit_then_replays(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn one_commit_then_replays<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
     let app = app(&database);
@@ -285,8 +311,12 @@ async fn one_commit_then_replays(backend: Backend) {
     database.drop_tables().await;
 }
 
-async fn a_duplicate_in_flight_waits_and_replays(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn a_duplicate_in_flight_waits_and_replays<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
     let app = app(&database);
@@ -310,8 +340,13 @@ async fn a_duplicate_in_flight_waits_and_replays(backend: Backend) {
     database.drop_tables().await;
 }
 
-async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept<DB: RecordDatabase>(
+    backend: Backend,
+) where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
     let app = app(&database);
@@ -355,8 +390,13 @@ async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(backend: Ba
     database.drop_tables().await;
 }
 
-async fn a_request_without_a_key_writes_in_a_transaction_of_its_own(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn a_request_without_a_key_writes_in_a_transaction_of_its_own<DB: RecordDatabase>(
+    backend: Backend,
+) where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
     let app = app(&database);
@@ -371,8 +411,12 @@ async fn a_request_without_a_key_writes_in_a_transaction_of_its_own(backend: Bac
 /// Callers that go away while their transaction begins or commits (clients hang up) must
 /// leave no connection in a transaction nobody ends: on SQLite that would hold the
 /// database's write lock for good.
-async fn abandoned_transactions_leave_nothing_open(backend: Backend) {
-    let Some(database) = Database::open(backend).await else {
+async fn abandoned_transactions_leave_nothing_open<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
     // SQLite: another connection holds the write lock, so that BEGIN is still waiting
@@ -416,9 +460,9 @@ async fn abandoned_transactions_leave_nothing_open(backend: Backend) {
 /// Every check of the store contract that applies to this path, found by the suite
 /// itself: its reservations are uncommitted (nobody else sees them before they commit;
 /// they have no lease to renew, lapse or take over), and it has every capability.
-async fn the_conformance_checks_that_apply(backend: Backend) {
+async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend) {
     use idempotency_core::conformance::Suite;
-    let Some(database) = Database::open(backend).await else {
+    let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
     let store: Arc<dyn FullStore> = database.store.clone();
@@ -444,104 +488,55 @@ async fn the_conformance_checks_that_apply(backend: Backend) {
     database.drop_tables().await;
 }
 
-mod postgres {
-    use super::*;
+/// The tests above on `$backend`, the handlers on a pool of `$database` (the backend's
+/// typed driver, or `sqlx::Any`).
+macro_rules! on {
+    ($module:ident, $backend:expr, $database:ty) => {
+        mod $module {
+            use super::*;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_conformance_checks_that_apply() {
-        super::the_conformance_checks_that_apply(Backend::Postgres).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_conformance_checks_that_apply() {
+                super::the_conformance_checks_that_apply::<$database>($backend).await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn abandoned_transactions_leave_nothing_open() {
-        super::abandoned_transactions_leave_nothing_open(Backend::Postgres).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn abandoned_transactions_leave_nothing_open() {
+                super::abandoned_transactions_leave_nothing_open::<$database>($backend).await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
-        super::a_request_without_a_key_writes_in_a_transaction_of_its_own(Backend::Postgres).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
+                super::a_request_without_a_key_writes_in_a_transaction_of_its_own::<$database>(
+                    $backend,
+                )
+                .await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_commit_then_replays() {
-        super::one_commit_then_replays(Backend::Postgres).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn one_commit_then_replays() {
+                super::one_commit_then_replays::<$database>($backend).await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_duplicate_in_flight_waits_and_replays() {
-        super::a_duplicate_in_flight_waits_and_replays(Backend::Postgres).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_duplicate_in_flight_waits_and_replays() {
+                super::a_duplicate_in_flight_waits_and_replays::<$database>($backend).await;
+            }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
-        super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(Backend::Postgres).await;
-    }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
+                super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept::<$database>(
+                    $backend,
+                )
+                .await;
+            }
+        }
+    };
 }
 
-mod mariadb {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_conformance_checks_that_apply() {
-        super::the_conformance_checks_that_apply(Backend::MariaDb).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn abandoned_transactions_leave_nothing_open() {
-        super::abandoned_transactions_leave_nothing_open(Backend::MariaDb).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
-        super::a_request_without_a_key_writes_in_a_transaction_of_its_own(Backend::MariaDb).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_commit_then_replays() {
-        super::one_commit_then_replays(Backend::MariaDb).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_duplicate_in_flight_waits_and_replays() {
-        super::a_duplicate_in_flight_waits_and_replays(Backend::MariaDb).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
-        super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(Backend::MariaDb).await;
-    }
-}
-
-mod sqlite {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_conformance_checks_that_apply() {
-        super::the_conformance_checks_that_apply(Backend::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn abandoned_transactions_leave_nothing_open() {
-        super::abandoned_transactions_leave_nothing_open(Backend::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_request_without_a_key_writes_in_a_transaction_of_its_own() {
-        super::a_request_without_a_key_writes_in_a_transaction_of_its_own(Backend::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn one_commit_then_replays() {
-        super::one_commit_then_replays(Backend::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_duplicate_in_flight_waits_and_replays() {
-        super::a_duplicate_in_flight_waits_and_replays(Backend::Sqlite).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept() {
-        super::a_5xx_leaves_nothing_and_a_rolled_back_answer_is_still_kept(Backend::Sqlite).await;
-    }
-}
+on!(postgres, Backend::Postgres, sqlx::Postgres);
+on!(postgres_any, Backend::Postgres, sqlx::Any);
+on!(mariadb, Backend::MariaDb, sqlx::MySql);
+on!(mariadb_any, Backend::MariaDb, sqlx::Any);
+on!(sqlite, Backend::Sqlite, sqlx::Sqlite);
+on!(sqlite_any, Backend::Sqlite, sqlx::Any);
