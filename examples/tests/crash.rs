@@ -142,15 +142,15 @@ impl Database {
         }
     }
 
-    /// Whether a transaction holds the lock on `key`'s record (PostgreSQL, MariaDB: its
-    /// row lock; SQLite: the database's write lock), i.e. the handler has written and
-    /// not yet committed.
-    async fn record_is_locked(&self, key: &str) -> bool {
+    /// Whether the handler's transaction is open with its side effect written in it
+    /// (PostgreSQL: a transaction holds a write lock on the side effects table; MariaDB:
+    /// a locking read of that table meets an uncommitted row; SQLite: the database's
+    /// write lock, taken when the transaction began). The record is written with the
+    /// answer by `Tx::commit`, just before `COMMIT`.
+    async fn transaction_is_open(&self) -> bool {
         let mut connection = self.pool.acquire().await.unwrap();
         match self.backend {
-            // One commit: the record is uncommitted, so a locking read does not see it;
-            // the side effects table is locked by the transaction that wrote to it.
-            Backend::Postgres if self.commits == Commits::One => {
+            Backend::Postgres => {
                 let writers: i64 = sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM pg_locks l JOIN pg_class c ON l.relation = c.oid \
                      WHERE c.relname = '{}_side_effects' AND l.mode = 'RowExclusiveLock'",
@@ -161,17 +161,13 @@ impl Database {
                 .unwrap();
                 writers > 0
             }
-            Backend::Postgres | Backend::MariaDb => {
-                let quoted = if self.backend == Backend::Postgres {
-                    format!("\"{}\"", self.table)
-                } else {
-                    format!("`{}`", self.table)
-                };
+            Backend::MariaDb => {
                 let mut tx = connection.begin().await.unwrap();
                 let probe = sqlx::query(&format!(
-                    "SELECT 1 FROM {quoted} WHERE idempotency_key = '{key}' FOR UPDATE NOWAIT"
+                    "SELECT 1 FROM `{}_side_effects` FOR UPDATE NOWAIT",
+                    self.table
                 ))
-                .fetch_optional(&mut *tx)
+                .fetch_all(&mut *tx)
                 .await;
                 tx.rollback().await.unwrap();
                 probe.is_err()
@@ -195,10 +191,10 @@ impl Database {
         }
     }
 
-    /// Waits until the handler holds its transaction open with both writes in it.
-    async fn wait_until_locked(&self, key: &str) {
+    /// Waits until the handler holds its transaction open with its side effect in it.
+    async fn wait_until_in_transaction(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.record_is_locked(key).await {
+        while !self.transaction_is_open().await {
             assert!(
                 Instant::now() < deadline,
                 "the handler never held its transaction open"
@@ -413,8 +409,8 @@ async fn killed_between_side_effect_and_answer_the_retry_replays(
     database.drop_tables().await;
 }
 
-/// The owner is killed while its transaction is open, with the side effect and the
-/// finalized record written in it but not committed: both roll back, and the retry takes
+/// The owner is killed while its transaction is open, with the side effect written in it
+/// and not committed (the record is written with it by the commit): nothing is left, and the retry takes
 /// the lapsed reservation over and runs the mutation once.
 async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(
     backend: Backend,
@@ -431,7 +427,7 @@ async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(
         .header("x-sleep-in-transaction-ms", "10000")
         .send();
     let in_flight = tokio::spawn(slow);
-    database.wait_until_locked(&key).await;
+    database.wait_until_in_transaction().await;
     // SQLite's write lock is taken at BEGIN IMMEDIATE: give the handler time to write.
     tokio::time::sleep(Duration::from_millis(300)).await;
     a.kill();

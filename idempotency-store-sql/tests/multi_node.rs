@@ -162,8 +162,8 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, Vec<u8>, Opt
 enum Commits {
     /// A typed store: the record committed on its own, before the handler runs.
     Two,
-    /// `OneCommitStore`: the record reserved in a transaction the layer commits with the
-    /// answer (the handler here writes nothing of its own).
+    /// `OneCommitStore` on the backend's typed pool: the record reserved in a transaction
+    /// the layer commits with the answer (the handler here writes nothing of its own).
     #[cfg(feature = "any")]
     One,
 }
@@ -176,17 +176,38 @@ impl Backend {
             Commits::Two => Some(typed),
             #[cfg(feature = "any")]
             Commits::One => {
-                sqlx::any::install_default_drivers();
-                let pool = sqlx::any::AnyPoolOptions::new()
-                    .max_connections(8)
-                    .connect(&self.url().0)
-                    .await
-                    .unwrap();
+                // On the backend's typed pool (`PgPool`, `MySqlPool`).
                 let table = idempotency_store_sql::TableName::new(table).unwrap();
-                let store = idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
-                    .await
-                    .unwrap();
-                Some(Arc::new(store))
+                let url = self.url().0;
+                let store: Arc<dyn FullStore> = match self {
+                    #[cfg(feature = "postgres")]
+                    Self::Postgres => {
+                        let pool = sqlx::postgres::PgPoolOptions::new()
+                            .max_connections(8)
+                            .connect(&url)
+                            .await
+                            .unwrap();
+                        Arc::new(
+                            idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
+                                .await
+                                .unwrap(),
+                        )
+                    }
+                    #[cfg(feature = "mysql")]
+                    Self::MySql => {
+                        let pool = sqlx::mysql::MySqlPoolOptions::new()
+                            .max_connections(8)
+                            .connect(&url)
+                            .await
+                            .unwrap();
+                        Arc::new(
+                            idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
+                                .await
+                                .unwrap(),
+                        )
+                    }
+                };
+                Some(store)
             }
         }
     }

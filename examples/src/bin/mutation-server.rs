@@ -1,8 +1,10 @@
 //! A small server for crash and outage tests: `POST /mutations/{name}` inserts one row
-//! into a `side_effects` table of the database that holds the idempotency records, and
-//! finalizes the request's key **in the same transaction** (`finalize_in`), so that the
-//! row and the record commit together or not at all. A test counts the rows to see how
-//! often a mutation really ran, across processes and crashes.
+//! into a `side_effects` table of the database that holds the idempotency records, in a
+//! [`Tx`] that records the request's answer **in the same transaction**, so that the row
+//! and the record commit together or not at all. A test counts the rows to see how often
+//! a mutation really ran, across processes and crashes. One handler, written once, runs
+//! on every database and both ways of committing: it is what a service's handler looks
+//! like on the one transactional path.
 //!
 //! ```text
 //! cargo run -p examples --bin mutation-server -- \
@@ -11,16 +13,17 @@
 //!
 //! `--database` takes `postgres://…`, `mysql://…` (MySQL 8 or MariaDB) or `sqlite:FILE`.
 //! `--commits one` reserves each key in the transaction the side effect is written in
-//! (`OneCommitStore`): the record, the side effect and the answer commit once; the
-//! default, `--commits two`, reserves it in a commit of its own first (a typed store).
+//! (`OneCommitStore` on the typed store's own pool: `PgPool`, `MySqlPool` or
+//! `SqlitePool`): the record, the side effect and the answer commit once; the default,
+//! `--commits two`, reserves it in a commit of its own first (the typed store alone).
 //!
 //! Request headers steer the handler, so that a test can kill the process at a chosen
 //! instant:
 //!
 //! - `x-sleep-before-ms`: wait before the transaction begins (a kill lands before the
 //!   side effect);
-//! - `x-sleep-in-transaction-ms`: wait after the row and the record are written, before
-//!   the commit (a kill rolls both back);
+//! - `x-sleep-in-transaction-ms`: wait after the row is written, before the commit that
+//!   writes the record with it (a kill rolls both back);
 //! - `x-sleep-after-ms`: wait after the commit, before answering (a kill lands between
 //!   the side effect and the answer; the record is already final);
 //! - `x-finalize-by-layer: true`: do not finalize in the transaction, and leave it to
@@ -33,15 +36,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
-use idempotency_core::{FullStore, IdempotencyLayer, Outcome, ReservationHandle};
-use idempotency_store_sql::sqlx;
+use idempotency_core::{IdempotencyLayer, Outcome, ReservationHandle};
+use idempotency_store_sql::sqlx::{self, Database as _, Executor, IntoArguments};
 use idempotency_store_sql::{
-    FinalizeError, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, SqliteStore, TableName,
+    LazyTx, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, SqliteStore, TableName,
+    Transactions,
 };
 
 struct Flags {
@@ -91,7 +95,7 @@ fn parse_flags() -> Result<Flags, String> {
     Ok(flags)
 }
 
-/// The store, typed by database: each has its own connection type for `finalize_in`.
+/// The typed store the records are in, by database.
 #[derive(Clone)]
 enum Database {
     Postgres(PostgresStore),
@@ -119,30 +123,6 @@ impl Database {
         })
     }
 
-    /// A one-commit store over this typed store, reserving on a pool of its own.
-    async fn one_commit(
-        &self,
-        url: &str,
-        table: &str,
-    ) -> Result<OneCommitStore, Box<dyn std::error::Error>> {
-        sqlx::any::install_default_drivers();
-        let pool = sqlx::AnyPool::connect(url).await?;
-        let records: Arc<dyn FullStore> = match self {
-            Self::Postgres(store) => Arc::new(store.clone()),
-            Self::MySql(store) => Arc::new(store.clone()),
-            Self::Sqlite(store) => Arc::new(store.clone()),
-        };
-        Ok(OneCommitStore::new(records, pool, &TableName::new(table)?).await?)
-    }
-
-    fn layer(&self) -> IdempotencyLayer {
-        match self {
-            Self::Postgres(store) => IdempotencyLayer::new(store.clone()),
-            Self::MySql(store) => IdempotencyLayer::new(store.clone()),
-            Self::Sqlite(store) => IdempotencyLayer::new(store.clone()),
-        }
-    }
-
     /// The side effects table, created if missing (several processes may start at once:
     /// a concurrent creator may win the race on PostgreSQL's catalog, and the retry then
     /// finds the table).
@@ -165,11 +145,9 @@ impl Database {
     }
 }
 
-#[derive(Clone)]
-struct App {
-    database: Database,
-    /// With `--commits one`: the store whose reservations the side effect is written in.
-    one_commit: Option<Arc<OneCommitStore>>,
+/// What the handler needs: where its transactions come from, and the side effects table.
+struct App<T> {
+    transactions: T,
     side_effects: String,
 }
 
@@ -184,24 +162,47 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let database = Database::open(&flags.database, &flags.table).await?;
     let side_effects = format!("{}_side_effects", flags.table);
     database.create_side_effects(&side_effects).await?;
-    let one_commit = match flags.one_commit {
-        true => Some(Arc::new(
-            database.one_commit(&flags.database, &flags.table).await?,
-        )),
-        false => None,
-    };
-    let layer = match &one_commit {
-        Some(store) => IdempotencyLayer::from_shared_store(store.clone()),
-        None => database.layer(),
+    let table = TableName::new(&flags.table)?;
+    // One commit: a one-commit store on the typed store's own pool, the typed store
+    // keeping what is committed.
+    macro_rules! one_commit {
+        ($store:expr) => {{
+            let pool = $store.pool().clone();
+            Arc::new(OneCommitStore::new(Arc::new($store), pool, &table).await?)
+        }};
     }
-    .with_lease(flags.lease);
+    match (database, flags.one_commit) {
+        (Database::Postgres(store), false) => serve(store, &flags, side_effects).await,
+        (Database::MySql(store), false) => serve(store, &flags, side_effects).await,
+        (Database::Sqlite(store), false) => serve(store, &flags, side_effects).await,
+        (Database::Postgres(store), true) => serve(one_commit!(store), &flags, side_effects).await,
+        (Database::MySql(store), true) => serve(one_commit!(store), &flags, side_effects).await,
+        (Database::Sqlite(store), true) => serve(one_commit!(store), &flags, side_effects).await,
+    }
+}
+
+/// Serves `POST /mutations/{name}` behind the layer on `transactions`, until Ctrl-C, and
+/// waits for the requests in flight.
+async fn serve<T>(
+    transactions: T,
+    flags: &Flags,
+    side_effects: String,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    T: Transactions + idempotency_core::FullStore,
+    for<'c> &'c mut <T::Database as sqlx::Database>::Connection:
+        Executor<'c, Database = T::Database>,
+    for<'q> <T::Database as sqlx::Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
+    for<'q> String: sqlx::Encode<'q, T::Database> + sqlx::Type<T::Database>,
+    for<'q> i32: sqlx::Encode<'q, T::Database> + sqlx::Type<T::Database>,
+{
+    let layer = IdempotencyLayer::new(transactions.clone()).with_lease(flags.lease);
     let in_flight = layer.in_flight();
     let app = Router::new()
-        .route("/mutations/{name}", post(mutate))
+        .route("/mutations/{name}", post(mutate::<T>))
         .route("/health", get(|| async { "ok" }))
         .with_state(Arc::new(App {
-            database,
-            one_commit,
+            transactions,
             side_effects,
         }))
         .layer(layer)
@@ -217,33 +218,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Why a mutation failed: a 5xx, so the layer releases the key and a retry runs again.
-struct Failed(String);
-
-impl From<sqlx::Error> for Failed {
-    fn from(error: sqlx::Error) -> Self {
-        Self(format!("database error: {error}"))
-    }
+/// A mutation failed: a 5xx (the layer releases the key and a retry runs again), or,
+/// when whether it committed is unknown, the answer `TxError::into_response` makes of it.
+fn failed(error: impl std::fmt::Display) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response()
 }
 
-impl From<FinalizeError> for Failed {
-    fn from(error: FinalizeError) -> Self {
-        Self(error.to_string())
-    }
-}
-
-impl IntoResponse for Failed {
-    fn into_response(self) -> Response {
-        (StatusCode::SERVICE_UNAVAILABLE, self.0).into_response()
-    }
-}
-
-async fn mutate(
-    State(app): State<Arc<App>>,
+async fn mutate<T>(
+    State(app): State<Arc<App<T>>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    reservation: Option<Extension<ReservationHandle>>,
-) -> Result<Response, Failed> {
+    reservation: Option<axum::Extension<ReservationHandle>>,
+) -> Response
+where
+    T: Transactions,
+    for<'c> &'c mut <T::Database as sqlx::Database>::Connection:
+        Executor<'c, Database = T::Database>,
+    for<'q> <T::Database as sqlx::Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
+    for<'q> String: sqlx::Encode<'q, T::Database> + sqlx::Type<T::Database>,
+    for<'q> i32: sqlx::Encode<'q, T::Database> + sqlx::Type<T::Database>,
+{
     let pause = |header: &str| {
         let pause = headers
             .get(header)
@@ -258,78 +252,46 @@ async fn mutate(
         format!(r#"{{"mutation":"{name}","pid":{pid}}}"#),
     )
         .into_response();
+    // A handler whose side effect lives elsewhere leaves the record to the layer: its
+    // transaction is a request's without a key.
     let reservation = match headers.get("x-finalize-by-layer") {
         Some(value) if value == "true" => None,
-        _ => reservation.as_deref(),
+        _ => reservation.map(|axum::Extension(reservation)| reservation),
     };
-    let table = &app.side_effects;
-    // The side effect and the record, in one transaction. (Dropping a transaction
-    // without committing rolls it back.)
-    if let Some(store) = &app.one_commit {
-        // The transaction the key was reserved in: one commit for all three.
-        let mut tx = store
-            .begin(reservation)
-            .await
-            .map_err(|e| Failed(e.to_string()))?;
-        let placeholders = match &app.database {
-            Database::Postgres(_) => "($1, $2)",
-            Database::MySql(_) | Database::Sqlite(_) => "(?, ?)",
-        };
-        sqlx::query(&format!(
-            "INSERT INTO {table} (name, pid) VALUES {placeholders}"
-        ))
-        .bind(&name)
+    let mut tx = match LazyTx::new(app.transactions.clone(), reservation)
+        .begin()
+        .await
+    {
+        Ok(tx) => tx,
+        Err(error) => return failed(error),
+    };
+    let placeholders = match T::Database::NAME {
+        "PostgreSQL" => "($1, $2)",
+        _ => "(?, ?)",
+    };
+    let insert = format!(
+        "INSERT INTO {} (name, pid) VALUES {placeholders}",
+        app.side_effects
+    );
+    if let Err(error) = sqlx::query(&insert)
+        .bind(name)
         .bind(pid)
-        .execute(&mut **tx)
-        .await?;
-        let answer = store.finalize_in(&mut tx, reservation, answer).await?;
-        pause("x-sleep-in-transaction-ms").await;
-        // A lost COMMIT answer needs no more than a 5xx here: the record is in the same
-        // database, and the layer's release leaves it alone if it committed.
-        tx.commit().await.map_err(|e| Failed(e.to_string()))?;
-        pause("x-sleep-after-ms").await;
-        return Ok(answer);
+        .execute(&mut *tx)
+        .await
+    {
+        return failed(error);
     }
-    let answer = match &app.database {
-        Database::Postgres(store) => {
-            let mut tx = store.pool().begin().await?;
-            sqlx::query(&format!("INSERT INTO {table} (name, pid) VALUES ($1, $2)"))
-                .bind(&name)
-                .bind(pid)
-                .execute(&mut *tx)
-                .await?;
-            let answer = store.finalize_in(&mut tx, reservation, answer).await?;
-            pause("x-sleep-in-transaction-ms").await;
-            tx.commit().await?;
-            answer
-        }
-        Database::MySql(store) => {
-            let mut tx = store.pool().begin().await?;
-            sqlx::query(&format!("INSERT INTO {table} (name, pid) VALUES (?, ?)"))
-                .bind(&name)
-                .bind(pid)
-                .execute(&mut *tx)
-                .await?;
-            let answer = store.finalize_in(&mut tx, reservation, answer).await?;
-            pause("x-sleep-in-transaction-ms").await;
-            tx.commit().await?;
-            answer
-        }
-        Database::Sqlite(store) => {
-            let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await?;
-            sqlx::query(&format!("INSERT INTO {table} (name, pid) VALUES (?, ?)"))
-                .bind(&name)
-                .bind(pid)
-                .execute(&mut *tx)
-                .await?;
-            let answer = store.finalize_in(&mut tx, reservation, answer).await?;
-            pause("x-sleep-in-transaction-ms").await;
-            tx.commit().await?;
-            answer
-        }
+    pause("x-sleep-in-transaction-ms").await;
+    // The side effect, the record and the answer, committed together (a dropped `Tx`
+    // rolls back). A lost COMMIT answer needs no more than the 5xx `TxError` makes of
+    // it: the record is in the same database, and the layer's release leaves a
+    // committed one alone.
+    let answer = match tx.commit(answer).await {
+        Ok(answer) => answer,
+        Err(error) => return error.into_response(),
     };
     pause("x-sleep-after-ms").await;
-    Ok(answer)
+    answer
 }
 
 async fn label_outcome(mut response: Response) -> Response {
