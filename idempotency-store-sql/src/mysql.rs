@@ -168,18 +168,9 @@ impl Statements {
              response_body, response_trailers"
         );
         Self {
-            scope_usage: format!(
-                "SELECT (SELECT COUNT(*) FROM {t} AS k
-                         WHERE k.scope = ? AND k.idempotency_key = ?
-                           AND k.expires_at_ms > {NOW_MS}) AS key_live,
-                        COUNT(*) AS records,
-                        CAST(COALESCE(SUM({bytes}), 0) AS SIGNED) AS bytes,
-                        MIN(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
-                 FROM {t} AS r
-                 WHERE r.scope = ? AND r.expires_at_ms > {NOW_MS}
-                 FOR UPDATE",
-                bytes = row_bytes("OCTET_LENGTH", "r"),
-            ),
+            // Locking the scope's rows (and the gaps between them) until the reservation
+            // commits, so that the usage read is still true when it does.
+            scope_usage: format!("{} FOR UPDATE", scope_usage_statement(table)),
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
                     scope               VARCHAR(255) NOT NULL,
@@ -941,6 +932,24 @@ impl MySqlStore {
         .await
         .map_err(backend)
     }
+}
+
+/// What a scope holds, for its quota (`ScopeUsage`): whether the reserving key is live,
+/// the scope's live records, their bytes, and when the next of them expires. A plain
+/// read: it does not wait for transactions that hold rows of the scope.
+pub(crate) fn scope_usage_statement(table: &TableName) -> String {
+    let t = format!("`{table}`");
+    format!(
+        "SELECT (SELECT COUNT(*) FROM {t} AS k
+                 WHERE k.scope = ? AND k.idempotency_key = ?
+                   AND k.expires_at_ms > {NOW_MS}) AS key_live,
+                COUNT(*) AS records,
+                CAST(COALESCE(SUM({bytes}), 0) AS SIGNED) AS bytes,
+                MIN(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
+         FROM {t} AS r
+         WHERE r.scope = ? AND r.expires_at_ms > {NOW_MS}",
+        bytes = row_bytes("OCTET_LENGTH", "r"),
+    )
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use http_body::Body;
 use idempotency_core::{
     Binding, BoxError, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord,
     IdempotencyStore, InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
-    Reservation, ReservationHandle, StoreError, Waited, async_trait,
+    Reservation, ReservationHandle, ScopeQuota, StoreError, Waited, async_trait,
 };
 use sqlx::{Any, Pool, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
@@ -92,8 +92,13 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///
 /// Records committed by other stores on the same table (a typed store on another
 /// replica) are read and handled by `records`, the typed store this one is built on:
-/// replays, 422s and expired records work across both. Scope quotas are not checked on
-/// this path: give `records` none.
+/// replays, 422s and expired records work across both.
+///
+/// A [`ScopeQuota`] is given to this store ([`with_scope_quota`](Self::with_scope_quota)),
+/// not to `records`: it counts the scope's committed records and this process's
+/// reservations not committed yet. Another replica's uncommitted reservations cannot be
+/// seen, so with several replicas a scope may pass its quota by at most the write
+/// transactions the other replicas hold open at that moment (half their pools).
 ///
 /// On the pool of a typed store, with the [`Tx`](crate::Tx) extractor (feature `axum`):
 ///
@@ -152,6 +157,13 @@ pub struct OneCommitStore<DB: RecordDatabase = Any> {
     open: Arc<Semaphore>,
     /// How long a write transaction waits for room (the pool's acquire timeout).
     open_wait: Duration,
+    /// The bound on each scope's records, if any, and the statement that reads a scope's
+    /// usage.
+    quota: Option<ScopeQuota>,
+    scope_usage: String,
+    /// Held from a quota check until the reservation it allowed is registered, so that
+    /// reservations of this store are counted one after the other.
+    quota_check: tokio::sync::Mutex<()>,
 }
 
 /// A handler's write transaction from [`OneCommitStore::begin`]: the one its request's
@@ -405,6 +417,18 @@ impl<DB: RecordDatabase> Claims<DB> {
         Some((state, entry.terms.clone(), guard))
     }
 
+    /// Whether `id` itself is reserved here, and how many reservations of its scope are,
+    /// with the bytes their records hold so far.
+    fn pending_in_scope(&self, id: &RecordId) -> (bool, i64, i64) {
+        let pending = self.lock();
+        let (mut count, mut bytes) = (0, 0);
+        for (other, entry) in pending.iter().filter(|(other, _)| other.scope == id.scope) {
+            count += 1;
+            bytes += other.reserved_bytes(&entry.terms.binding) as i64;
+        }
+        (pending.contains_key(id), count, bytes)
+    }
+
     /// Marks the reservation as finalized in its handler's transaction.
     fn finalized(&self, id: &RecordId, token: FencingToken) {
         if let Some(entry) = self.lock().get_mut(id).filter(|entry| entry.token == token) {
@@ -541,6 +565,18 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                      FOR {insert_in_flight}"
                 )
             }),
+            scope_usage: match dialect {
+                #[cfg(feature = "postgres")]
+                Dialect::Postgres => crate::postgres::scope_usage_statement(table),
+                #[cfg(feature = "mysql")]
+                Dialect::MySql => crate::mysql::scope_usage_statement(table),
+                #[cfg(feature = "sqlite")]
+                Dialect::Sqlite => crate::sqlite::scope_usage_statement(table),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!("a dialect without its feature was refused above"),
+            },
+            quota: None,
+            quota_check: tokio::sync::Mutex::new(()),
             insert_in_flight,
             insert_completed,
             finalize: match dialect {
@@ -555,6 +591,41 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             },
             claims: Arc::default(),
         })
+    }
+
+    /// Bounds the live records of each scope (see [`ScopeQuota`]); past it, a new key is
+    /// refused with `StoreError::QuotaExceeded` (the layer answers 429), a replay never.
+    pub fn with_scope_quota(mut self, quota: ScopeQuota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// Refuses a new record in `id`'s scope past `quota`: the scope's committed records
+    /// and this process's reservations of it not committed yet. The returned guard keeps
+    /// the next check waiting until the reservation it allowed is registered.
+    async fn within_quota(
+        &self,
+        quota: &ScopeQuota,
+        id: &RecordId,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        let checking = self.quota_check.lock().await;
+        let mut connection = self.pool.acquire().await.map_err(backend)?;
+        let (key_live, records, bytes, next_expiry_in_ms) =
+            DB::scope_usage(&mut connection, &self.scope_usage, id)
+                .await
+                .map_err(backend)?;
+        drop(connection);
+        let (key_pending, pending, pending_bytes) = self.claims.pending_in_scope(id);
+        let usage = crate::common::ScopeUsage {
+            key_live: key_live || key_pending,
+            records: records + pending,
+            bytes: bytes + pending_bytes,
+            next_expiry_in_ms,
+        };
+        match usage.refusal(quota) {
+            Some(refusal) => Err(refusal),
+            None => Ok(checking),
+        }
     }
 
     /// The transaction for a handler to write its mutation in: the one its request's
@@ -1085,6 +1156,10 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
+        let _checked = match &self.quota {
+            Some(quota) => Some(self.within_quota(quota, id).await?),
+            None => None,
+        };
         let token = new_token();
         let terms = Terms {
             binding: binding.clone(),

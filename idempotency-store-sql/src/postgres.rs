@@ -264,18 +264,7 @@ impl Statements {
                  WHERE {owned} AND lease_expires_at_ms <= clock.now_ms"
             ),
             channel,
-            scope_usage: format!(
-                "SELECT EXISTS (SELECT 1 FROM {t} AS k
-                                WHERE k.scope = $1 AND k.idempotency_key = $2
-                                  AND k.expires_at_ms > clock.now_ms) AS key_live,
-                        count(r.scope) AS records,
-                        COALESCE(sum({bytes}), 0)::bigint AS bytes,
-                        min(r.expires_at_ms) - clock.now_ms AS next_expiry_in_ms
-                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
-                 LEFT JOIN {t} AS r ON r.scope = $1 AND r.expires_at_ms > clock.now_ms
-                 GROUP BY clock.now_ms",
-                bytes = row_bytes("octet_length", "r"),
-            ),
+            scope_usage: scope_usage_statement(table),
             purge: format!(
                 "DELETE FROM {t} AS d
                  USING (SELECT scope, idempotency_key FROM {t}
@@ -877,4 +866,22 @@ impl PostgresStore {
             .await
             .map_err(backend)
     }
+}
+
+/// What a scope holds, for its quota (`ScopeUsage`): whether the reserving key is live,
+/// the scope's live records, their bytes, and when the next of them expires.
+pub(crate) fn scope_usage_statement(table: &TableName) -> String {
+    let t = format!("\"{table}\"");
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM {t} AS k
+                        WHERE k.scope = $1 AND k.idempotency_key = $2
+                          AND k.expires_at_ms > clock.now_ms) AS key_live,
+                count(r.scope) AS records,
+                COALESCE(sum({bytes}), 0)::bigint AS bytes,
+                min(r.expires_at_ms) - clock.now_ms AS next_expiry_in_ms
+         FROM (SELECT {NOW_MS} AS now_ms) AS clock
+         LEFT JOIN {t} AS r ON r.scope = $1 AND r.expires_at_ms > clock.now_ms
+         GROUP BY clock.now_ms",
+        bytes = row_bytes("octet_length", "r"),
+    )
 }

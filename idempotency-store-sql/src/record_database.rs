@@ -134,6 +134,15 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
     #[doc(hidden)]
+    /// What `id`'s scope holds, with the backend's scope usage statement (`sql`):
+    /// `(key_live, records, bytes, next_expiry_in_ms)`.
+    fn scope_usage(
+        connection: &mut Self::Connection,
+        sql: &str,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<(bool, i64, i64, Option<i64>), sqlx::Error>> + Send;
+
+    #[doc(hidden)]
     /// Writes `answer` into the record `token` holds, with the backend's finalize
     /// statement (`sql`, of the connection's backend); the rows it finalized.
     fn write_answer(
@@ -257,6 +266,32 @@ macro_rules! record_database {
                     .execute(connection)
                     .await?;
                 Ok(done.rows_affected())
+            }
+
+            async fn scope_usage(
+                connection: &mut Self::Connection,
+                sql: &str,
+                id: &RecordId,
+            ) -> Result<(bool, i64, i64, Option<i64>), sqlx::Error> {
+                let query = sqlx::query(sql)
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str());
+                // MySQL's statement names the scope twice, without numbered parameters.
+                let query = match Dialect::of(Self::backend_name(connection)) {
+                    Some(Dialect::MySql) => query.bind(id.scope.as_str()),
+                    _ => query,
+                };
+                let row = query.fetch_one(connection).await?;
+                // A truth value, or (MySQL) a count.
+                let key_live = row
+                    .try_get::<bool, _>("key_live")
+                    .or_else(|_| row.try_get::<i64, _>("key_live").map(|n| n > 0))?;
+                Ok((
+                    key_live,
+                    row.try_get("records")?,
+                    row.try_get("bytes")?,
+                    row.try_get("next_expiry_in_ms")?,
+                ))
             }
 
             async fn write_answer(

@@ -98,17 +98,7 @@ impl Statements {
              response_trailers"
         );
         Self {
-            scope_usage: format!(
-                "SELECT EXISTS (SELECT 1 FROM {t} AS k
-                                WHERE k.scope = ?1 AND k.idempotency_key = ?2
-                                  AND k.expires_at_ms > {NOW_MS}) AS key_live,
-                        count(*) AS records,
-                        COALESCE(sum({bytes}), 0) AS bytes,
-                        min(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
-                 FROM {t} AS r
-                 WHERE r.scope = ?1 AND r.expires_at_ms > {NOW_MS}",
-                bytes = row_bytes("octet_length", "r"),
-            ),
+            scope_usage: scope_usage_statement(table),
             migrate: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (
                     scope               TEXT    NOT NULL,
@@ -617,4 +607,21 @@ impl SqliteStore {
             .await
             .map_err(backend)
     }
+}
+
+/// What a scope holds, for its quota (`ScopeUsage`): whether the reserving key is live,
+/// the scope's live records, their bytes, and when the next of them expires.
+pub(crate) fn scope_usage_statement(table: &TableName) -> String {
+    let t = format!("\"{table}\"");
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM {t} AS k
+                        WHERE k.scope = ?1 AND k.idempotency_key = ?2
+                          AND k.expires_at_ms > {NOW_MS}) AS key_live,
+                count(*) AS records,
+                COALESCE(sum({bytes}), 0) AS bytes,
+                min(r.expires_at_ms) - {NOW_MS} AS next_expiry_in_ms
+         FROM {t} AS r
+         WHERE r.scope = ?1 AND r.expires_at_ms > {NOW_MS}",
+        bytes = row_bytes("octet_length", "r"),
+    )
 }

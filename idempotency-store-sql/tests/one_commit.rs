@@ -26,7 +26,9 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idempotency_core::{FullStore, IdempotencyLayer, Outcome, RejectionKind, ReservationHandle};
+use idempotency_core::{
+    FullStore, IdempotencyLayer, Outcome, RejectionKind, ReservationHandle, ScopeQuota,
+};
 use idempotency_store_sql::{OneCommitStore, PoolSettings, RecordDatabase, TableName, Tx, TxError};
 use sqlx::{AnyPool, Executor, IntoArguments};
 use tower::ServiceExt;
@@ -51,6 +53,11 @@ struct Database<DB: RecordDatabase> {
 
 impl<DB: RecordDatabase> Database<DB> {
     async fn open(backend: Backend) -> Option<Self> {
+        Self::open_with(backend, None).await
+    }
+
+    /// With `quota` on the one-commit store.
+    async fn open_with(backend: Backend, quota: Option<ScopeQuota>) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let (url, env) = match backend {
             Backend::Postgres => (
@@ -123,13 +130,16 @@ impl<DB: RecordDatabase> Database<DB> {
         .unwrap();
         // The handlers' pool, of the driver under test.
         let handlers = sqlx::pool::PoolOptions::<DB>::new()
-            .max_connections(8)
+            .max_connections(16)
             .connect(&url)
             .await
             .unwrap();
-        let store = OneCommitStore::new(typed, handlers, &TableName::new(&table).unwrap())
+        let mut store = OneCommitStore::new(typed, handlers, &TableName::new(&table).unwrap())
             .await
             .unwrap();
+        if let Some(quota) = quota {
+            store = store.with_scope_quota(quota);
+        }
         Some(Self {
             backend,
             store: Arc::new(store),
@@ -160,10 +170,13 @@ impl<DB: RecordDatabase> Database<DB> {
         self.count(&format!("SELECT COUNT(*) FROM {quoted}")).await
     }
 
-    async fn drop_tables(&self) {
+    /// Drops the test's tables, once the store let go of the transactions it still holds
+    /// (reservations nobody settled), which roll back.
+    async fn drop_tables(self) {
         if self.backend == Backend::Sqlite {
             return;
         }
+        drop(self.store);
         for name in [self.table.clone(), format!("{}_side_effects", self.table)] {
             let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {name}"))
                 .execute(&self.pool)
@@ -488,6 +501,18 @@ async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend)
     database.drop_tables().await;
 }
 
+/// A scope quota on this path: concurrent reservations in one scope win exactly the
+/// quota (the uncommitted ones of this process counted), another scope is not affected,
+/// a released reservation gives its room back.
+async fn scope_quotas_hold<DB: RecordDatabase>(backend: Backend) {
+    let quota = ScopeQuota::default().with_max_records(5);
+    let Some(database) = Database::<DB>::open_with(backend, Some(quota)).await else {
+        return;
+    };
+    idempotency_core::conformance::scope_quota_holds_under_concurrency(&database.store, 5).await;
+    database.drop_tables().await;
+}
+
 /// The tests above on `$backend`, the handlers on a pool of `$database` (the backend's
 /// typed driver, or `sqlx::Any`).
 macro_rules! on {
@@ -511,6 +536,11 @@ macro_rules! on {
                     $backend,
                 )
                 .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn scope_quotas_hold() {
+                super::scope_quotas_hold::<$database>($backend).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

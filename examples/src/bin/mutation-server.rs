@@ -1,6 +1,6 @@
 //! A small server for crash and outage tests: `POST /mutations/{name}` inserts one row
 //! into a `side_effects` table of the database that holds the idempotency records, in a
-//! [`Tx`] that records the request's answer **in the same transaction**, so that the row
+//! `Tx` that records the request's answer **in the same transaction**, so that the row
 //! and the record commit together or not at all. A test counts the rows to see how often
 //! a mutation really ran, across processes and crashes. One handler, written once, runs
 //! on every database and both ways of committing: it is what a service's handler looks
