@@ -133,9 +133,24 @@ struct Counts {
     last_failure_after_kill: Option<Duration>,
 }
 
+/// How the services record their keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// `PostgresStore` under the layer; the handler counts its executions in memory.
+    Layer,
+    /// `OneCommitStore` on the typed store's `PgPool`, the handler writing its side effect
+    /// through `Tx`: executions are the side effect's rows, read on the new primary.
+    #[cfg(feature = "any")]
+    OneCommit,
+}
+
 /// Keyed load from 24 clients over two service instances through a failover, then every
 /// answered key once more; counts.
 async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
+    run_on(bin, synchronous, lagging, Path::Layer).await
+}
+
+async fn run_on(bin: &FsPath, synchronous: bool, lagging: bool, path: Path) -> Counts {
     let pair = Pair::start(bin, synchronous);
     let admin = sqlx::PgPool::connect(&pair.primary.url()).await.unwrap();
     let wal_sender = streaming(&admin, synchronous).await;
@@ -153,7 +168,11 @@ async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
             .migrate()
             .await
             .unwrap();
-        apps.push(app(store, executions.clone()));
+        apps.push(match path {
+            Path::Layer => app(store, executions.clone()),
+            #[cfg(feature = "any")]
+            Path::OneCommit => one_commit::app(store).await,
+        });
     }
     let apps: Arc<[Router; 2]> = Arc::new(apps.try_into().ok().unwrap());
     let seen = Arc::new(Seen::default());
@@ -215,13 +234,17 @@ async fn run(bin: &FsPath, synchronous: bool, lagging: bool) -> Counts {
             answers_lost += 1;
         }
     }
-    let executed_twice = executions
-        .0
-        .lock()
-        .unwrap()
-        .values()
-        .filter(|n| **n > 1)
-        .count();
+    let executed_twice = match path {
+        Path::Layer => executions
+            .0
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|n| **n > 1)
+            .count(),
+        #[cfg(feature = "any")]
+        Path::OneCommit => one_commit::executed_twice(&pair.standby.url()).await,
+    };
     let last_failure = *seen.last_failure.lock().unwrap();
     drop(apps);
     proxy_task.abort();
@@ -447,4 +470,148 @@ async fn cost_per_request(bin: &FsPath) {
     );
     admin.close().await;
     drop(pair);
+}
+
+/// The one transactional path through a failover: a `Tx` handler on `OneCommitStore` over
+/// the typed `PgPool`.
+#[cfg(feature = "any")]
+mod one_commit {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use axum::Router;
+    use axum::extract::{Path, State};
+    use axum::http::{HeaderValue, StatusCode, header};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use idempotency_core::{IdempotencyLayer, ReservationHandle};
+    use idempotency_store_sql::{LazyTx, OneCommitStore, PostgresStore, TableName};
+    use sqlx::Postgres;
+
+    type Store = Arc<OneCommitStore<Postgres>>;
+
+    const SIDE_EFFECTS: &str = "failover_side_effects";
+
+    /// One service instance: the side effect and its record committed once.
+    pub(super) async fn app(records: PostgresStore) -> Router {
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {SIDE_EFFECTS} (name TEXT NOT NULL)"
+        ))
+        .execute(records.pool())
+        .await
+        .unwrap();
+        let pool = records.pool().clone();
+        let store: Store = Arc::new(
+            OneCommitStore::new(Arc::new(records), pool, &TableName::default())
+                .await
+                .unwrap(),
+        );
+        Router::new()
+            .route("/mutations/{name}", post(mutate))
+            .with_state(store.clone())
+            .layer(
+                IdempotencyLayer::from_shared_store(store)
+                    .with_lease(Duration::from_secs(3))
+                    .with_in_flight_wait(Duration::from_secs(2))
+                    .with_finalize_retry_for(Duration::from_secs(10)),
+            )
+    }
+
+    async fn mutate(
+        State(store): State<Store>,
+        Path(name): Path<String>,
+        reservation: Option<axum::Extension<ReservationHandle>>,
+    ) -> Response {
+        let reservation = reservation.map(|axum::Extension(reservation)| reservation);
+        let mut tx = match LazyTx::new(store, reservation).begin().await {
+            Ok(tx) => tx,
+            Err(error) => return retry_later(error.to_string()),
+        };
+        let insert = format!("INSERT INTO {SIDE_EFFECTS} (name) VALUES ($1)");
+        if let Err(error) = sqlx::query(&insert).bind(&name).execute(&mut *tx).await {
+            return retry_later(error.to_string());
+        }
+        // Long enough that a kill also meets requests inside their transaction.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let answer = (StatusCode::CREATED, format!("created {name}")).into_response();
+        match tx.commit(answer).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                let mut refused = error.into_response::<axum::body::Body>();
+                refused
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                refused
+            }
+        }
+    }
+
+    /// A 503 the client retries after a second (the key is released: nothing committed).
+    fn retry_later(error: String) -> Response {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            error,
+        )
+            .into_response()
+    }
+
+    /// The keys whose side effect committed more than once, read on `url` (the new
+    /// primary).
+    pub(super) async fn executed_twice(url: &str) -> usize {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        let twice: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM (SELECT name FROM {SIDE_EFFECTS} GROUP BY name \
+             HAVING count(*) > 1) AS twice"
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+        twice as usize
+    }
+}
+
+/// The one transactional path (`Tx` on `OneCommitStore` over the typed `PgPool`) through
+/// the same failovers with a synchronous standby: no side effect commits twice, no answer
+/// is lost.
+#[cfg(feature = "any")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_synchronous_standby_loses_nothing_in_a_failover_on_the_one_commit_path() {
+    let Some(bin) = postgres_bin() else {
+        return;
+    };
+    let started = Instant::now();
+    bounded(150, async {
+        eprintln!("{HEADER}");
+        let plain = run_on(&bin, true, false, Path::OneCommit).await;
+        report(
+            "synchronous standby, one commit (Tx)",
+            "primary killed",
+            &plain,
+        );
+        let lagging = run_on(&bin, true, true, Path::OneCommit).await;
+        report(
+            "synchronous standby, one commit (Tx)",
+            "primary killed, standby 200 ms behind",
+            &lagging,
+        );
+        for counts in [&plain, &lagging] {
+            assert!(counts.keys > 100, "the load did not run: {counts:?}");
+            assert_eq!(
+                counts.executed_twice, 0,
+                "with a synchronous standby a side effect committed twice: {counts:?}"
+            );
+            assert_eq!(
+                counts.answers_lost, 0,
+                "with a synchronous standby an answer was lost: {counts:?}"
+            );
+            assert!(
+                counts.refused > 0,
+                "no request met the failover: the test tested nothing: {counts:?}"
+            );
+        }
+    })
+    .await;
+    eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
 }
