@@ -4,12 +4,10 @@
 use bytes::Bytes;
 use http::Response;
 use http_body::Body;
-use idempotency_core::{
-    BoxError, FencingToken, Ownership, PreparedAnswer, RecordId, ReservationHandle, StoredResponse,
-};
+use idempotency_core::{BoxError, ReservationHandle};
 
-use crate::in_transaction::{FinalizeError, finish, prepare};
-use crate::record_database::{Dialect, RecordDatabase};
+use crate::in_transaction::{FinalizeError, finalize_with};
+use crate::record_database::Dialect;
 
 /// `finalize_in` for a transaction on sqlx's `Any` driver (feature `any`), whichever
 /// database it is on: PostgreSQL, MySQL/MariaDB or SQLite. For services that keep their
@@ -98,36 +96,15 @@ impl AnyFinalizer {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
-        let prepared = match prepare(reservation, response).await? {
-            Ok(prepared) => prepared,
-            Err(unchanged) => return Ok(unchanged),
-        };
-        let ownership = self.write(transaction, &prepared).await?;
-        finish(prepared, ownership)
+        if reservation.is_none() {
+            return Ok(response);
+        }
+        let statement = self.statement_for(transaction)?;
+        finalize_with::<sqlx::Any, B>(transaction, statement, reservation, response).await
     }
 
-    /// The backend's fenced finalize statement for a prepared answer.
-    async fn write(
-        &self,
-        transaction: &mut sqlx::AnyConnection,
-        prepared: &PreparedAnswer,
-    ) -> Result<Ownership, FinalizeError> {
-        let reservation = prepared.reservation();
-        let stored = prepared
-            .stored()
-            .expect("prepare() passes on only answers with something to store");
-        self.write_stored(transaction, reservation.id(), reservation.token(), stored)
-            .await
-    }
-
-    /// The backend's fenced finalize statement, bound in that backend's parameter order.
-    async fn write_stored(
-        &self,
-        transaction: &mut sqlx::AnyConnection,
-        id: &RecordId,
-        token: FencingToken,
-        stored: &StoredResponse,
-    ) -> Result<Ownership, FinalizeError> {
+    /// The fenced finalize statement of the backend `transaction` is on.
+    fn statement_for(&self, transaction: &sqlx::AnyConnection) -> Result<&str, FinalizeError> {
         let backend = transaction.backend_name().to_owned();
         let statement = match Dialect::of(&backend) {
             #[cfg(feature = "postgres")]
@@ -150,9 +127,6 @@ impl AnyFinalizer {
                 });
             }
         };
-        let written = sqlx::Any::write_answer(transaction, statement, id, token, stored)
-            .await
-            .map_err(FinalizeError::Database)?;
-        Ok(crate::common::ownership(written))
+        Ok(statement)
     }
 }

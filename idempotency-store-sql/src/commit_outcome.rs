@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use sqlx::{Pool, Transaction};
 
-use crate::record_database::RecordDatabase;
+use crate::record_database::{Dialect, RecordDatabase};
 
 /// How long a transaction whose `COMMIT` answer was lost keeps asking the database what
 /// happened before it calls the outcome unknown: long enough for a connection or a
@@ -54,33 +54,12 @@ pub enum CommitError {
     Unknown(#[source] sqlx::Error),
 }
 
-/// The database a transaction is on, as far as a failed `COMMIT` tells them apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backend {
-    /// Can be asked what a transaction did.
-    Postgres,
-    /// A local file: a commit that failed did not commit.
-    Sqlite,
-    Other,
-}
-
-impl Backend {
-    /// The backend sqlx names `name` (`Database::NAME`, `AnyConnection::backend_name`).
-    pub(crate) fn of(name: &str) -> Self {
-        match name {
-            "PostgreSQL" => Self::Postgres,
-            "SQLite" => Self::Sqlite,
-            _ => Self::Other,
-        }
-    }
-}
-
 impl CommitError {
     /// What a failed `COMMIT` on `backend` did, without asking: a `COMMIT` the database
     /// answered with an error rolled back, and so did one on SQLite (a local file); one
     /// whose answer was lost may have committed.
-    pub(crate) fn after(backend: Backend, error: sqlx::Error) -> Self {
-        if matches!(error, sqlx::Error::Database(_)) || backend == Backend::Sqlite {
+    pub(crate) fn after(backend: Option<Dialect>, error: sqlx::Error) -> Self {
+        if matches!(error, sqlx::Error::Database(_)) || backend == Some(Dialect::Sqlite) {
             Self::NotCommitted(error)
         } else {
             Self::Unknown(error)
@@ -103,13 +82,14 @@ impl<DB: RecordDatabase> OutcomeCheck<DB> {
         pool: Pool<DB>,
         transaction: &mut Transaction<'static, DB>,
     ) -> Result<Self, CommitError> {
-        let transaction_id = if Backend::of(DB::backend_name(transaction)) == Backend::Postgres {
-            DB::optional_number(transaction, "SELECT txid_current_if_assigned()")
-                .await
-                .map_err(CommitError::NotCommitted)?
-        } else {
-            None
-        };
+        let transaction_id =
+            if Dialect::of(DB::backend_name(transaction)) == Some(Dialect::Postgres) {
+                DB::optional_number(transaction, "SELECT txid_current_if_assigned()")
+                    .await
+                    .map_err(CommitError::NotCommitted)?
+            } else {
+                None
+            };
         Ok(Self {
             pool,
             transaction_id,
@@ -119,10 +99,10 @@ impl<DB: RecordDatabase> OutcomeCheck<DB> {
     /// What the failed `COMMIT` did, as the database tells: `Ok` if it committed after all.
     pub(crate) async fn outcome(
         self,
-        backend: Backend,
+        backend: Option<Dialect>,
         error: sqlx::Error,
     ) -> Result<(), CommitError> {
-        if backend != Backend::Postgres || matches!(error, sqlx::Error::Database(_)) {
+        if backend != Some(Dialect::Postgres) || matches!(error, sqlx::Error::Database(_)) {
             return Err(CommitError::after(backend, error));
         }
         let Some(id) = self.transaction_id else {

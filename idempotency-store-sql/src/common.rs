@@ -383,6 +383,23 @@ pub(crate) fn row_bytes(length: &str, row: &str) -> String {
     )
 }
 
+/// What finalize and release announce for a record: a hash of its id, which says nothing
+/// of the key to whoever else listens on the database.
+#[cfg(feature = "postgres")]
+pub(crate) fn notice_for(id: &idempotency_core::RecordId) -> String {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update((id.scope.len() as u64).to_be_bytes());
+    hasher.update(id.scope.as_bytes());
+    hasher.update(id.key.as_bytes());
+    hex(&hasher.finalize()[..16])
+}
+
+#[cfg(feature = "postgres")]
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

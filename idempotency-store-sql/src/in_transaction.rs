@@ -9,6 +9,8 @@ use http::Response;
 use http_body::Body;
 use idempotency_core::{BoxError, Ownership, PreparedAnswer, ReservationHandle};
 
+use crate::record_database::RecordDatabase;
+
 /// Why `finalize_in` did not finalize the reservation. **Roll your transaction back**
 /// (drop it, or call `rollback`) and answer with an error, e.g. a 503: nothing of the
 /// request may commit. A 5xx leaves the key to whoever owns it now, and the client's
@@ -96,4 +98,38 @@ pub(crate) fn finish<B: From<Bytes>>(
         Ownership::Held => Ok(prepared.into_finalized()),
         Ownership::Lost => Err(FinalizeError::TakenOver),
     }
+}
+
+/// `finalize_in`, written once for every store and driver: the layer's rules applied to
+/// `response`, the answer written into the request's record in `connection`'s
+/// transaction with `statement` (the backend's fenced finalize), and the answer to send
+/// once it commits.
+pub(crate) async fn finalize_with<DB: RecordDatabase, B>(
+    connection: &mut DB::Connection,
+    statement: &str,
+    reservation: Option<&ReservationHandle>,
+    response: Response<B>,
+) -> Result<Response<B>, FinalizeError>
+where
+    B: Body<Data = Bytes> + From<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let prepared = match prepare(reservation, response).await? {
+        Ok(prepared) => prepared,
+        Err(unchanged) => return Ok(unchanged),
+    };
+    let reservation = prepared.reservation();
+    let stored = prepared
+        .stored()
+        .expect("prepare() passes on only answers with something to store");
+    let written = DB::write_answer(
+        connection,
+        statement,
+        reservation.id(),
+        reservation.token(),
+        stored,
+    )
+    .await
+    .map_err(FinalizeError::Database)?;
+    finish(prepared, crate::common::ownership(written))
 }

@@ -252,7 +252,7 @@
 // Built without any backend, only the configuration remains.
 #![cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code, unused_variables, unreachable_code)
+    allow(dead_code, unused_variables, unreachable_code, unused_mut)
 )]
 
 #[cfg(feature = "any")]
@@ -273,7 +273,6 @@ mod mysql;
 mod one_commit;
 #[cfg(feature = "postgres")]
 mod postgres;
-#[cfg(feature = "any")]
 mod record_database;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -297,7 +296,6 @@ pub use mysql::MySqlStore;
 pub use one_commit::{OneCommitStore, WriteTransaction};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
-#[cfg(feature = "any")]
 pub use record_database::RecordDatabase;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

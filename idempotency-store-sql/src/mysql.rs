@@ -636,28 +636,13 @@ impl MySqlStore {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
-        let prepared = match in_transaction::prepare(reservation, response).await? {
-            Ok(prepared) => prepared,
-            Err(unchanged) => return Ok(unchanged),
-        };
-        let reservation = prepared.reservation();
-        let stored = prepared
-            .stored()
-            .expect("prepare() passes on only answers with something to store");
-        let headers = stored.encode_headers();
-        let trailers = trailers_column(stored);
-        let done = self
-            .finalize_query(
-                reservation.id(),
-                reservation.token(),
-                stored,
-                &headers,
-                &trailers,
-            )
-            .execute(transaction)
-            .await
-            .map_err(FinalizeError::Database)?;
-        in_transaction::finish(prepared, ownership(done.rows_affected()))
+        in_transaction::finalize_with::<sqlx::MySql, B>(
+            transaction,
+            &self.sql.finalize,
+            reservation,
+            response,
+        )
+        .await
     }
 }
 

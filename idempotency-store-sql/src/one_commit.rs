@@ -17,9 +17,9 @@ use idempotency_core::{
 use sqlx::{Any, Pool, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::commit_outcome::{Backend, CommitError, OutcomeCheck};
+use crate::commit_outcome::{CommitError, OutcomeCheck};
 use crate::common::{backend, millis, new_token};
-use crate::in_transaction::{FinalizeError, finish, prepare};
+use crate::in_transaction::{FinalizeError, finalize_with, finish, prepare};
 use crate::record_database::{Dialect, RecordDatabase};
 use crate::table::TableName;
 
@@ -266,7 +266,7 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
     /// [`OUTCOME_CHECK_FOR`](crate::OUTCOME_CHECK_FOR), and is `Ok` if it committed after
     /// all.
     pub async fn commit(mut self) -> Result<(), CommitError> {
-        let backend = Backend::of(DB::backend_name(&self));
+        let backend = Dialect::of(DB::backend_name(&self));
         let check = match self.asks_after_lost_commit.take() {
             Some(pool) => Some(OutcomeCheck::prepare(pool, &mut self).await?),
             None => None,
@@ -510,7 +510,6 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<Self, StoreError> {
         let mut connection = pool.acquire().await.map_err(backend)?;
         let name = DB::backend_name(&connection).to_owned();
-        let mut mariadb = false;
         let (dialect, insert_in_flight, insert_completed) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
@@ -519,17 +518,11 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 String::new(),
             ),
             #[cfg(feature = "mysql")]
-            "MySQL" => {
-                let version = DB::text(&mut connection, "SELECT VERSION()")
-                    .await
-                    .map_err(backend)?;
-                mariadb = version.contains("MariaDB");
-                (
-                    Dialect::MySql,
-                    crate::mysql::insert_in_flight_statement(table),
-                    String::new(),
-                )
-            }
+            "MySQL" => (
+                Dialect::MySql,
+                crate::mysql::insert_in_flight_statement(table),
+                String::new(),
+            ),
             #[cfg(feature = "sqlite")]
             "SQLite" => (
                 Dialect::Sqlite,
@@ -543,6 +536,11 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 }));
             }
         };
+        let mariadb = dialect == Dialect::MySql
+            && DB::text(&mut connection, "SELECT VERSION()")
+                .await
+                .map_err(backend)?
+                .contains("MariaDB");
         let room = match dialect {
             Dialect::Sqlite => 1,
             Dialect::Postgres | Dialect::MySql => {
@@ -820,28 +818,13 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             }
             return finish(prepared, ownership);
         }
-        let Some(reservation) = reservation else {
-            return Ok(response);
-        };
-        // Finalized (or nothing to keep): the layer will not call finalize or release
-        // for it.
-        let (id, token) = (reservation.id(), reservation.token());
-        let prepared = match prepare(Some(reservation), response).await? {
-            Ok(prepared) => prepared,
-            Err(unchanged) => {
-                self.forget(id, token);
-                return Ok(unchanged);
-            }
-        };
-        let stored = prepared
-            .stored()
-            .expect("prepare() keeps only answers to store");
-        let ownership = self
-            .write_answer(transaction, id, token, stored)
-            .await
-            .map_err(FinalizeError::Database)?;
-        self.forget(id, token);
-        finish(prepared, ownership)
+        let answer =
+            finalize_with::<DB, B>(transaction, &self.finalize, reservation, response).await?;
+        // Finalized (or nothing to keep): the layer will not call finalize or release for it.
+        if let Some(reservation) = reservation {
+            self.forget(reservation.id(), reservation.token());
+        }
+        Ok(answer)
     }
 
     /// Writes `answer` into the record `token` holds, in `connection`'s transaction.

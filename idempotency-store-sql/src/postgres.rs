@@ -20,8 +20,8 @@ use tokio::time::Instant;
 
 use crate::common::{
     MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
-    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
-    trailers_column,
+    evict_verdict, hex, millis, new_token, new_token_other_than, notice_for, ownership, row_bytes,
+    too_many_races, trailers_column,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::synchronous;
@@ -104,20 +104,6 @@ impl Notices {
             _listening: AbortOnDrop(listening),
         })
     }
-}
-
-/// What finalize and release announce for a record: a hash of its id, which says nothing
-/// of the key to whoever else listens on the database.
-pub(crate) fn notice_for(id: &RecordId) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update((id.scope.len() as u64).to_be_bytes());
-    hasher.update(id.scope.as_bytes());
-    hasher.update(id.key.as_bytes());
-    hex(&hasher.finalize()[..16])
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 #[derive(Debug)]
@@ -653,20 +639,13 @@ impl PostgresStore {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
-        let prepared = match in_transaction::prepare(reservation, response).await? {
-            Ok(prepared) => prepared,
-            Err(unchanged) => return Ok(unchanged),
-        };
-        let reservation = prepared.reservation();
-        let stored = prepared
-            .stored()
-            .expect("prepare() passes on only answers with something to store");
-        let row = self
-            .finalize_query(reservation.id(), reservation.token(), stored)
-            .fetch_optional(transaction)
-            .await
-            .map_err(FinalizeError::Database)?;
-        in_transaction::finish(prepared, ownership(u64::from(row.is_some())))
+        in_transaction::finalize_with::<sqlx::Postgres, B>(
+            transaction,
+            &self.sql.finalize,
+            reservation,
+            response,
+        )
+        .await
     }
 }
 

@@ -33,6 +33,7 @@ impl Dialect {
     }
 
     /// This crate's cargo feature for the dialect.
+    #[cfg(feature = "any")]
     pub(crate) fn feature(self) -> &'static str {
         match self {
             Self::Postgres => "postgres",
@@ -319,7 +320,7 @@ macro_rules! record_database {
                             .bind(status)
                             .bind(headers)
                             .bind(body)
-                            .bind(crate::postgres::notice_for(id))
+                            .bind(crate::common::notice_for(id))
                             .bind(trailers)
                             .fetch_optional(connection)
                             .await?;
@@ -357,6 +358,7 @@ macro_rules! record_database {
     };
 }
 
+#[cfg(feature = "any")]
 record_database!(sqlx::Any,
     backend: |connection| connection.backend_name(),
     sqlite: |pool| pool.connect_options().database_url.scheme() == "sqlite");

@@ -23,7 +23,7 @@ use crate::table::{InvalidTableName, TableName};
 
 mod writer;
 
-use writer::{EncodedAnswer, Write, Writer, Written, owned_query};
+use writer::{EncodedAnswer, Write, Writer, Written};
 
 /// "Now" by the database clock, in epoch milliseconds. `julianday('now')` has millisecond
 /// resolution and is the same for every use within one statement; `ROUND` removes the
@@ -446,25 +446,13 @@ impl SqliteStore {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
-        let prepared = match in_transaction::prepare(reservation, response).await? {
-            Ok(prepared) => prepared,
-            Err(unchanged) => return Ok(unchanged),
-        };
-        let reservation = prepared.reservation();
-        let stored = prepared
-            .stored()
-            .expect("prepare() passes on only answers with something to store");
-        let answer = EncodedAnswer::new(stored);
-        let done = answer
-            .bind(owned_query(
-                &self.sql.finalize,
-                reservation.id(),
-                reservation.token(),
-            ))
-            .execute(transaction)
-            .await
-            .map_err(FinalizeError::Database)?;
-        in_transaction::finish(prepared, ownership(done.rows_affected()))
+        in_transaction::finalize_with::<sqlx::Sqlite, B>(
+            transaction,
+            &self.sql.finalize,
+            reservation,
+            response,
+        )
+        .await
     }
 }
 

@@ -10,9 +10,9 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use idempotency_core::{BoxError, OutcomeUnknown, ReservationHandle, StoreError};
 
-use crate::commit_outcome::{Backend, CommitError};
+use crate::commit_outcome::CommitError;
 use crate::in_transaction::FinalizeError;
-use crate::record_database::RecordDatabase;
+use crate::record_database::{Dialect, RecordDatabase};
 
 /// Where a handler's [`Tx`] comes from, and how the request's answer is recorded in it.
 ///
@@ -87,7 +87,7 @@ impl<DB: sqlx::Database> OpenTransaction for sqlx::Transaction<'static, DB> {
     async fn commit(self) -> Result<(), CommitError> {
         sqlx::Transaction::commit(self)
             .await
-            .map_err(|error| CommitError::after(Backend::of(DB::NAME), error))
+            .map_err(|error| CommitError::after(Dialect::of(DB::NAME), error))
     }
 }
 
@@ -297,6 +297,7 @@ impl TxError {
 
 /// The typed stores: a transaction on the store's pool, the answer written into the
 /// record the layer reserved (two commits: the reservation's, then this one).
+#[allow(unused_macros)] // with no typed backend built
 macro_rules! typed_transactions {
     ($store:ty, $database:ty, |$this:ident| $begin:expr) => {
         impl Transactions for $store {
