@@ -318,32 +318,38 @@ async fn a_synchronous_standby_loses_nothing_in_a_failover() {
     bounded(150, async {
         cost_per_request(&bin).await;
         eprintln!("{HEADER}");
-        let plain = run(&bin, true, false).await;
-        report("synchronous standby", "primary killed", &plain);
-        let lagging = run(&bin, true, true).await;
-        report(
-            "synchronous standby",
-            "primary killed, standby 200 ms behind",
-            &lagging,
-        );
-        for counts in [&plain, &lagging] {
-            assert!(counts.keys > 100, "the load did not run: {counts:?}");
-            assert_eq!(
-                counts.executed_twice, 0,
-                "with a synchronous standby a mutation ran twice: {counts:?}"
-            );
-            assert_eq!(
-                counts.answers_lost, 0,
-                "with a synchronous standby an answer was lost: {counts:?}"
-            );
-            assert!(
-                counts.refused > 0,
-                "no request met the failover: the test tested nothing: {counts:?}"
-            );
-        }
+        synchronous_failovers_lose_nothing(&bin, Path::Layer, "synchronous standby").await;
     })
     .await;
     eprintln!("took {:.0} s", started.elapsed().as_secs_f64());
+}
+
+/// Both failovers (the plain kill, and the kill with the standby 200 ms behind) with a
+/// synchronous standby, on `path`: reported, and nothing ran twice or was lost.
+async fn synchronous_failovers_lose_nothing(bin: &FsPath, path: Path, configuration: &str) {
+    let plain = run_on(bin, true, false, path).await;
+    report(configuration, "primary killed", &plain);
+    let lagging = run_on(bin, true, true, path).await;
+    report(
+        configuration,
+        "primary killed, standby 200 ms behind",
+        &lagging,
+    );
+    for counts in [&plain, &lagging] {
+        assert!(counts.keys > 100, "the load did not run: {counts:?}");
+        assert_eq!(
+            counts.executed_twice, 0,
+            "with a synchronous standby a mutation ran twice: {counts:?}"
+        );
+        assert_eq!(
+            counts.answers_lost, 0,
+            "with a synchronous standby an answer was lost: {counts:?}"
+        );
+        assert!(
+            counts.refused > 0,
+            "no request met the failover: the test tested nothing: {counts:?}"
+        );
+    }
 }
 
 /// Keyed requests through the layer on one primary with its standby, the standby
@@ -584,33 +590,12 @@ async fn a_synchronous_standby_loses_nothing_in_a_failover_on_the_one_commit_pat
     let started = Instant::now();
     bounded(150, async {
         eprintln!("{HEADER}");
-        let plain = run_on(&bin, true, false, Path::OneCommit).await;
-        report(
+        synchronous_failovers_lose_nothing(
+            &bin,
+            Path::OneCommit,
             "synchronous standby, one commit (Tx)",
-            "primary killed",
-            &plain,
-        );
-        let lagging = run_on(&bin, true, true, Path::OneCommit).await;
-        report(
-            "synchronous standby, one commit (Tx)",
-            "primary killed, standby 200 ms behind",
-            &lagging,
-        );
-        for counts in [&plain, &lagging] {
-            assert!(counts.keys > 100, "the load did not run: {counts:?}");
-            assert_eq!(
-                counts.executed_twice, 0,
-                "with a synchronous standby a side effect committed twice: {counts:?}"
-            );
-            assert_eq!(
-                counts.answers_lost, 0,
-                "with a synchronous standby an answer was lost: {counts:?}"
-            );
-            assert!(
-                counts.refused > 0,
-                "no request met the failover: the test tested nothing: {counts:?}"
-            );
-        }
+        )
+        .await;
     })
     .await;
     eprintln!("took {:.0} s", started.elapsed().as_secs_f64());

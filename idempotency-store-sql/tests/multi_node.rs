@@ -177,40 +177,35 @@ impl Backend {
             #[cfg(feature = "any")]
             Commits::One => {
                 // On the backend's typed pool (`PgPool`, `MySqlPool`).
-                let table = idempotency_store_sql::TableName::new(table).unwrap();
                 let url = self.url().0;
-                let store: Arc<dyn FullStore> = match self {
+                Some(match self {
                     #[cfg(feature = "postgres")]
-                    Self::Postgres => {
-                        let pool = sqlx::postgres::PgPoolOptions::new()
-                            .max_connections(8)
-                            .connect(&url)
-                            .await
-                            .unwrap();
-                        Arc::new(
-                            idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
-                                .await
-                                .unwrap(),
-                        )
-                    }
+                    Self::Postgres => one_commit::<sqlx::Postgres>(typed, &url, table).await,
                     #[cfg(feature = "mysql")]
-                    Self::MySql => {
-                        let pool = sqlx::mysql::MySqlPoolOptions::new()
-                            .max_connections(8)
-                            .connect(&url)
-                            .await
-                            .unwrap();
-                        Arc::new(
-                            idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
-                                .await
-                                .unwrap(),
-                        )
-                    }
-                };
-                Some(store)
+                    Self::MySql => one_commit::<sqlx::MySql>(typed, &url, table).await,
+                })
             }
         }
     }
+}
+
+/// A one-commit store on a pool of `DB` to `url`, over `typed`.
+#[cfg(feature = "any")]
+async fn one_commit<DB: idempotency_store_sql::RecordDatabase>(
+    typed: Arc<dyn FullStore>,
+    url: &str,
+    table: &str,
+) -> Arc<dyn FullStore> {
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(8)
+        .connect(url)
+        .await
+        .unwrap();
+    let table = idempotency_store_sql::TableName::new(table).unwrap();
+    let store = idempotency_store_sql::OneCommitStore::new(typed, pool, &table)
+        .await
+        .unwrap();
+    Arc::new(store)
 }
 
 async fn one_key_over_two_replicas_runs_once(backend: Backend, commits: Commits) {
