@@ -264,6 +264,25 @@ async fn sqlite_store(url: &str, table: &str) -> SqliteStore {
         .unwrap()
 }
 
+/// `one_path` on `transactions` behind `layer`, the handler looking for committed
+/// in-flight records in `records`.
+async fn checked<T>(
+    transactions: T,
+    layer: IdempotencyLayer,
+    observer: &AnyPool,
+    table: &str,
+    records: String,
+    commits: Commits,
+) where
+    T: Transactions,
+    for<'c> &'c mut <T::Database as Database>::Connection: Executor<'c, Database = T::Database>,
+    for<'q> <T::Database as Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
+{
+    let peek = Records(observer.clone(), records);
+    let app = app(transactions, layer, table, Some(peek));
+    one_path(app, observer, table, commits).await;
+}
+
 /// A one-commit store on `pool`, its committed records kept by `typed` in `records`.
 async fn one_commit_store<DB: RecordDatabase>(
     typed: Arc<dyn FullStore>,
@@ -282,14 +301,8 @@ async fn a_typed_postgres_store() {
     };
     let records = common::unique_table();
     let store = postgres_store(&records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::new(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::Two).await;
+    let layer = IdempotencyLayer::new(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,14 +312,8 @@ async fn a_typed_mariadb_store() {
     };
     let records = common::unique_table();
     let store = mariadb_store(&records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::new(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::Two).await;
+    let layer = IdempotencyLayer::new(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,14 +323,8 @@ async fn a_typed_sqlite_store() {
     let (observer, table) = observer(&url, "-").await.unwrap();
     let records = common::unique_table();
     let store = sqlite_store(&url, &records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::new(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::Two).await;
+    let layer = IdempotencyLayer::new(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::Two).await;
 }
 
 /// The one-commit store on a typed pool: the typed store's own (`PgPool`).
@@ -337,14 +338,8 @@ async fn one_commit_on_a_pg_pool() {
     let typed = postgres_store(&records).await;
     let pool: sqlx::PgPool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::from_shared_store(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::One).await;
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,14 +351,8 @@ async fn one_commit_on_a_mysql_pool() {
     let typed = mariadb_store(&records).await;
     let pool: sqlx::MySqlPool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::from_shared_store(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::One).await;
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -375,14 +364,8 @@ async fn one_commit_on_a_sqlite_pool() {
     let typed = sqlite_store(&url, &records).await;
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::from_shared_store(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::One).await;
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::One).await;
 }
 
 /// The one-commit store over sqlx `Any`, on `url`.
@@ -401,14 +384,8 @@ async fn one_commit_on_any(url: &str, env: &str) {
         .await
         .unwrap();
     let store = one_commit_store(typed, pool, &records).await;
-    let peek = Records(observer.clone(), records);
-    let app = app(
-        store.clone(),
-        IdempotencyLayer::from_shared_store(store),
-        &table,
-        Some(peek),
-    );
-    one_path(app, &observer, &table, Commits::One).await;
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
+    checked(store, layer, &observer, &table, records, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,22 +425,38 @@ async fn a_pool_whose_database_does_not_hold_the_records() {
 struct Tenant(String);
 
 /// The README's order of layers with authentication in front: two tenants who send the
-/// same key each get their own write and answer, and each retry is replayed its own.
+/// same key each get their own write and answer, and each retry is replayed its own —
+/// on a typed store (two commits) and on the one-commit store on its `SqlitePool`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_one_key_each_get_their_own_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
+    let typed = sqlite_store(&url, &common::unique_table()).await;
+    two_tenants(typed.clone(), IdempotencyLayer::new(typed), &url).await;
+
+    let records = common::unique_table();
+    let typed = sqlite_store(&url, &records).await;
+    let pool: sqlx::SqlitePool = typed.pool().clone();
+    let store = one_commit_store(Arc::new(typed), pool, &records).await;
+    two_tenants(
+        store.clone(),
+        IdempotencyLayer::from_shared_store(store),
+        &url,
+    )
+    .await;
+}
+
+async fn two_tenants<T>(transactions: T, layer: IdempotencyLayer, url: &str)
+where
+    T: Transactions,
+    for<'c> &'c mut <T::Database as Database>::Connection: Executor<'c, Database = T::Database>,
+    for<'q> <T::Database as Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
+{
     use axum::extract::{Extension, Request};
     use axum::middleware::{self, Next};
     use idempotency_core::ExtensionScope;
 
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
-    let (observer, table) = observer(&url, "-").await.unwrap();
-    let store = SqliteStore::connect(&url, &PoolSettings::default())
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap();
+    let (observer, table) = observer(url, "-").await.unwrap();
     let insert = format!("INSERT INTO {table} (item) VALUES ('book')");
     let authenticate = |mut request: Request, next: Next| async move {
         let tenant = request
@@ -482,22 +475,20 @@ async fn two_tenants_with_one_key_each_get_their_own_answer() {
     let app = Router::new()
         .route(
             "/orders",
-            post(
-                move |Extension(tenant): Extension<Tenant>, mut tx: Tx<SqliteStore>| async move {
+            post(move |Extension(tenant): Extension<Tenant>, mut tx: Tx<T>| {
+                let insert = insert.clone();
+                async move {
                     sqlx::query(&insert).execute(&mut *tx).await.unwrap();
                     let answer =
                         (StatusCode::CREATED, format!("order of {}", tenant.0)).into_response();
                     tx.commit(answer)
                         .await
                         .unwrap_or_else(TxError::into_response)
-                },
-            ),
+                }
+            }),
         )
-        .with_state(store.clone())
-        .layer(
-            IdempotencyLayer::new(store)
-                .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())),
-        )
+        .with_state(transactions)
+        .layer(layer.with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
         .layer(middleware::from_fn(authenticate));
     let send = |tenant: &'static str| {
         let app = app.clone();
