@@ -137,18 +137,11 @@ pub struct OneCommitStore<DB: RecordDatabase = Any> {
     pool: Pool<DB>,
     dialect: Dialect,
     table: TableName,
-    /// PostgreSQL, MySQL/MariaDB: the insert of the in-flight record (a duplicate's
-    /// probe on MySQL/MariaDB).
-    insert_in_flight: String,
-    /// MariaDB: the reservation's insert, [`Self::insert_in_flight`] with its own lock
-    /// wait bound (`SET STATEMENT … FOR`); elsewhere the session's is set around it.
+    /// The statements of this path, in the pool's dialect.
+    sql: Statements,
+    /// MariaDB: the reservation's insert, `sql.insert_in_flight` with its own lock wait
+    /// bound (`SET STATEMENT … FOR`); elsewhere the session's is set around it.
     bounded_reserve: Option<String>,
-    /// SQLite: the insert of the finished record, written whole in the handler's
-    /// transaction.
-    insert_completed: String,
-    /// The answer's write into the record (PostgreSQL: without announcing it; nobody
-    /// waits on an uncommitted record's channel).
-    finalize: String,
     /// The reservations whose record is not committed yet.
     claims: Arc<Claims<DB>>,
     /// Room for open write transactions, each holding a pooled connection: half the
@@ -157,13 +150,26 @@ pub struct OneCommitStore<DB: RecordDatabase = Any> {
     open: Arc<Semaphore>,
     /// How long a write transaction waits for room (the pool's acquire timeout).
     open_wait: Duration,
-    /// The bound on each scope's records, if any, and the statement that reads a scope's
-    /// usage.
+    /// The bound on each scope's records, if any.
     quota: Option<ScopeQuota>,
-    scope_usage: String,
     /// Held from a quota check until the reservation it allowed is registered, so that
     /// reservations of this store are counted one after the other.
     quota_check: tokio::sync::Mutex<()>,
+}
+
+/// The statements of the one-commit path, in one dialect.
+struct Statements {
+    /// PostgreSQL, MySQL/MariaDB: the insert of the in-flight record (a duplicate's
+    /// probe on MySQL/MariaDB).
+    insert_in_flight: String,
+    /// SQLite: the insert of the finished record, written whole in the handler's
+    /// transaction.
+    insert_completed: String,
+    /// The answer's write into the record (PostgreSQL: without announcing it; nobody
+    /// waits on an uncommitted record's channel).
+    finalize: String,
+    /// What a scope holds, for its quota.
+    scope_usage: String,
 }
 
 /// A handler's write transaction from [`OneCommitStore::begin`]: the one its request's
@@ -510,24 +516,38 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<Self, StoreError> {
         let mut connection = pool.acquire().await.map_err(backend)?;
         let name = DB::backend_name(&connection).to_owned();
-        let (dialect, insert_in_flight, insert_completed) = match name.as_str() {
+        // The statements of this path, in the pool's dialect: PostgreSQL and MySQL insert
+        // the record in flight and finalize it; SQLite inserts it finished.
+        let (dialect, sql): (Dialect, Statements) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
                 Dialect::Postgres,
-                crate::postgres::insert_in_flight_statement(table),
-                String::new(),
+                Statements {
+                    insert_in_flight: crate::postgres::insert_in_flight_statement(table),
+                    insert_completed: String::new(),
+                    finalize: crate::postgres::finalize_quietly_statement(table),
+                    scope_usage: crate::postgres::scope_usage_statement(table),
+                },
             ),
             #[cfg(feature = "mysql")]
             "MySQL" => (
                 Dialect::MySql,
-                crate::mysql::insert_in_flight_statement(table),
-                String::new(),
+                Statements {
+                    insert_in_flight: crate::mysql::insert_in_flight_statement(table),
+                    insert_completed: String::new(),
+                    finalize: crate::mysql::finalize_statement(table),
+                    scope_usage: crate::mysql::scope_usage_statement(table),
+                },
             ),
             #[cfg(feature = "sqlite")]
             "SQLite" => (
                 Dialect::Sqlite,
-                String::new(),
-                crate::sqlite::insert_completed_statement(table),
+                Statements {
+                    insert_in_flight: String::new(),
+                    insert_completed: crate::sqlite::insert_completed_statement(table),
+                    finalize: crate::sqlite::finalize_statement(table),
+                    scope_usage: crate::sqlite::scope_usage_statement(table),
+                },
             ),
             _ => {
                 return Err(StoreError::backend(FinalizeError::WrongDatabase {
@@ -560,33 +580,13 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             bounded_reserve: mariadb.then(|| {
                 format!(
                     "SET STATEMENT innodb_lock_wait_timeout = {MYSQL_RESERVE_LOCK_WAIT_SECS} \
-                     FOR {insert_in_flight}"
+                     FOR {}",
+                    sql.insert_in_flight
                 )
             }),
-            scope_usage: match dialect {
-                #[cfg(feature = "postgres")]
-                Dialect::Postgres => crate::postgres::scope_usage_statement(table),
-                #[cfg(feature = "mysql")]
-                Dialect::MySql => crate::mysql::scope_usage_statement(table),
-                #[cfg(feature = "sqlite")]
-                Dialect::Sqlite => crate::sqlite::scope_usage_statement(table),
-                #[allow(unreachable_patterns)]
-                _ => unreachable!("a dialect without its feature was refused above"),
-            },
             quota: None,
             quota_check: tokio::sync::Mutex::new(()),
-            insert_in_flight,
-            insert_completed,
-            finalize: match dialect {
-                #[cfg(feature = "postgres")]
-                Dialect::Postgres => crate::postgres::finalize_quietly_statement(table),
-                #[cfg(feature = "mysql")]
-                Dialect::MySql => crate::mysql::finalize_statement(table),
-                #[cfg(feature = "sqlite")]
-                Dialect::Sqlite => crate::sqlite::finalize_statement(table),
-                #[allow(unreachable_patterns)]
-                _ => unreachable!("a dialect without its feature was refused above"),
-            },
+            sql,
             claims: Arc::default(),
         })
     }
@@ -609,7 +609,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let checking = self.quota_check.lock().await;
         let mut connection = self.pool.acquire().await.map_err(backend)?;
         let (key_live, records, bytes, next_expiry_in_ms) =
-            DB::scope_usage(&mut connection, &self.scope_usage, id)
+            DB::scope_usage(&mut connection, &self.sql.scope_usage, id)
                 .await
                 .map_err(backend)?;
         drop(connection);
@@ -694,7 +694,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<Ownership, sqlx::Error> {
         let written = DB::insert_completed(
             connection,
-            &self.insert_completed,
+            &self.sql.insert_completed,
             id,
             &terms.binding,
             token,
@@ -744,7 +744,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let statement = self
             .bounded_reserve
             .as_ref()
-            .unwrap_or(&self.insert_in_flight);
+            .unwrap_or(&self.sql.insert_in_flight);
         let lock_key = match self.dialect {
             Dialect::Postgres => Some(self.table.record_lock_key(id)),
             Dialect::MySql | Dialect::Sqlite => None,
@@ -819,7 +819,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             return finish(prepared, ownership);
         }
         let answer =
-            finalize_with::<DB, B>(transaction, &self.finalize, reservation, response).await?;
+            finalize_with::<DB, B>(transaction, &self.sql.finalize, reservation, response).await?;
         // Finalized (or nothing to keep): the layer will not call finalize or release for it.
         if let Some(reservation) = reservation {
             self.forget(reservation.id(), reservation.token());
@@ -835,7 +835,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         token: FencingToken,
         answer: &idempotency_core::StoredResponse,
     ) -> Result<Ownership, sqlx::Error> {
-        let written = DB::write_answer(connection, &self.finalize, id, token, answer).await?;
+        let written = DB::write_answer(connection, &self.sql.finalize, id, token, answer).await?;
         Ok(crate::common::ownership(written))
     }
 
@@ -1016,7 +1016,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 };
                 let probed = DB::insert_in_flight(
                     &mut transaction,
-                    &self.insert_in_flight,
+                    &self.sql.insert_in_flight,
                     id,
                     &nothing,
                     FencingToken(0),
