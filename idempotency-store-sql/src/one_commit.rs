@@ -38,16 +38,22 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///
 /// The layer's reservation opens a transaction on the pool the handler writes with (a
 /// `PgPool`, `MySqlPool` or `SqlitePool`, or an `AnyPool` on any of them: see
-/// [`RecordDatabase`]) and inserts the in-flight record in it, uncommitted. The handler takes that transaction ([`begin`]), writes
-/// its mutation, writes its answer into the record ([`finalize_in`]) and commits. If it
-/// does not take the transaction (it writes nothing, or fails before it writes), the
-/// layer writes the answer into the record in that transaction and commits it; a 5xx or
-/// a release status rolls it back, which leaves no record.
+/// [`RecordDatabase`]) and holds the key in it: on PostgreSQL it takes the key's
+/// transaction-scoped advisory lock (after finding no record under the key), on
+/// MySQL/MariaDB it inserts the in-flight record, uncommitted. The handler takes that
+/// transaction ([`begin`]), writes its mutation, hands its answer over ([`finalize_in`]:
+/// PostgreSQL inserts the record finished, once — one row, as the mutation's own;
+/// MySQL/MariaDB writes the answer into the in-flight record) and commits. If it does
+/// not take the transaction (it writes nothing, or fails before it writes), the layer
+/// writes the record in that transaction and commits it; a 5xx or a release status rolls
+/// it back, which leaves no record. A handler that commits the reservation's transaction
+/// without its answer gets the in-flight record inserted before its `COMMIT`
+/// (PostgreSQL), and the layer writes the answer into it afterwards.
 ///
 /// SQLite has one writer for the whole database, so a transaction held open while the
 /// handler runs would make every handler wait for the one before it. There the
 /// reservation is this process's claim on the key (a duplicate in the process waits for
-/// it), and the in-flight record is inserted when the handler begins its transaction:
+/// it), and the record is inserted finished in the transaction the handler begins:
 /// the write lock is held from there to the commit only, as without a key.
 ///
 /// [`begin`]: Self::begin
@@ -60,15 +66,20 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///   exists only in the open transaction, which the database rolls back when the process
 ///   dies; the retry then runs once.
 /// - **Duplicates wait, then replay**: a duplicate of a running request cannot see the
-///   uncommitted record; it finds the key busy (PostgreSQL: the record's advisory lock,
+///   uncommitted record; it finds the key busy (PostgreSQL: the key's advisory lock,
 ///   held by the owner's transaction; MySQL/MariaDB: the uncommitted row's lock;
 ///   SQLite: the owner's claim in this process), waits for the owner to finish, bounded
 ///   by the layer's in-flight wait, and then replays the committed answer, runs the
 ///   request itself (the owner rolled back), or gets the in-flight answer.
 /// - **A key reused with another request gets 422**, once the first request committed
 ///   (while it runs, the duplicate waits, as above).
-/// - **Several replicas sharing the database run a request once**: the record's primary
-///   key admits one owner; the others wait on it. (SQLite, several processes on one
+/// - **Several replicas sharing the database run a request once**: one owner holds the
+///   key (PostgreSQL: its advisory lock, which a typed store's reservation on another
+///   replica respects too; MySQL/MariaDB: the record's primary key); the others wait on
+///   it. The primary key has the last word: an owner that finds a record committed under
+///   its key when it inserts its own (PostgreSQL, a narrow race with a commit that
+///   landed as it took the lock) rolls back, answering a 5xx that changed nothing, and
+///   the retry is replayed. (SQLite, several processes on one
 ///   file: a duplicate in another process runs its handler up to its transaction, finds
 ///   the key committed there, and fails with a 5xx that changed nothing; the client's
 ///   retry is replayed.)
@@ -159,14 +170,18 @@ pub struct OneCommitStore<DB: RecordDatabase = Any> {
 
 /// The statements of the one-commit path, in one dialect.
 struct Statements {
-    /// PostgreSQL, MySQL/MariaDB: the insert of the in-flight record (a duplicate's
-    /// probe on MySQL/MariaDB).
-    insert_in_flight: String,
-    /// SQLite: the insert of the finished record, written whole in the handler's
-    /// transaction.
+    /// PostgreSQL: the reservation, the key's advisory lock taken unless a record holds
+    /// the key.
+    lock_key: String,
+    /// MySQL/MariaDB: the reservation, the insert of the in-flight record (also a
+    /// duplicate's probe). PostgreSQL: the in-flight record of a handler that commits the
+    /// reservation's transaction without its answer.
+    insert_in_flight: Arc<str>,
+    /// PostgreSQL, SQLite: the insert of the finished record, written whole in the
+    /// handler's transaction.
     insert_completed: String,
-    /// The answer's write into the record (PostgreSQL: without announcing it; nobody
-    /// waits on an uncommitted record's channel).
+    /// The answer's write into a record in flight (MySQL/MariaDB's reservations, and
+    /// records a typed store reserved; PostgreSQL: without announcing it).
     finalize: String,
     /// What a scope holds, for its quota.
     scope_usage: String,
@@ -273,6 +288,10 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
     /// all.
     pub async fn commit(mut self) -> Result<(), CommitError> {
         let backend = Dialect::of(DB::backend_name(&self));
+        if let Err(error) = self.record_in_flight_unless_finalized().await {
+            let _ = self.rollback().await;
+            return Err(CommitError::NotCommitted(error));
+        }
         let check = match self.asks_after_lost_commit.take() {
             Some(pool) => Some(OutcomeCheck::prepare(pool, &mut self).await?),
             None => None,
@@ -283,6 +302,40 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
         match check {
             Some(check) => check.outcome(backend, error).await,
             None => Err(CommitError::after(backend, error)),
+        }
+    }
+
+    /// PostgreSQL: a reservation's transaction about to commit without its answer inserts
+    /// the record in flight, which keeps the key held once the `COMMIT` lets the key's
+    /// lock go (the layer then writes the answer into it).
+    async fn record_in_flight_unless_finalized(&mut self) -> Result<(), sqlx::Error> {
+        let Some((in_flight, terms)) = self.claim.as_ref().and_then(ClaimGuard::unrecorded) else {
+            return Ok(());
+        };
+        let (statement, lock_key) = (in_flight.statement.clone(), in_flight.lock_key);
+        let (id, token) = {
+            let claim = self.claim.as_ref().expect("checked above");
+            (claim.id.clone(), claim.token)
+        };
+        let (_, inserted) = DB::insert_in_flight(
+            &mut **self,
+            &statement,
+            &id,
+            &terms.binding,
+            token,
+            millis(terms.lifetime.max(terms.lease)),
+            millis(terms.lease),
+            Some(lock_key),
+        )
+        .await?;
+        if inserted == 1 {
+            Ok(())
+        } else {
+            Err(sqlx::Error::Protocol(
+                "another request committed a record under this idempotency key while this \
+                 one ran; nothing of this one was committed"
+                    .into(),
+            ))
         }
     }
 
@@ -457,13 +510,37 @@ impl<DB: RecordDatabase> Drop for SettlingGuard<DB> {
     }
 }
 
-/// SQLite: a claim held by the handler's transaction. When the transaction ends, a claim
+/// A reservation held by the handler's transaction (SQLite: a claim in this process;
+/// PostgreSQL: the key's advisory lock too). When the transaction ends, a reservation
 /// whose record was written in it goes (after the commit, so that a duplicate that was
 /// waiting reads the record); one whose record was not stays for the layer to settle.
 struct ClaimGuard<DB: RecordDatabase> {
     claims: Arc<Claims<DB>>,
     id: RecordId,
     token: FencingToken,
+    /// PostgreSQL: how to keep the key held past a `COMMIT` without the answer.
+    in_flight: Option<InFlightUnlessFinalized>,
+}
+
+/// PostgreSQL: the in-flight record a reservation's transaction inserts before a `COMMIT`
+/// without its answer (the advisory lock goes with the `COMMIT`; the record keeps the key
+/// held until the layer writes the answer).
+struct InFlightUnlessFinalized {
+    statement: Arc<str>,
+    lock_key: i64,
+}
+
+impl<DB: RecordDatabase> ClaimGuard<DB> {
+    /// The terms of the reservation if its record is still to be written in the
+    /// transaction and must be inserted in flight before it commits.
+    fn unrecorded(&self) -> Option<(&InFlightUnlessFinalized, Terms)> {
+        let in_flight = self.in_flight.as_ref()?;
+        let claims = self.claims.lock();
+        let entry = claims.get(&self.id).filter(|entry| {
+            entry.token == self.token && matches!(entry.state, PendingState::Taken)
+        })?;
+        Some((in_flight, entry.terms.clone()))
+    }
 }
 
 impl<DB: RecordDatabase> Drop for ClaimGuard<DB> {
@@ -492,10 +569,10 @@ enum Taken<DB: RecordDatabase> {
     Claimed,
 }
 
-/// What an attempt to insert an in-flight record found.
+/// What an attempt to reserve a key in a transaction found.
 enum Attempt<DB: RecordDatabase> {
-    /// Inserted, in this open transaction.
-    Inserted(WriteTransaction<DB>),
+    /// Reserved in this open transaction.
+    Held(WriteTransaction<DB>),
     /// A committed record holds the key.
     Committed,
     /// Another transaction holds the key (its owner runs), still when the wait ended.
@@ -516,15 +593,17 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<Self, StoreError> {
         let mut connection = pool.acquire().await.map_err(backend)?;
         let name = DB::backend_name(&connection).to_owned();
-        // The statements of this path, in the pool's dialect: PostgreSQL and MySQL insert
-        // the record in flight and finalize it; SQLite inserts it finished.
+        // The statements of this path, in the pool's dialect: MySQL inserts the record in
+        // flight and finalizes it; PostgreSQL takes the key's lock and SQLite claims the
+        // key in the process, and both insert the record finished.
         let (dialect, sql): (Dialect, Statements) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
                 Dialect::Postgres,
                 Statements {
-                    insert_in_flight: crate::postgres::insert_in_flight_statement(table),
-                    insert_completed: String::new(),
+                    lock_key: crate::postgres::reserve_lock_statement(table),
+                    insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
+                    insert_completed: crate::postgres::insert_completed_statement(table),
                     finalize: crate::postgres::finalize_quietly_statement(table),
                     scope_usage: crate::postgres::scope_usage_statement(table),
                 },
@@ -533,7 +612,8 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "MySQL" => (
                 Dialect::MySql,
                 Statements {
-                    insert_in_flight: crate::mysql::insert_in_flight_statement(table),
+                    lock_key: String::new(),
+                    insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: String::new(),
                     finalize: crate::mysql::finalize_statement(table),
                     scope_usage: crate::mysql::scope_usage_statement(table),
@@ -543,7 +623,8 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "SQLite" => (
                 Dialect::Sqlite,
                 Statements {
-                    insert_in_flight: String::new(),
+                    lock_key: String::new(),
+                    insert_in_flight: "".into(),
                     insert_completed: crate::sqlite::insert_completed_statement(table),
                     finalize: crate::sqlite::finalize_statement(table),
                     scope_usage: crate::sqlite::scope_usage_statement(table),
@@ -581,7 +662,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 format!(
                     "SET STATEMENT innodb_lock_wait_timeout = {MYSQL_RESERVE_LOCK_WAIT_SECS} \
                      FOR {}",
-                    sql.insert_in_flight
+                    &*sql.insert_in_flight
                 )
             }),
             quota: None,
@@ -644,19 +725,30 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<WriteTransaction<DB>, StoreError> {
         if let Some(reservation) = reservation {
             let (id, token) = (reservation.id(), reservation.token());
+            let claim = |in_flight| ClaimGuard {
+                claims: self.claims.clone(),
+                id: id.clone(),
+                token,
+                in_flight,
+            };
             match self.take(id, token) {
+                // PostgreSQL: the record is written whole by `finalize_in`, in this
+                // transaction; if the handler commits without it, the record is
+                // inserted in flight at its `COMMIT`, so that the key stays held.
+                Some(Taken::Open(transaction)) if self.dialect == Dialect::Postgres => {
+                    let in_flight = InFlightUnlessFinalized {
+                        statement: self.sql.insert_in_flight.clone(),
+                        lock_key: self.table.record_lock_key(id),
+                    };
+                    return Ok(transaction.holding(claim(Some(in_flight))));
+                }
                 Some(Taken::Open(transaction)) => return Ok(transaction),
                 // SQLite: the record is written whole by `finalize_in`, in this
                 // transaction, and the claim is let go when it ends.
                 Some(Taken::Claimed) => {
                     let room = self.room().await?;
                     let transaction = self.begin_raw().await.map_err(backend)?;
-                    let claim = ClaimGuard {
-                        claims: self.claims.clone(),
-                        id: id.clone(),
-                        token,
-                    };
-                    return Ok(WriteTransaction::new(transaction, room).holding(claim));
+                    return Ok(WriteTransaction::new(transaction, room).holding(claim(None)));
                 }
                 None => {}
             }
@@ -681,7 +773,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         }
     }
 
-    /// SQLite: writes a claimed reservation's record, finished with `response`, in
+    /// PostgreSQL, SQLite: writes a reservation's record, finished with `response`, in
     /// `connection`'s transaction; `Lost` if a live record holds the key (another process
     /// committed it while this request ran).
     async fn write_completed(
@@ -730,7 +822,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         Ok(held)
     }
 
-    /// Inserts the in-flight record in `transaction`: `(committed, inserted)` (see
+    /// MySQL/MariaDB: inserts the in-flight record in `transaction`: `(committed, inserted)` (see
     /// [`RecordDatabase::insert_in_flight`]).
     async fn insert_in_flight(
         &self,
@@ -743,12 +835,8 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<(i64, i64), sqlx::Error> {
         let statement = self
             .bounded_reserve
-            .as_ref()
+            .as_deref()
             .unwrap_or(&self.sql.insert_in_flight);
-        let lock_key = match self.dialect {
-            Dialect::Postgres => Some(self.table.record_lock_key(id)),
-            Dialect::MySql | Dialect::Sqlite => None,
-        };
         DB::insert_in_flight(
             transaction,
             statement,
@@ -758,7 +846,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             // In flight under a live lease, a record never expires.
             millis(lifetime.max(lease)),
             millis(lease),
-            lock_key,
+            None,
         )
         .await
     }
@@ -795,9 +883,10 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         B: Body<Data = Bytes> + From<Bytes>,
         B::Error: Into<BoxError>,
     {
-        if self.dialect == Dialect::Sqlite
-            && let Some(reservation) = reservation
-            && let Some(terms) = self.claimed_terms(reservation)
+        // PostgreSQL and SQLite: the record is inserted here, finished, for a reservation
+        // whose transaction (SQLite: claim) the handler holds.
+        if let Some(reservation) = reservation
+            && let Some(terms) = self.held_terms(reservation)
         {
             let prepared = match prepare(Some(reservation), response).await? {
                 Ok(prepared) => prepared,
@@ -812,8 +901,8 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 .await
                 .map_err(FinalizeError::Database)?;
             if ownership == Ownership::Held {
-                // The claim goes when the transaction ends (`ClaimGuard`): a duplicate
-                // waiting for it then reads the committed record.
+                // The reservation goes when the transaction ends (`ClaimGuard`): a
+                // duplicate waiting for it then reads the committed record.
                 self.claims.finalized(id, token);
             }
             return finish(prepared, ownership);
@@ -856,12 +945,20 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             .is_some_and(|entry| entry.token == token)
     }
 
-    /// SQLite: the terms of a claimed reservation, `None` if it is not one.
-    fn claimed_terms(&self, reservation: &ReservationHandle) -> Option<Terms> {
+    /// The terms of a reservation whose record `finalize_in` writes whole: taken by its
+    /// handler on PostgreSQL, claimed on SQLite. `None` for any other.
+    fn held_terms(&self, reservation: &ReservationHandle) -> Option<Terms> {
+        let whole: fn(&PendingState<DB>) -> bool = match self.dialect {
+            Dialect::Postgres => |state: &PendingState<DB>| matches!(state, PendingState::Taken),
+            Dialect::Sqlite => |state: &PendingState<DB>| {
+                matches!(state, PendingState::Claimed | PendingState::Taken)
+            },
+            Dialect::MySql => return None,
+        };
         self.claims
             .lock()
             .get(reservation.id())
-            .filter(|entry| entry.token == reservation.token())
+            .filter(|entry| entry.token == reservation.token() && whole(&entry.state))
             .map(|entry| entry.terms.clone())
     }
 
@@ -932,10 +1029,11 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         }
     }
 
-    /// PostgreSQL, MySQL/MariaDB: opens a transaction and inserts the in-flight record in
-    /// it, without waiting for a duplicate's owner (PostgreSQL) or for at most
-    /// [`MYSQL_RESERVE_LOCK_WAIT_SECS`].
-    async fn insert(
+    /// PostgreSQL, MySQL/MariaDB: opens a transaction and reserves the key in it, without
+    /// waiting for a duplicate's owner (PostgreSQL: takes the key's advisory lock, the
+    /// record is inserted finished at `finalize_in`) or for at most
+    /// [`MYSQL_RESERVE_LOCK_WAIT_SECS`] (MySQL/MariaDB: inserts the in-flight record).
+    async fn reserve_in_transaction(
         &self,
         id: &RecordId,
         binding: &Binding,
@@ -951,16 +1049,25 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             if session_lock_wait {
                 set_lock_wait::<DB>(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }
-            let inserted = self
-                .insert_in_flight(&mut transaction, id, binding, token, lease, lifetime)
-                .await;
+            let inserted = match self.dialect {
+                Dialect::Postgres => {
+                    let lock = self.table.record_lock_key(id);
+                    DB::lock_key(&mut transaction, &self.sql.lock_key, id, lock)
+                        .await
+                        .map(|(committed, locked)| (i64::from(committed), i64::from(locked)))
+                }
+                Dialect::MySql | Dialect::Sqlite => {
+                    self.insert_in_flight(&mut transaction, id, binding, token, lease, lifetime)
+                        .await
+                }
+            };
             if session_lock_wait {
                 // The handler's statements (and the pool's next user) wait as long as usual.
                 set_lock_wait::<DB>(&mut transaction, None).await?;
             }
             match inserted {
                 Ok((_, 1)) => {
-                    return Ok(Attempt::Inserted(WriteTransaction::new(transaction, room)));
+                    return Ok(Attempt::Held(WriteTransaction::new(transaction, room)));
                 }
                 Ok((committed, _)) => {
                     let _ = transaction.rollback().await;
@@ -1152,8 +1259,11 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
         if self.dialect == Dialect::Sqlite {
             return self.claim_and_read(id, token, terms).await;
         }
-        match self.insert(id, binding, token, lease, lifetime).await? {
-            Attempt::Inserted(transaction) => {
+        match self
+            .reserve_in_transaction(id, binding, token, lease, lifetime)
+            .await?
+        {
+            Attempt::Held(transaction) => {
                 let state = PendingState::Open(transaction);
                 self.claims.lock().insert(
                     id.clone(),
@@ -1236,10 +1346,18 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
                     .await;
             }
         };
-        let held = self
-            .write_answer(&mut transaction, id, token, response)
-            .await
-            .map_err(StoreError::backend)?;
+        let held = match self.dialect {
+            // The key's lock is held; the record is written once, finished.
+            Dialect::Postgres => {
+                self.write_completed(&mut transaction, id, token, &terms, response)
+                    .await
+            }
+            _ => {
+                self.write_answer(&mut transaction, id, token, response)
+                    .await
+            }
+        }
+        .map_err(StoreError::backend)?;
         if held == Ownership::Held {
             transaction.commit().await.map_err(StoreError::backend)?;
         }

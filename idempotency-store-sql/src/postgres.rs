@@ -173,9 +173,17 @@ impl Statements {
             ),
             // DO NOTHING, not DO UPDATE: a conflicting live row is then neither locked nor
             // written, so a replay is a read. An expired row comes back flagged and is
-            // replaced by `replace_expired`.
+            // replaced by `replace_expired`. A key without a row is inserted only if its
+            // advisory lock ($9) is free: a one-commit owner holds it while its record is
+            // not written yet (see `reserve_lock_statement`); the answer is then one row
+            // flagged `busy`.
             reserve: format!(
                 "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms),
+                free AS MATERIALIZED (
+                    SELECT CASE WHEN EXISTS (SELECT 1 FROM {t}
+                                             WHERE scope = $1 AND idempotency_key = $2)
+                                THEN TRUE ELSE pg_try_advisory_xact_lock($9::bigint) END AS free
+                ),
                 ins AS (
                     INSERT INTO {t}
                         (scope, idempotency_key, method, path, body_sha256, fencing_token,
@@ -183,24 +191,29 @@ impl Statements {
                          response_status, response_headers, response_body)
                     SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
                            now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
-                    FROM clock
+                    FROM clock, free
+                    WHERE free.free
                     ON CONFLICT (scope, idempotency_key) DO NOTHING
                     RETURNING fencing_token
                 )
-                SELECT TRUE AS reserved, FALSE AS expired, NULL::text AS method,
+                SELECT FALSE AS busy, TRUE AS reserved, FALSE AS expired, NULL::text AS method,
                        NULL::text AS path, NULL::bytea AS body_sha256, fencing_token,
                        NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
                        NULL::integer AS response_status, NULL::bytea AS response_headers,
                        NULL::bytea AS response_body, NULL::bytea AS response_trailers
                 FROM ins
                 UNION ALL
-                SELECT FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
+                SELECT FALSE, FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
                        e.body_sha256, e.fencing_token, e.lease_expires_at_ms, clock.now_ms,
                        e.response_status, e.response_headers, e.response_body,
                        e.response_trailers
                 FROM {t} AS e, clock
                 WHERE e.scope = $1 AND e.idempotency_key = $2
-                  AND NOT EXISTS (SELECT 1 FROM ins)"
+                  AND NOT EXISTS (SELECT 1 FROM ins)
+                UNION ALL
+                SELECT TRUE, FALSE, FALSE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                       NULL, NULL
+                FROM free WHERE NOT free.free"
             ),
             replace_expired: format!(
                 "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms)
@@ -290,12 +303,59 @@ pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
     Statements::new(table).finalize_quietly
 }
 
-/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): inserts
-/// an in-flight record only if no record holds the key (committed: `committed` is 1) and
-/// the record's advisory lock is free (not: a duplicate of a running request, whose
-/// uncommitted row this statement would otherwise wait on; `inserted` is 0). A replay
-/// never takes the lock, so replays never wait on each other. Parameters: scope, key,
-/// method, path, body_sha256, token, lifetime, lease, the record's lock.
+/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): takes
+/// the key's advisory lock for the transaction, unless a record holds the key. Nothing is
+/// written: the record is inserted once, finished, by [`insert_completed_statement`] in
+/// the same transaction. `committed`: a record (live or expired) holds the key; `locked`:
+/// the lock is this transaction's (not: another transaction holds it, a duplicate of a
+/// running request). A replay never takes the lock, so replays never wait on each other.
+/// Parameters: scope, key, the record's lock.
+#[cfg(feature = "any")]
+pub(crate) fn reserve_lock_statement(table: &TableName) -> String {
+    format!(
+        "WITH existing AS MATERIALIZED (
+             SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text
+         )
+         SELECT EXISTS (SELECT 1 FROM existing) AS committed,
+                CASE WHEN EXISTS (SELECT 1 FROM existing) THEN FALSE
+                     ELSE pg_try_advisory_xact_lock($3::bigint) END AS locked"
+    )
+}
+
+/// The one-commit path's record, inserted finished in the handler's transaction under the
+/// key's advisory lock (see [`reserve_lock_statement`]); an expired record is replaced,
+/// and a live one (committed by another store since the lock was taken) is left alone:
+/// no row inserted. Bound as the SQLite statement of the same name is.
+#[cfg(feature = "any")]
+pub(crate) fn insert_completed_statement(table: &TableName) -> String {
+    format!(
+        "INSERT INTO \"{table}\" AS r
+             (scope, idempotency_key, method, path, body_sha256, fencing_token,
+              created_at_ms, expires_at_ms, lease_expires_at_ms,
+              response_status, response_headers, response_body, response_trailers)
+         SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
+                n, n + $7::bigint, n + $8::bigint,
+                $9::integer, $10::bytea, $11::bytea, $12::bytea
+         FROM (SELECT {NOW_MS} AS n) AS clock
+         ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+             method = excluded.method, path = excluded.path,
+             body_sha256 = excluded.body_sha256, fencing_token = excluded.fencing_token,
+             created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms,
+             lease_expires_at_ms = excluded.lease_expires_at_ms,
+             response_status = excluded.response_status,
+             response_headers = excluded.response_headers,
+             response_body = excluded.response_body,
+             response_trailers = excluded.response_trailers
+         WHERE r.expires_at_ms <= excluded.created_at_ms"
+    )
+}
+
+/// The one-commit path's in-flight record, for a handler that commits the reservation's
+/// transaction without its answer (the layer writes the answer afterwards): inserted
+/// just before that `COMMIT`, so that the key stays held. It inserts only if no record
+/// holds the key and the key's advisory lock is free or already this transaction's
+/// (`committed`: a record holds the key; `inserted`: this one went in). Parameters:
+/// scope, key, method, path, body_sha256, token, lifetime, lease, the record's lock.
 #[cfg(feature = "any")]
 pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
     format!(
@@ -471,10 +531,16 @@ impl PostgresStore {
                     .bind(millis(lifetime.max(lease)))
             };
             let row: Option<PgRow> = bind(&self.sql.reserve)
+                .bind(self.table.record_lock_key(id))
                 .fetch_optional(&mut *connection)
                 .await
                 .map_err(backend)?;
             match row {
+                // A one-commit owner (another replica's `OneCommitStore`) holds the key,
+                // its record not written yet.
+                Some(row) if row.try_get::<bool, _>("busy").map_err(backend)? => {
+                    return Ok(Reservation::Busy);
+                }
                 Some(row) if row.try_get::<bool, _>("reserved").map_err(backend)? => {
                     return Ok(Reservation::Reserved(token));
                 }
@@ -504,6 +570,47 @@ impl PostgresStore {
             }
         }
         Err(too_many_races("reserve"))
+    }
+
+    /// A key without a record may be held by a one-commit owner (another replica's
+    /// `OneCommitStore`, whose record is written when it commits) through the key's
+    /// advisory lock: waits until `deadline` for it to let go. `true` once no one holds
+    /// the lock (asked without waiting first, the common case), `false` if it is still
+    /// held at `deadline`.
+    async fn wait_for_lock_holder(
+        &self,
+        id: &RecordId,
+        deadline: Instant,
+    ) -> Result<bool, StoreError> {
+        let lock = self.table.record_lock_key(id);
+        let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(lock)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?;
+        if free {
+            return Ok(true);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // `lock_timeout` 0 would mean "forever".
+        let ms = left.as_millis().clamp(1, i32::MAX as u128);
+        sqlx::query(&format!("SET LOCAL lock_timeout = {ms}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let waited = sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(lock)
+            .execute(&mut *tx)
+            .await;
+        let _ = tx.rollback().await;
+        match waited {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
+                Ok(false)
+            }
+            Err(error) => Err(backend(error)),
+        }
     }
 
     async fn load_on(
@@ -715,6 +822,9 @@ impl IdempotencyStore for PostgresStore {
         let deadline = Instant::now() + timeout;
         loop {
             let record = self.load(id).await?;
+            if record.is_none() && !self.wait_for_lock_holder(id, deadline).await? {
+                return Ok(Waited::Running(None));
+            }
             let now = Instant::now();
             if let Some(waited) = Waited::after_load(record, now >= deadline) {
                 return Ok(waited);

@@ -121,7 +121,19 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
 
     #[doc(hidden)]
-    /// SQLite: inserts the finished record for `id` whole; the rows inserted.
+    /// PostgreSQL: takes `id`'s advisory lock (`lock_key`) for the transaction unless a
+    /// record holds the key, with the backend's reservation statement (`sql`):
+    /// `(committed, locked)`.
+    fn lock_key(
+        connection: &mut Self::Connection,
+        sql: &str,
+        id: &RecordId,
+        lock_key: i64,
+    ) -> impl Future<Output = Result<(bool, bool), sqlx::Error>> + Send;
+
+    #[doc(hidden)]
+    /// PostgreSQL and SQLite: inserts the finished record for `id` whole (replacing an
+    /// expired one); the rows inserted.
     #[allow(clippy::too_many_arguments)]
     fn insert_completed(
         connection: &mut Self::Connection,
@@ -239,6 +251,21 @@ macro_rules! record_database {
                         Ok((0, done.rows_affected() as i64))
                     }
                 }
+            }
+
+            async fn lock_key(
+                connection: &mut Self::Connection,
+                sql: &str,
+                id: &RecordId,
+                lock_key: i64,
+            ) -> Result<(bool, bool), sqlx::Error> {
+                let row = sqlx::query(sql)
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .bind(lock_key)
+                    .fetch_one(connection)
+                    .await?;
+                Ok((row.try_get("committed")?, row.try_get("locked")?))
             }
 
             async fn insert_completed(

@@ -16,6 +16,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Extension;
@@ -501,6 +502,133 @@ async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend)
     database.drop_tables().await;
 }
 
+/// `POST /effects` on a replica that keeps its records with the typed store (two
+/// commits) on the same table: its handler counts its runs and answers 201.
+fn typed_replica<DB: RecordDatabase>(database: &Database<DB>, runs: Arc<AtomicUsize>) -> Router {
+    let records: Arc<dyn idempotency_core::IdempotencyStore> = database.store.records().clone();
+    Router::new()
+        .route(
+            "/effects",
+            post(move || async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::CREATED, "the typed replica ran it")
+            }),
+        )
+        .layer(IdempotencyLayer::from_shared_store(records))
+}
+
+/// A one-commit owner holds its key against a replica whose typed store reserves on the
+/// same table (PostgreSQL: the owner's record is not written until it commits, so the
+/// typed store's reservation and wait go by the key's advisory lock; MariaDB: by the
+/// owner's uncommitted row): the replica's duplicate waits, then replays the owner's
+/// answer, and never runs.
+async fn a_typed_replica_waits_for_a_one_commit_owner<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
+        return;
+    };
+    let app = app(&database);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let replica = typed_replica(&database, runs.clone());
+    let key = uuid::Uuid::new_v4().to_string();
+    let (mut parts, body) = request(&key, "a").into_parts();
+    parts.headers.insert("x-sleep-ms", "600".parse().unwrap());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, Request::from_parts(parts, body)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (status, duplicate, outcome) = send(&replica, request(&key, "a")).await;
+    let (_, original, _) = first.await.unwrap();
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Replayed)),
+        "{duplicate}"
+    );
+    assert_eq!(duplicate, original);
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the duplicate never ran");
+    assert_eq!(database.side_effects().await, 1);
+    database.drop_tables().await;
+}
+
+/// A handler that commits the reservation's transaction without handing its answer over
+/// (`WriteTransaction::commit`, not `Tx::commit`) leaves its key held, never free: the
+/// in-flight record commits with its write (PostgreSQL inserts it before the `COMMIT`;
+/// MariaDB's reservation inserted it), and the layer writes the answer afterwards; on
+/// SQLite this process's claim holds the key until then. Retries replay that answer.
+async fn a_commit_without_the_answer_keeps_the_key_held<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
+        return;
+    };
+    async fn raw<DB: RecordDatabase>(
+        State(app): State<App<DB>>,
+        reservation: Option<Extension<ReservationHandle>>,
+    ) -> Response
+    where
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+        for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    {
+        let mut tx = app.store.begin(reservation.as_deref()).await.unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO {} (name) VALUES ('effect')",
+            app.side_effects
+        ))
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let held: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", app.records))
+            .fetch_one(&app.observer)
+            .await
+            .unwrap();
+        (
+            StatusCode::CREATED,
+            format!("records after the commit: {held}"),
+        )
+            .into_response()
+    }
+    let records = match database.backend {
+        Backend::MariaDb => format!("`{}`", database.table),
+        Backend::Postgres | Backend::Sqlite => format!("\"{}\"", database.table),
+    };
+    let app = Router::new()
+        .route("/effects", post(raw::<DB>))
+        .with_state(App {
+            store: database.store.clone(),
+            side_effects: format!("{}_side_effects", database.table),
+            observer: database.pool.clone(),
+            records,
+        })
+        .layer(IdempotencyLayer::from_shared_store(database.store.clone()));
+    let key = uuid::Uuid::new_v4().to_string();
+    let (status, body, outcome) = send(&app, request(&key, "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Executed))
+    );
+    let expected = match backend {
+        Backend::Postgres | Backend::MariaDb => "records after the commit: 1",
+        Backend::Sqlite => "records after the commit: 0",
+    };
+    assert_eq!(body, expected);
+    let (status, replayed, outcome) = send(&app, request(&key, "a")).await;
+    assert_eq!(
+        (status, outcome),
+        (StatusCode::CREATED, Some(Outcome::Replayed))
+    );
+    assert_eq!(replayed, body);
+    assert_eq!(database.side_effects().await, 1);
+    assert_eq!(database.records().await, 1);
+    database.drop_tables().await;
+}
+
 /// A scope quota on this path: concurrent reservations in one scope win exactly the
 /// quota (the uncommitted ones of this process counted), another scope is not affected,
 /// a released reservation gives its room back.
@@ -549,6 +677,11 @@ macro_rules! on {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_commit_without_the_answer_keeps_the_key_held() {
+                super::a_commit_without_the_answer_keeps_the_key_held::<$database>($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_duplicate_in_flight_waits_and_replays() {
                 super::a_duplicate_in_flight_waits_and_replays::<$database>($backend).await;
             }
@@ -563,6 +696,25 @@ macro_rules! on {
         }
     };
 }
+
+/// `a_typed_replica_waits_for_a_one_commit_owner` where a replica's typed store shares
+/// the table with one-commit owners (several processes on one SQLite file keep the
+/// SQLite rules of `OneCommitStore`'s docs instead).
+macro_rules! shared_table {
+    ($module:ident, $backend:expr, $database:ty) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_typed_replica_waits_for_a_one_commit_owner() {
+                super::a_typed_replica_waits_for_a_one_commit_owner::<$database>($backend).await;
+            }
+        }
+    };
+}
+
+shared_table!(postgres_shared_table, Backend::Postgres, sqlx::Postgres);
+shared_table!(mariadb_shared_table, Backend::MariaDb, sqlx::MySql);
 
 on!(postgres, Backend::Postgres, sqlx::Postgres);
 on!(postgres_any, Backend::Postgres, sqlx::Any);
