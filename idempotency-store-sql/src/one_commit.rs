@@ -999,33 +999,26 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     }
 
     /// SQLite's reservation: the record committed under the key, if any (replays and
-    /// reused keys are answered from it), else this process's claim on the key.
+    /// reused keys are answered from it), else this process's claim on the key. One read:
+    /// it comes after the claim, so a record that an owner in this process committed
+    /// before it let its claim go is seen. A replay whose claim is taken (by another
+    /// replay of the key, reading) is answered from the read all the same: replays never
+    /// wait for each other.
     async fn claim_and_read(
         &self,
         id: &RecordId,
         token: FencingToken,
         terms: Terms,
     ) -> Result<Reservation, StoreError> {
-        // A replay (or a reused key) is answered by a read, without a claim: replays
-        // never wait for each other.
-        if let Some(record) = self.records.load(id).await? {
-            return Ok(Reservation::Exists(record));
+        let claimed = self.claim(id, token, terms);
+        let read = self.records.load(id).await;
+        if claimed && !matches!(read, Ok(None)) {
+            self.forget(id, token);
         }
-        if !self.claim(id, token, terms) {
-            return Ok(Reservation::Busy);
-        }
-        // Read again under the claim: an owner in this process commits before it lets
-        // its claim go, so a record it committed since the first read is seen here.
-        match self.records.load(id).await {
-            Ok(None) => Ok(Reservation::ReservedUncommitted(token)),
-            Ok(Some(record)) => {
-                self.forget(id, token);
-                Ok(Reservation::Exists(record))
-            }
-            Err(error) => {
-                self.forget(id, token);
-                Err(error)
-            }
+        match read? {
+            Some(record) => Ok(Reservation::Exists(record)),
+            None if claimed => Ok(Reservation::ReservedUncommitted(token)),
+            None => Ok(Reservation::Busy),
         }
     }
 
