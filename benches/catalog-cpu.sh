@@ -7,21 +7,27 @@
 #   benches/catalog-cpu.sh postgres                 # one commit (the catalog's default)
 #   benches/catalog-cpu.sh postgres --two-commit
 #   benches/catalog-cpu.sh sqlite
+#   CATALOG_BIN=/tmp/catalog-before benches/catalog-cpu.sh postgres   # another build
 #
 # Needs wrk and the services of scripts/services (as benches/catalog.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 db="$1"; shift; extra=("$@")
 # --two-commit is a comparison only in builds with the examples' test-hooks feature.
-cargo build --release --locked -q -p examples --features test-hooks --bin iceberg-catalog
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+if [ -n "${CATALOG_BIN:-}" ]; then
+  catalog_bin="$CATALOG_BIN"   # a build of your own (another commit's, to compare)
+else
+  cargo build --release --locked -q -p examples --features test-hooks --bin iceberg-catalog
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  catalog_bin="$target_dir/release/iceberg-catalog"
+fi
 port=18383
 work=$(mktemp -d)
 case "$db" in
   sqlite) url="sqlite://$work/c.db?mode=rwc" ;;
   postgres) name="cpu_$RANDOM$RANDOM"; psql -h 127.0.0.1 -U postgres -d postgres -qc "CREATE DATABASE $name"; url="postgres://postgres@127.0.0.1:5432/$name" ;;
 esac
-"$target_dir/release/iceberg-catalog" --listen 127.0.0.1:$port --database "$url" --warehouse "$work/wh" "${extra[@]}" >/dev/null 2>&1 &
+"$catalog_bin" --listen 127.0.0.1:$port --database "$url" --warehouse "$work/wh" "${extra[@]}" >/dev/null 2>&1 &
 pid=$!
 sleep 2
 cat > $work/ns.lua <<'LUA'

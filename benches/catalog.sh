@@ -10,6 +10,7 @@
 #   ROUNDS=3 SECONDS_PER_ROUND=5 benches/catalog.sh sqlite
 #   benches/catalog.sh postgres redis://127.0.0.1:6379   # records in Redis (--idempotency-store)
 #   benches/catalog.sh "sqlite postgres" two-commit      # records reserved in a commit of their own
+#   CATALOG_BIN=/tmp/catalog-before benches/catalog.sh postgres   # another build (e.g. another commit's)
 #
 # By default the records are in the catalog's database and a keyed change commits once
 # (OneCommitStore); `two-commit` runs the catalog with --two-commit, the path before it.
@@ -34,9 +35,13 @@ echo "building the example catalog (release)…" >&2
 # --two-commit is a comparison only in builds with the examples' test-hooks feature.
 features=()
 [ "$records" = two-commit ] && features=(--features test-hooks)
-cargo build --release --locked -q -p examples "${features[@]}" --bin iceberg-catalog >&2
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-catalog_bin="$target_dir/release/iceberg-catalog"
+if [ -n "${CATALOG_BIN:-}" ]; then
+  catalog_bin="$CATALOG_BIN"   # a build of your own (another commit's, to compare)
+else
+  cargo build --release --locked -q -p examples "${features[@]}" --bin iceberg-catalog >&2
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  catalog_bin="$target_dir/release/iceberg-catalog"
+fi
 
 work=$(mktemp -d)
 catalog_pid=
