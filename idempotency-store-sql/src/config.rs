@@ -33,6 +33,36 @@ use crate::common::PoolSettings;
 /// # drop(layer); Ok(()) }
 /// ```
 pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, ConfigError> {
+    // What every backend's arm does with its connect options and its store, written once
+    // (the drivers' options and the stores share no trait for it).
+    #[allow(unused_macros)] // with no networked backend compiled in
+    macro_rules! with_credentials {
+        ($options:expr, $config:expr) => {{
+            let mut options = $options;
+            if let Some(user) = &$config.database_user {
+                options = options.username(user);
+            }
+            if let Some(password) = &$config.database_password {
+                options = options.password(password);
+            }
+            options
+        }};
+    }
+    #[allow(unused_macros)] // with no backend compiled in
+    macro_rules! ready {
+        ($connect:expr, $config:expr) => {{
+            let store = $connect
+                .await
+                .map_err(ConfigError::Store)?
+                .migrate()
+                .await
+                .map_err(ConfigError::Store)?;
+            Ok(Arc::new(match $config.scope_quota {
+                Some(quota) => store.with_scope_quota(quota),
+                None => store,
+            }))
+        }};
+    }
     if config.store_type != StoreType::Sql {
         return Err(ConfigError::NotApplicable {
             key: idempotency_core::config::STORE_TYPE,
@@ -68,25 +98,14 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, Conf
                     }
                     settings = settings.synchronous_replication(mode);
                 }
-                let mut options: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| {
+                let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(|e| {
                     ConfigError::invalid_database_url(&url, format!("a valid PostgreSQL URL ({e})"))
                 })?;
-                if let Some(user) = &config.database_user {
-                    options = options.username(user);
-                }
-                if let Some(password) = &config.database_password {
-                    options = options.password(password);
-                }
-                let store = crate::PostgresStore::connect_with(options, &settings)
-                    .await
-                    .map_err(ConfigError::Store)?
-                    .migrate()
-                    .await
-                    .map_err(ConfigError::Store)?;
-                Ok(Arc::new(match config.scope_quota {
-                    Some(quota) => store.with_scope_quota(quota),
-                    None => store,
-                }))
+                let options = with_credentials!(options, config);
+                ready!(
+                    crate::PostgresStore::connect_with(options, &settings),
+                    config
+                )
             }
             #[cfg(not(feature = "postgres"))]
             Err(not_compiled(url, backend))
@@ -94,26 +113,15 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, Conf
         SqlBackend::MySql => {
             #[cfg(feature = "mysql")]
             {
-                let mut options: sqlx::mysql::MySqlConnectOptions =
+                let options: sqlx::mysql::MySqlConnectOptions =
                     crate::mysql::mysql_url(url).parse().map_err(|e| {
                         ConfigError::invalid_database_url(url, format!("a valid MySQL URL ({e})"))
                     })?;
-                if let Some(user) = &config.database_user {
-                    options = options.username(user);
-                }
-                if let Some(password) = &config.database_password {
-                    options = options.password(password);
-                }
-                let store = crate::MySqlStore::connect_with(options, &pool_settings(config))
-                    .await
-                    .map_err(ConfigError::Store)?
-                    .migrate()
-                    .await
-                    .map_err(ConfigError::Store)?;
-                Ok(Arc::new(match config.scope_quota {
-                    Some(quota) => store.with_scope_quota(quota),
-                    None => store,
-                }))
+                let options = with_credentials!(options, config);
+                ready!(
+                    crate::MySqlStore::connect_with(options, &pool_settings(config)),
+                    config
+                )
             }
             #[cfg(not(feature = "mysql"))]
             Err(not_compiled(url, backend))
@@ -121,16 +129,10 @@ pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, Conf
         SqlBackend::Sqlite => {
             #[cfg(feature = "sqlite")]
             {
-                let store = crate::SqliteStore::connect(url, &pool_settings(config))
-                    .await
-                    .map_err(ConfigError::Store)?
-                    .migrate()
-                    .await
-                    .map_err(ConfigError::Store)?;
-                Ok(Arc::new(match config.scope_quota {
-                    Some(quota) => store.with_scope_quota(quota),
-                    None => store,
-                }))
+                ready!(
+                    crate::SqliteStore::connect(url, &pool_settings(config)),
+                    config
+                )
             }
             #[cfg(not(feature = "sqlite"))]
             Err(not_compiled(url, backend))

@@ -10,7 +10,9 @@
 use std::future::Future;
 
 use idempotency_core::{Binding, FencingToken, RecordId, StoredResponse};
-use sqlx::{Pool, Row};
+use sqlx::Pool;
+#[allow(unused_imports)] // with no backend compiled in
+use sqlx::Row;
 
 /// The database a connection is on, as the statements tell them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +172,7 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
 /// Implements [`RecordDatabase`] for one sqlx database: the bodies are the same for all
 /// four (each compiles against its driver's own types), but how a connection names its
 /// backend differs between the typed drivers and `Any`.
+#[allow(unused_macros)] // with no backend compiled in
 macro_rules! record_database {
     ($database:ty, backend: |$connection:ident| $name:expr, sqlite: |$pool:ident| $sqlite:expr) => {
         impl sealed::Sealed for $database {}

@@ -85,10 +85,10 @@ impl TableName {
         fnv1a(format!("idempotency-store-sql:migrate:{}", self.0).as_bytes()) as i64
     }
 
-    /// The key of the advisory lock a one-commit owner holds on its record (PostgreSQL),
-    /// so that a duplicate learns "in flight" without waiting on the uncommitted row. A
-    /// collision between two keys only makes one wait for the other's transaction.
-    #[cfg(feature = "any")]
+    /// The key of the advisory lock a one-commit owner holds on its key while its record
+    /// is not written yet (PostgreSQL), which duplicates and `PostgresStore`'s reservations
+    /// look at. A collision between two keys only makes one wait for the other's
+    /// transaction.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn record_lock_key(&self, id: &idempotency_core::RecordId) -> i64 {
         let mut name =
