@@ -945,20 +945,21 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             .is_some_and(|entry| entry.token == token)
     }
 
-    /// The terms of a reservation whose record `finalize_in` writes whole: taken by its
-    /// handler on PostgreSQL, claimed on SQLite. `None` for any other.
+    /// The terms of a reservation whose record `finalize_in` writes whole: one whose
+    /// handler took its transaction (PostgreSQL) or claim (SQLite; claimed, not taken, when
+    /// the handler began a transaction of its own). `None` for any other, and on
+    /// MySQL/MariaDB, whose record is in flight already.
     fn held_terms(&self, reservation: &ReservationHandle) -> Option<Terms> {
-        let whole: fn(&PendingState<DB>) -> bool = match self.dialect {
-            Dialect::Postgres => |state: &PendingState<DB>| matches!(state, PendingState::Taken),
-            Dialect::Sqlite => |state: &PendingState<DB>| {
-                matches!(state, PendingState::Claimed | PendingState::Taken)
-            },
-            Dialect::MySql => return None,
-        };
+        if self.dialect == Dialect::MySql {
+            return None;
+        }
         self.claims
             .lock()
             .get(reservation.id())
-            .filter(|entry| entry.token == reservation.token() && whole(&entry.state))
+            .filter(|entry| {
+                entry.token == reservation.token()
+                    && matches!(entry.state, PendingState::Taken | PendingState::Claimed)
+            })
             .map(|entry| entry.terms.clone())
     }
 
