@@ -46,7 +46,7 @@
 //!
 //! # One path for handlers: `Tx`
 //!
-//! A handler whose state lives in SQL writes it in a `Tx` (feature `any`), the
+//! A handler whose state lives in SQL writes it in a `Tx` (any backend feature), the
 //! transaction its request's write belongs in, and hands its answer to `Tx::commit`,
 //! which records the answer with the write and commits once. The handler's code is the
 //! same whatever the pool — a typed store's (`PostgresStore`, `MySqlStore`,
@@ -96,8 +96,8 @@
 //!
 //! # One commit: the reservation in the handler's transaction
 //!
-//! `OneCommitStore` (feature `any`; on a `PgPool`, `MySqlPool`, `SqlitePool` or
-//! `AnyPool`) goes one step further: the reservation itself is
+//! `OneCommitStore` (on a `PgPool`, `MySqlPool` or `SqlitePool` with the backend's
+//! feature; on an `AnyPool` with `any` too) goes one step further: the reservation itself is
 //! written in the handler's transaction, so a keyed first execution commits once, as the
 //! same request without a key does (two commits otherwise: the reservation's, then the
 //! handler's). The handler begins its transaction with `OneCommitStore::begin`, writes,
@@ -109,7 +109,7 @@
 //! release leaves a committed record alone; with the record elsewhere (Redis, say),
 //! `WriteTransaction::commit` asks PostgreSQL what happened, and says `CommitError::Unknown`
 //! where it cannot tell, for the handler to mark its answer
-//! [`OutcomeUnknown`](idempotency_core::OutcomeUnknown) (feature `any`).
+//! [`OutcomeUnknown`](idempotency_core::OutcomeUnknown).
 //!
 //! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
 //! versions cannot both link SQLite (`links = "sqlite3"`) into one binary.
@@ -241,8 +241,12 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
-//! | `any` | off | `Tx` and `Transactions`, the one path for handlers; [`AnyFinalizer`]: `finalize_in` on a transaction of sqlx's `Any` driver (on any of the backends compiled in); [`OneCommitStore`]: the reservation in the handler's own transaction, one commit per keyed change, on a typed pool or `Any` |
-//! | `axum` | off | `Tx<T>` as an axum extractor (turns on `any`) |
+//! | `any` | off | sqlx's `Any` driver: `Tx`, [`OneCommitStore`], `WriteTransaction` and `RecordsElsewhere` on an `AnyPool` (on any of the backends compiled in), and [`AnyFinalizer`]: `finalize_in` on a transaction of `Any` |
+//! | `axum` | off | `Tx<T>` and `LazyTx<T>` as axum extractors |
+//!
+//! `Tx`, `Transactions`, [`OneCommitStore`] (the reservation in the handler's own
+//! transaction, one commit per keyed change) and `WriteTransaction` come with every
+//! backend feature, on that backend's typed pool.
 //!
 //! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
 //! builds the PostgreSQL store alone.
@@ -257,14 +261,12 @@
 
 #[cfg(feature = "any")]
 mod any;
-#[cfg(feature = "any")]
 mod commit_outcome;
 mod common;
 mod config;
 mod in_transaction;
 #[cfg(feature = "mysql")]
 mod mysql;
-#[cfg(feature = "any")]
 // Each backend's path is there only with its feature; the rest is unused without it.
 #[cfg_attr(
     not(all(feature = "postgres", feature = "mysql", feature = "sqlite")),
@@ -279,12 +281,10 @@ mod sqlite;
 #[cfg(feature = "postgres")]
 mod synchronous;
 mod table;
-#[cfg(feature = "any")]
 mod transactions;
 
 #[cfg(feature = "any")]
 pub use any::AnyFinalizer;
-#[cfg(feature = "any")]
 pub use commit_outcome::{CommitError, OUTCOME_CHECK_FOR};
 pub use common::{Operation, PoolSettings};
 pub use config::{open, pool_settings};
@@ -292,7 +292,6 @@ pub use idempotency_core::config::SynchronousReplication;
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
-#[cfg(feature = "any")]
 pub use one_commit::{OneCommitStore, WriteTransaction};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
@@ -302,7 +301,6 @@ pub use sqlite::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use synchronous::{InvalidSynchronousReplication, NotSynchronous};
 pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
-#[cfg(feature = "any")]
 pub use transactions::{LazyTx, OpenTransaction, RecordsElsewhere, Transactions, Tx, TxError};
 
 /// The sqlx version this crate is built on, re-exported so that a caller can build a

@@ -249,7 +249,6 @@ impl Statements {
 }
 
 /// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
-#[cfg(feature = "any")]
 pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
@@ -258,7 +257,6 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
 /// no conflict handling, so that a duplicate key fails (or, while the key's row is
 /// uncommitted, waits for its transaction). Parameters: scope, key, method, path,
 /// body_sha256, token, lifetime, lease.
-#[cfg(feature = "any")]
 pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
     format!(
         "INSERT INTO `{table}`

@@ -14,7 +14,7 @@ use idempotency_core::{
     IdempotencyStore, InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
     Reservation, ReservationHandle, ScopeQuota, StoreError, Waited, async_trait,
 };
-use sqlx::{Any, Pool, Transaction};
+use sqlx::{Pool, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::commit_outcome::{CommitError, OutcomeCheck};
@@ -142,7 +142,7 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///     .layer(IdempotencyLayer::from_shared_store(store).with_scope(SingleScope));
 /// # drop(app); Ok(()) }
 /// ```
-pub struct OneCommitStore<DB: RecordDatabase = Any> {
+pub struct OneCommitStore<DB: RecordDatabase> {
     /// Everything that is not a one-commit reservation: committed records, typed.
     records: Arc<dyn FullStore>,
     pool: Pool<DB>,
@@ -200,7 +200,7 @@ struct Statements {
 /// [`commit`](Self::commit) tells a change that did not commit from one whose outcome is
 /// unknown (see [`CommitError`]), and for a keyed transaction on PostgreSQL asks the
 /// database what happened.
-pub struct WriteTransaction<DB: RecordDatabase = Any> {
+pub struct WriteTransaction<DB: RecordDatabase> {
     /// `Some` until it commits or rolls back.
     transaction: Option<Transaction<'static, DB>>,
     room: Option<OwnedSemaphorePermit>,

@@ -119,7 +119,6 @@ struct Statements {
     renew: String,
     finalize: String,
     /// `finalize` without its announcement, bound the same way ($7 is read and unused).
-    #[cfg(feature = "any")]
     finalize_quietly: String,
     release: String,
     take_over: String,
@@ -249,7 +248,6 @@ impl Statements {
             // handler's transaction too). Finalize returns an integer, not pg_notify's
             // void, which sqlx's `Any` driver cannot read.
             finalize: finalize(&format!("pg_notify('{channel}', $7)")),
-            #[cfg(feature = "any")]
             finalize_quietly: finalize("$7::text"),
             release: format!(
                 "WITH done AS (DELETE FROM {t} WHERE {owned} RETURNING 1)
@@ -298,7 +296,6 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
 /// duplicates wait on the record's advisory lock rather than listen: a transaction that
 /// notifies takes PostgreSQL's global notification lock at its commit, which serializes
 /// the commits of every such transaction. Bound as [`finalize_statement`] is.
-#[cfg(feature = "any")]
 pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
     Statements::new(table).finalize_quietly
 }
@@ -310,7 +307,6 @@ pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
 /// the lock is this transaction's (not: another transaction holds it, a duplicate of a
 /// running request). A replay never takes the lock, so replays never wait on each other.
 /// Parameters: scope, key, the record's lock.
-#[cfg(feature = "any")]
 pub(crate) fn reserve_lock_statement(table: &TableName) -> String {
     format!(
         "WITH existing AS MATERIALIZED (
@@ -326,7 +322,6 @@ pub(crate) fn reserve_lock_statement(table: &TableName) -> String {
 /// key's advisory lock (see [`reserve_lock_statement`]); an expired record is replaced,
 /// and a live one (committed by another store since the lock was taken) is left alone:
 /// no row inserted. Bound as the SQLite statement of the same name is.
-#[cfg(feature = "any")]
 pub(crate) fn insert_completed_statement(table: &TableName) -> String {
     format!(
         "INSERT INTO \"{table}\" AS r
@@ -356,7 +351,6 @@ pub(crate) fn insert_completed_statement(table: &TableName) -> String {
 /// holds the key and the key's advisory lock is free or already this transaction's
 /// (`committed`: a record holds the key; `inserted`: this one went in). Parameters:
 /// scope, key, method, path, body_sha256, token, lifetime, lease, the record's lock.
-#[cfg(feature = "any")]
 pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
     format!(
         "WITH existing AS MATERIALIZED (

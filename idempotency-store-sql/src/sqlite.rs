@@ -190,7 +190,6 @@ impl Statements {
 }
 
 /// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
-#[cfg(feature = "any")]
 pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
@@ -200,7 +199,6 @@ pub(crate) fn finalize_statement(table: &TableName) -> String {
 /// an expired one; nothing (0 rows) if a live record holds the key. Parameters: scope,
 /// key, method, path, body_sha256, token, lifetime, lease, status, headers, body,
 /// trailers.
-#[cfg(feature = "any")]
 pub(crate) fn insert_completed_statement(table: &TableName) -> String {
     format!(
         "INSERT INTO \"{table}\"

@@ -382,7 +382,7 @@ impl<DB: RecordDatabase> Transactions for Arc<crate::OneCommitStore<DB>> {
 /// `WriteTransaction::begin_on`) and, where the database cannot tell, answered
 /// [`TxError::Unknown`].
 #[derive(Debug)]
-pub struct RecordsElsewhere<DB: RecordDatabase = sqlx::Any>(pub sqlx::Pool<DB>);
+pub struct RecordsElsewhere<DB: RecordDatabase>(pub sqlx::Pool<DB>);
 
 impl<DB: RecordDatabase> Clone for RecordsElsewhere<DB> {
     fn clone(&self) -> Self {

@@ -12,7 +12,7 @@ use idempotency_store_sql::{
     AnyFinalizer, FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere, Transactions,
     WriteTransaction,
 };
-use sqlx::AnyPool;
+use sqlx::{Any, AnyPool};
 
 /// A change's transaction, still to begin: the extractor every mutating route takes.
 pub(crate) type CatalogTx = LazyTx<Writes>;
@@ -22,7 +22,7 @@ pub(crate) type CatalogTx = LazyTx<Writes>;
 pub(crate) enum Writes {
     /// In the catalog's database, reserved in the change's own transaction: the record,
     /// the change and the answer commit once.
-    OneCommit(Arc<OneCommitStore>),
+    OneCommit(Arc<OneCommitStore<Any>>),
     /// In the catalog's database, reserved in a commit of their own; the change writes
     /// the answer into it in its transaction (`--two-commit`).
     TwoCommits {
@@ -30,12 +30,12 @@ pub(crate) enum Writes {
         finalizer: AnyFinalizer,
     },
     /// Elsewhere (Redis), or nowhere (`--no-idempotency`): the layer records the answer.
-    Elsewhere(RecordsElsewhere),
+    Elsewhere(RecordsElsewhere<Any>),
 }
 
 impl Transactions for Writes {
-    type Database = sqlx::Any;
-    type Transaction = WriteTransaction;
+    type Database = Any;
+    type Transaction = WriteTransaction<Any>;
 
     fn records_in_transaction(&self) -> bool {
         !matches!(self, Self::Elsewhere(_))
@@ -46,7 +46,7 @@ impl Transactions for Writes {
     async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
-    ) -> Result<WriteTransaction, StoreError> {
+    ) -> Result<WriteTransaction<Any>, StoreError> {
         match self {
             Self::OneCommit(store) => store.begin(reservation).await,
             Self::TwoCommits { pool, .. } => WriteTransaction::begin_on(pool, None)
@@ -58,7 +58,7 @@ impl Transactions for Writes {
 
     async fn finalize_in<B>(
         &self,
-        transaction: &mut WriteTransaction,
+        transaction: &mut WriteTransaction<Any>,
         reservation: Option<&ReservationHandle>,
         answer: Response<B>,
     ) -> Result<Response<B>, FinalizeError>
