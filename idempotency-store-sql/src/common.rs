@@ -14,6 +14,19 @@ use idempotency_core::{
 /// `now + duration` never overflows a BIGINT.
 const MAX_DURATION_MS: u128 = 100 * 366 * 24 * 60 * 60 * 1000;
 
+/// The one-commit path's upsert of a finished record over an expired one
+/// (PostgreSQL's and SQLite's `ON CONFLICT … DO UPDATE SET`): every column from the row
+/// that was to be inserted.
+#[allow(dead_code)] // without PostgreSQL and SQLite
+pub(crate) const REPLACE_WITH_EXCLUDED: &str = "method = excluded.method, path = excluded.path,
+             body_sha256 = excluded.body_sha256, fencing_token = excluded.fencing_token,
+             created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms,
+             lease_expires_at_ms = excluded.lease_expires_at_ms,
+             response_status = excluded.response_status,
+             response_headers = excluded.response_headers,
+             response_body = excluded.response_body,
+             response_trailers = excluded.response_trailers";
+
 /// How many times an operation that lost a race with another statement (PostgreSQL's
 /// snapshot hiding a concurrent insert, a MySQL deadlock, a row deleted between two
 /// statements) is tried before giving up with an error. Each retry needs another node to

@@ -19,9 +19,9 @@ use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
-    evict_verdict, hex, millis, new_token, new_token_other_than, notice_for, ownership, row_bytes,
-    too_many_races, trailers_column,
+    MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord,
+    ScopeUsage, backend, evict_verdict, hex, millis, new_token, new_token_other_than, notice_for,
+    ownership, row_bytes, too_many_races, trailers_column,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::synchronous;
@@ -332,15 +332,7 @@ pub(crate) fn insert_completed_statement(table: &TableName) -> String {
                 n, n + $7::bigint, n + $8::bigint,
                 $9::integer, $10::bytea, $11::bytea, $12::bytea
          FROM (SELECT {NOW_MS} AS n) AS clock
-         ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-             method = excluded.method, path = excluded.path,
-             body_sha256 = excluded.body_sha256, fencing_token = excluded.fencing_token,
-             created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms,
-             lease_expires_at_ms = excluded.lease_expires_at_ms,
-             response_status = excluded.response_status,
-             response_headers = excluded.response_headers,
-             response_body = excluded.response_body,
-             response_trailers = excluded.response_trailers
+         ON CONFLICT (scope, idempotency_key) DO UPDATE SET {REPLACE_WITH_EXCLUDED}
          WHERE r.expires_at_ms <= excluded.created_at_ms"
     )
 }

@@ -15,8 +15,8 @@ use idempotency_core::{
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, backend, evict_verdict,
-    new_token_other_than, ownership, row_bytes, too_many_races,
+    MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord,
+    backend, evict_verdict, new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
@@ -207,15 +207,7 @@ pub(crate) fn insert_completed_statement(table: &TableName) -> String {
           response_status, response_headers, response_body, response_trailers)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8,
                  ?9, ?10, ?11, ?12)
-         ON CONFLICT (scope, idempotency_key) DO UPDATE SET
-             method = excluded.method, path = excluded.path,
-             body_sha256 = excluded.body_sha256, fencing_token = excluded.fencing_token,
-             created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms,
-             lease_expires_at_ms = excluded.lease_expires_at_ms,
-             response_status = excluded.response_status,
-             response_headers = excluded.response_headers,
-             response_body = excluded.response_body,
-             response_trailers = excluded.response_trailers
+         ON CONFLICT (scope, idempotency_key) DO UPDATE SET {REPLACE_WITH_EXCLUDED}
          WHERE expires_at_ms <= {NOW_MS}"
     )
 }

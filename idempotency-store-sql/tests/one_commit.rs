@@ -289,6 +289,29 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, Opti
     )
 }
 
+/// Sends `key` to `owner` with a handler that takes `owner_ms`, and `after_ms` later the
+/// same request to `duplicate_to`: what the duplicate got, and the owner's answer.
+async fn duplicate_while_running(
+    owner: &Router,
+    duplicate_to: &Router,
+    key: &str,
+    owner_ms: u64,
+    after_ms: u64,
+) -> ((StatusCode, String, Option<Outcome>), String) {
+    let (mut parts, body) = request(key, "a").into_parts();
+    parts
+        .headers
+        .insert("x-sleep-ms", owner_ms.to_string().parse().unwrap());
+    let first = tokio::spawn({
+        let owner = owner.clone();
+        async move { send(&owner, Request::from_parts(parts, body)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(after_ms)).await;
+    let duplicate = send(duplicate_to, request(key, "a")).await;
+    let (_, original, _) = first.await.unwrap();
+    (duplicate, original)
+}
+
 async fn one_commit_then_replays<DB: RecordDatabase>(backend: Backend)
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -335,16 +358,8 @@ where
     };
     let app = app(&database);
     let key = uuid::Uuid::new_v4().to_string();
-    let slow = request(&key, "a");
-    let (mut parts, body) = slow.into_parts();
-    parts.headers.insert("x-sleep-ms", "400".parse().unwrap());
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, Request::from_parts(parts, body)).await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (status, duplicate, outcome) = send(&app, request(&key, "a")).await;
-    let (_, original, _) = first.await.unwrap();
+    let ((status, duplicate, outcome), original) =
+        duplicate_while_running(&app, &app, &key, 400, 100).await;
     assert_eq!(
         (status, outcome),
         (StatusCode::CREATED, Some(Outcome::Replayed))
@@ -534,15 +549,8 @@ where
     let runs = Arc::new(AtomicUsize::new(0));
     let replica = typed_replica(&database, runs.clone());
     let key = uuid::Uuid::new_v4().to_string();
-    let (mut parts, body) = request(&key, "a").into_parts();
-    parts.headers.insert("x-sleep-ms", "600".parse().unwrap());
-    let first = tokio::spawn({
-        let app = app.clone();
-        async move { send(&app, Request::from_parts(parts, body)).await }
-    });
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let (status, duplicate, outcome) = send(&replica, request(&key, "a")).await;
-    let (_, original, _) = first.await.unwrap();
+    let ((status, duplicate, outcome), original) =
+        duplicate_while_running(&app, &replica, &key, 600, 150).await;
     assert_eq!(
         (status, outcome),
         (StatusCode::CREATED, Some(Outcome::Replayed)),
