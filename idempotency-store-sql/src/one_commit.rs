@@ -20,7 +20,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use crate::commit_outcome::{CommitError, OutcomeCheck};
 use crate::common::{backend, millis, new_token};
 use crate::in_transaction::{FinalizeError, finalize_with, finish, prepare};
-use crate::record_database::{Dialect, RecordDatabase};
+use crate::record_database::{Dialect, RecordDatabase, wait_for_key_lock};
 use crate::table::TableName;
 
 /// How long a MySQL/MariaDB reservation waits on a duplicate's uncommitted row before it
@@ -309,14 +309,14 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
     /// the record in flight, which keeps the key held once the `COMMIT` lets the key's
     /// lock go (the layer then writes the answer into it).
     async fn record_in_flight_unless_finalized(&mut self) -> Result<(), sqlx::Error> {
-        let Some((in_flight, terms)) = self.claim.as_ref().and_then(ClaimGuard::unrecorded) else {
+        let Some(claim) = &self.claim else {
+            return Ok(());
+        };
+        let Some((in_flight, terms)) = claim.unrecorded() else {
             return Ok(());
         };
         let (statement, lock_key) = (in_flight.statement.clone(), in_flight.lock_key);
-        let (id, token) = {
-            let claim = self.claim.as_ref().expect("checked above");
-            (claim.id.clone(), claim.token)
-        };
+        let (id, token) = (claim.id.clone(), claim.token);
         let (_, inserted) = DB::insert_in_flight(
             &mut **self,
             &statement,
@@ -1092,50 +1092,49 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// Waits up to `timeout` for the transaction that holds the key to end: `true` if it
     /// ended (or none held it), `false` if it still runs.
     async fn wait_for_owner(&self, id: &RecordId, timeout: Duration) -> Result<bool, StoreError> {
-        let mut transaction = self.begin_raw().await.map_err(backend)?;
-        let waited = match self.dialect {
+        match self.dialect {
             Dialect::Postgres => {
-                // `lock_timeout` 0 would mean "forever".
-                let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
-                DB::run(&mut transaction, &format!("SET LOCAL lock_timeout = {ms}"))
+                let lock = self.table.record_lock_key(id);
+                wait_for_key_lock(&self.pool, lock, timeout)
                     .await
-                    .map_err(backend)?;
-                let key = self.table.record_lock_key(id);
-                DB::run_with(&mut transaction, "SELECT pg_advisory_xact_lock($1)", key)
-                    .await
-                    .map(|_| ())
+                    .map_err(backend)
             }
-            Dialect::MySql => {
-                let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
-                set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
-                // A probe: the insert waits on the owner's uncommitted row, and is rolled
-                // back whatever it finds.
-                let nothing = Binding {
-                    method: String::new(),
-                    path: String::new(),
-                    body_sha256: [0; 32],
-                };
-                let probed = DB::insert_in_flight(
-                    &mut transaction,
-                    &self.sql.insert_in_flight,
-                    id,
-                    &nothing,
-                    FencingToken(0),
-                    0,
-                    0,
-                    None,
-                )
-                .await
-                .map(|_| ());
-                set_lock_wait::<DB>(&mut transaction, None).await?;
-                probed
-            }
+            Dialect::MySql => self.wait_on_owners_row(id, timeout).await,
             // SQLite's duplicates wait for the owner's claim instead.
-            Dialect::Sqlite => return Ok(false),
+            Dialect::Sqlite => Ok(false),
+        }
+    }
+
+    /// MySQL/MariaDB: waits up to `timeout` on the owner's uncommitted row with a probe,
+    /// an insert under the key that is rolled back whatever it finds.
+    async fn wait_on_owners_row(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut transaction = self.begin_raw().await.map_err(backend)?;
+        let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+        set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
+        let nothing = Binding {
+            method: String::new(),
+            path: String::new(),
+            body_sha256: [0; 32],
         };
+        let probed = DB::insert_in_flight(
+            &mut transaction,
+            &self.sql.insert_in_flight,
+            id,
+            &nothing,
+            FencingToken(0),
+            0,
+            0,
+            None,
+        )
+        .await;
+        set_lock_wait::<DB>(&mut transaction, None).await?;
         let _ = transaction.rollback().await;
-        match waited {
-            Ok(()) => Ok(true),
+        match probed {
+            Ok(_) => Ok(true),
             Err(error) => match conflict(&error) {
                 Conflict::Duplicate | Conflict::Deadlock => Ok(true),
                 Conflict::Busy => Ok(false),

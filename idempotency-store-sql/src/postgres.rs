@@ -578,25 +578,9 @@ impl PostgresStore {
             return Ok(true);
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        // `lock_timeout` 0 would mean "forever".
-        let ms = left.as_millis().clamp(1, i32::MAX as u128);
-        sqlx::query(&format!("SET LOCAL lock_timeout = {ms}"))
-            .execute(&mut *tx)
+        crate::record_database::wait_for_key_lock(&self.pool, lock, left)
             .await
-            .map_err(backend)?;
-        let waited = sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(lock)
-            .execute(&mut *tx)
-            .await;
-        let _ = tx.rollback().await;
-        match waited {
-            Ok(_) => Ok(true),
-            Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => {
-                Ok(false)
-            }
-            Err(error) => Err(backend(error)),
-        }
+            .map_err(backend)
     }
 
     async fn load_on(

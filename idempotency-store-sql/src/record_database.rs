@@ -8,6 +8,7 @@
 //! and [`AnyFinalizer`](crate::AnyFinalizer) are written once instead of once per driver.
 
 use std::future::Future;
+use std::time::Duration;
 
 use idempotency_core::{Binding, FencingToken, RecordId, StoredResponse};
 use sqlx::Pool;
@@ -167,6 +168,39 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
         token: FencingToken,
         answer: &StoredResponse,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+}
+
+/// PostgreSQL: waits up to `timeout` for the key's advisory lock (`lock_key`), held by a
+/// one-commit owner while its record is not written yet, in a transaction of its own that
+/// takes the lock and lets it go: `true` once it was free (the owner ended), `false` if it
+/// was still held when the time was up.
+pub(crate) async fn wait_for_key_lock<DB: RecordDatabase>(
+    pool: &Pool<DB>,
+    lock_key: i64,
+    timeout: Duration,
+) -> Result<bool, sqlx::Error> {
+    let mut transaction = pool.begin().await?;
+    // `lock_timeout` 0 would mean "forever".
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+    DB::run(&mut transaction, &format!("SET LOCAL lock_timeout = {ms}")).await?;
+    let waited = DB::run_with(
+        &mut transaction,
+        "SELECT pg_advisory_xact_lock($1)",
+        lock_key,
+    )
+    .await;
+    let _ = transaction.rollback().await;
+    match waited {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(error)) => match error.code().as_deref() {
+            // lock_not_available: the owner still runs.
+            Some("55P03") => Ok(false),
+            // deadlock_detected: the wait ended without the lock; look again.
+            Some("40P01") => Ok(true),
+            _ => Err(sqlx::Error::Database(error)),
+        },
+        Err(error) => Err(error),
+    }
 }
 
 /// Implements [`RecordDatabase`] for one sqlx database: the bodies are the same for all
