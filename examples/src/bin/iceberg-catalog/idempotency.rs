@@ -37,9 +37,10 @@ use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
-use idempotency_store_sql::{AnyFinalizer, OneCommitStore, TableName};
+use idempotency_store_sql::{OneCommitStore, TableName};
+use sqlx::Pool;
 
-use crate::catalog::Writes;
+use crate::catalog::{CatalogDatabase, Writes};
 
 /// How often expired records are purged.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -75,14 +76,14 @@ pub(crate) enum Commits {
 /// callers to tell apart: it says so with [`SingleScope`], and clients configured with a
 /// token (which the layer would otherwise refuse, unable to tell them apart) work too. A
 /// catalog with authentication reads the principal instead (README, Usage).
-pub(crate) async fn layer(
+pub(crate) async fn layer<DB: CatalogDatabase>(
     records: Records<'_>,
     lifetime: Duration,
     commits: Commits,
-    pool: &sqlx::AnyPool,
+    pool: &Pool<DB>,
     metadata: Option<impl MetadataReader>,
 ) -> Result<
-    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes>),
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes<DB>>),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     let profile = match metadata {
@@ -94,13 +95,13 @@ pub(crate) async fn layer(
 }
 
 /// [`layer`] with the records where `records` says, before its profile is set.
-async fn records_layer(
+async fn records_layer<DB: CatalogDatabase>(
     records: Records<'_>,
     lifetime: Duration,
     commits: Commits,
-    pool: &sqlx::AnyPool,
+    pool: &Pool<DB>,
 ) -> Result<
-    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes>),
+    (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes<DB>>),
     Box<dyn std::error::Error + Send + Sync>,
 > {
     match records {
@@ -123,7 +124,7 @@ async fn records_layer(
                     typed,
                     Some(Writes::TwoCommits {
                         pool: pool.clone(),
-                        finalizer: AnyFinalizer::default(),
+                        records: DB::typed_store(pool.clone()),
                     }),
                 ));
             }

@@ -89,7 +89,7 @@ use examples::telemetry;
 use idempotency_core::{IdempotencyLayer, Outcome};
 use tower_layer::Layer as _;
 
-use crate::catalog::Catalog;
+use crate::catalog::{Backend, Catalog, CatalogDatabase};
 use crate::routes::AppState;
 
 /// An Apache Iceberg REST catalog server with Idempotency-Key support.
@@ -188,7 +188,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Some(listen) => Some(telemetry::serve(listen).await?),
         None => None,
     };
-    let catalog = Catalog::open(&args.database, warehouse.clone()).await?;
+    // The catalog is generic over its database: the URL picks which.
+    match Backend::from_url(&args.database)? {
+        Backend::Sqlite => serve::<sqlx::Sqlite>(args, warehouse, metrics_address).await,
+        Backend::Postgres => serve::<sqlx::Postgres>(args, warehouse, metrics_address).await,
+        Backend::MySql => serve::<sqlx::MySql>(args, warehouse, metrics_address).await,
+    }
+}
+
+/// Opens the catalog on database `DB` with its idempotency layer, and serves it until
+/// Ctrl-C or SIGTERM.
+async fn serve<DB: CatalogDatabase>(
+    args: Args,
+    warehouse: String,
+    metrics_address: Option<SocketAddr>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let catalog = Catalog::<DB>::open(&args.database, warehouse.clone()).await?;
     let (layer, records, catalog) = if args.no_idempotency {
         (None, None, catalog)
     } else {

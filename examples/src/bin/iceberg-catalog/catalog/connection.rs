@@ -9,24 +9,24 @@ use iceberg::io::{FileIO, LocalFsStorageFactory};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 use idempotency_store_sql::RecordsElsewhere;
 
-use super::database::{Backend, CATALOG_NAME, Database};
+use super::database::{Backend, CATALOG_NAME, CatalogDatabase, Database};
 use super::log::LOG_TARGET;
 use super::writes::Writes;
 
-/// Where the state lives and the files go.
-pub(crate) struct Catalog {
+/// Where the state lives and the files go, on database `DB`.
+pub(crate) struct Catalog<DB: CatalogDatabase> {
     /// Serves the reads it does well (namespaces, list / load / exists table); every
     /// write goes through [`Self::db`], in transactions `SqlCatalog` cannot join.
     pub(super) sql_catalog: SqlCatalog,
-    pub(super) db: Database,
+    pub(super) db: Database<DB>,
     pub(super) file_io: FileIO,
     /// The warehouse root as a `file://` URI, without a trailing slash.
     pub(super) warehouse: String,
     /// Where a change's transaction comes from and how its answer is recorded in it.
-    pub(crate) writes: Writes,
+    pub(crate) writes: Writes<DB>,
 }
 
-impl Catalog {
+impl<DB: CatalogDatabase> Catalog<DB> {
     /// Connects to the database, creates the catalog tables if they are missing, and
     /// keeps metadata files under `warehouse` (a `file://` URI of an existing directory).
     pub(crate) async fn open(
@@ -42,7 +42,7 @@ impl Catalog {
             let loaded = SqlCatalogBuilder::default()
                 .uri(database_url)
                 .warehouse_location(warehouse.clone())
-                .sql_bind_style(match db.backend() {
+                .sql_bind_style(match DB::BACKEND {
                     Backend::Postgres => SqlBindStyle::DollarNumeric,
                     Backend::Sqlite | Backend::MySql => SqlBindStyle::QMark,
                 })
@@ -71,13 +71,13 @@ impl Catalog {
 
     /// Keeps the idempotency records in the catalog's database: every change writes its
     /// answer into its record as `writes` says.
-    pub(crate) fn with_records_in_database(mut self, writes: Writes) -> Self {
+    pub(crate) fn with_records_in_database(mut self, writes: Writes<DB>) -> Self {
         self.writes = writes;
         self
     }
 
     /// The pool the catalog writes with.
-    pub(crate) fn pool(&self) -> &sqlx::AnyPool {
+    pub(crate) fn pool(&self) -> &sqlx::Pool<DB> {
         self.db.pool()
     }
 }

@@ -1,12 +1,17 @@
-//! The SQL side of the catalog: which database it runs on, its transactions, and the
-//! statements every resource shares.
+//! The SQL side of the catalog: which database it runs on, its pool, and the statements
+//! every resource shares.
 //!
-//! Statements are written once with `?` placeholders and translated for PostgreSQL, so
-//! that one text serves SQLite, PostgreSQL and MySQL through sqlx `Any`.
+//! The catalog's state is on a typed pool (`PgPool`, `MySqlPool`, `SqlitePool`): the
+//! whole catalog is generic over [`CatalogDatabase`], and `main` picks the database the
+//! URL names. Statements are written once with `?` placeholders and numbered for
+//! PostgreSQL, so that one text serves all three.
+
+use std::future::Future;
 
 use iceberg::TableIdent;
-use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyConnection, AnyPool, Row};
+use idempotency_store_sql::{MySqlStore, PostgresStore, RecordDatabase, SqliteStore, Transactions};
+use sqlx::pool::PoolOptions;
+use sqlx::{Pool, Row};
 
 use crate::error::ApiResult;
 
@@ -19,7 +24,7 @@ pub(super) const VIEW_TYPE_FILTER: &str = "iceberg_type = 'VIEW'";
 
 /// Which SQL database the catalog runs on, told by its URL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Backend {
+pub(crate) enum Backend {
     /// `sqlite:...`: a single file, one process (or several on one machine).
     Sqlite,
     /// `postgres://...`
@@ -30,7 +35,7 @@ pub(super) enum Backend {
 
 impl Backend {
     /// The backend a database URL names.
-    pub(super) fn from_url(url: &str) -> Result<Self, String> {
+    pub(crate) fn from_url(url: &str) -> Result<Self, String> {
         let scheme = url.split(':').next().unwrap_or_default();
         match scheme {
             "sqlite" => Ok(Self::Sqlite),
@@ -43,53 +48,124 @@ impl Backend {
     }
 }
 
-/// The connection pool, and the backend whose dialect its statements must speak.
-pub(super) struct Database {
-    pool: AnyPool,
-    backend: Backend,
+/// A database the catalog keeps its state in: `sqlx::Postgres`, `sqlx::MySql` or
+/// `sqlx::Sqlite`, each of which the idempotency records can be written in too
+/// ([`RecordDatabase`]). Its two operations take text parameters, which is all the
+/// catalog's statements bind; written once for the three drivers by the macro below.
+pub(crate) trait CatalogDatabase: RecordDatabase {
+    /// Which database this is.
+    const BACKEND: Backend;
+
+    /// The typed idempotency store on this database, whose `finalize_in` writes an answer
+    /// into a record it reserved in a commit of its own (`--two-commit`).
+    type TypedStore: Transactions<Database = Self, Transaction = sqlx::Transaction<'static, Self>>;
+
+    /// That store on `pool` (whose records table `open` has created).
+    fn typed_store(pool: Pool<Self>) -> Self::TypedStore;
+
+    /// Runs a write; the number of rows it touched.
+    fn execute(
+        connection: &mut Self::Connection,
+        statement: &str,
+        args: &[&str],
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Runs a read; the first column of each row it answers, as text.
+    fn first_column(
+        connection: &mut Self::Connection,
+        statement: &str,
+        args: &[&str],
+    ) -> impl Future<Output = Result<Vec<Option<String>>, sqlx::Error>> + Send;
 }
 
-impl Database {
+macro_rules! catalog_database {
+    ($database:ty, $backend:expr, $store:ident) => {
+        impl CatalogDatabase for $database {
+            const BACKEND: Backend = $backend;
+            type TypedStore = $store;
+
+            fn typed_store(pool: Pool<Self>) -> $store {
+                $store::new(pool)
+            }
+
+            async fn execute(
+                connection: &mut Self::Connection,
+                statement: &str,
+                args: &[&str],
+            ) -> Result<u64, sqlx::Error> {
+                let mut query = sqlx::query(statement);
+                for arg in args {
+                    query = query.bind(*arg);
+                }
+                Ok(query.execute(connection).await?.rows_affected())
+            }
+
+            async fn first_column(
+                connection: &mut Self::Connection,
+                statement: &str,
+                args: &[&str],
+            ) -> Result<Vec<Option<String>>, sqlx::Error> {
+                let mut query = sqlx::query(statement);
+                for arg in args {
+                    query = query.bind(*arg);
+                }
+                query
+                    .fetch_all(connection)
+                    .await?
+                    .iter()
+                    .map(|row| row.try_get::<Option<String>, _>(0))
+                    .collect()
+            }
+        }
+    };
+}
+
+catalog_database!(sqlx::Postgres, Backend::Postgres, PostgresStore);
+catalog_database!(sqlx::MySql, Backend::MySql, MySqlStore);
+catalog_database!(sqlx::Sqlite, Backend::Sqlite, SqliteStore);
+
+/// The connection pool of the catalog's database.
+pub(super) struct Database<DB: CatalogDatabase> {
+    pool: Pool<DB>,
+}
+
+impl<DB: CatalogDatabase> Database<DB> {
     /// Connects to the database a URL names.
     pub(super) async fn connect(
         database_url: &str,
     ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
-        let backend = Backend::from_url(database_url)?;
-        sqlx::any::install_default_drivers();
         // Room for the write transactions of many concurrent requests, each of which may
         // hold one connection from its reservation to its commit, and read with another.
-        let pool = AnyPoolOptions::new()
-            .max_connections(match backend {
+        let pool = PoolOptions::<DB>::new()
+            .max_connections(match DB::BACKEND {
                 Backend::Sqlite => 8,
                 Backend::Postgres | Backend::MySql => 32,
             })
             .connect(database_url)
             .await?;
-        if backend == Backend::Sqlite {
+        if DB::BACKEND == Backend::Sqlite {
             // Several pools (the catalog's, ours, the idempotency store's) write to one
             // file; with write-ahead logging readers never block the writer. The mode is
             // stored in the file, so setting it once is enough.
-            sqlx::query("PRAGMA journal_mode = WAL")
-                .execute(&pool)
-                .await?;
+            DB::execute(
+                &mut *pool.acquire().await?,
+                "PRAGMA journal_mode = WAL",
+                &[],
+            )
+            .await?;
         }
-        Ok(Self { pool, backend })
+        Ok(Self { pool })
     }
 
     /// The pool.
-    pub(super) fn pool(&self) -> &AnyPool {
+    pub(super) fn pool(&self) -> &Pool<DB> {
         &self.pool
-    }
-
-    /// Which database this is.
-    pub(super) fn backend(&self) -> Backend {
-        self.backend
     }
 
     /// A statement in this backend's placeholder style: `?` becomes `$1`, `$2`, ... on
     /// PostgreSQL. (The statements here contain no other question marks.)
-    pub(super) fn with_placeholders(&self, statement: &str) -> String {
-        if self.backend != Backend::Postgres {
+    pub(super) fn with_placeholders(statement: &str) -> String {
+        if DB::BACKEND != Backend::Postgres {
             return statement.to_owned();
         }
         let mut out = String::with_capacity(statement.len() + 8);
@@ -106,41 +182,50 @@ impl Database {
         out
     }
 
-    /// Runs a read outside any transaction.
-    pub(super) async fn fetch_all(&self, statement: &str, args: &[&str]) -> ApiResult<Vec<AnyRow>> {
-        let statement = self.with_placeholders(statement);
-        let mut query = sqlx::query(&statement);
-        for arg in args {
-            query = query.bind(*arg);
-        }
-        Ok(query.fetch_all(&self.pool).await?)
+    /// Runs a read outside any transaction: the first column of each row, as text.
+    pub(super) async fn fetch_texts(
+        &self,
+        statement: &str,
+        args: &[&str],
+    ) -> ApiResult<Vec<String>> {
+        let mut connection = self.pool.acquire().await?;
+        Ok(self.texts_in(&mut connection, statement, args).await?)
+    }
+
+    /// Runs a read in a change's transaction: the first column of each row, as text (a
+    /// `NULL` is left out).
+    pub(super) async fn texts_in(
+        &self,
+        connection: &mut DB::Connection,
+        statement: &str,
+        args: &[&str],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let statement = Self::with_placeholders(statement);
+        let column = DB::first_column(connection, &statement, args).await?;
+        Ok(column.into_iter().flatten().collect())
     }
 
     /// Runs a write inside a change's transaction; the number of rows it touched.
     pub(super) async fn execute_in(
         &self,
-        tx: &mut AnyConnection,
+        tx: &mut DB::Connection,
         statement: &str,
         args: &[&str],
     ) -> Result<u64, sqlx::Error> {
-        let statement = self.with_placeholders(statement);
-        let mut query = sqlx::query(&statement);
-        for arg in args {
-            query = query.bind(*arg);
-        }
-        Ok(query.execute(tx).await?.rows_affected())
+        let statement = Self::with_placeholders(statement);
+        DB::execute(tx, &statement, args).await
     }
 
     /// Whether any table or view has this name.
     pub(super) async fn name_taken(&self, ident: &TableIdent) -> ApiResult<bool> {
-        let rows = self
-            .fetch_all(
-                "SELECT 1 FROM iceberg_tables \
+        let names = self
+            .fetch_texts(
+                "SELECT table_name FROM iceberg_tables \
                  WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?",
                 &[CATALOG_NAME, &ident.namespace().join("."), ident.name()],
             )
             .await?;
-        Ok(!rows.is_empty())
+        Ok(!names.is_empty())
     }
 
     /// The current metadata file of the table or view (`filter` says which) with this
@@ -150,8 +235,8 @@ impl Database {
         ident: &TableIdent,
         filter: &str,
     ) -> ApiResult<Option<String>> {
-        let rows = self
-            .fetch_all(
+        let locations = self
+            .fetch_texts(
                 &format!(
                     "SELECT metadata_location FROM iceberg_tables \
                      WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? AND {filter}"
@@ -159,9 +244,6 @@ impl Database {
                 &[CATALOG_NAME, &ident.namespace().join("."), ident.name()],
             )
             .await?;
-        match rows.first() {
-            Some(row) => Ok(row.try_get::<Option<String>, _>(0)?),
-            None => Ok(None),
-        }
+        Ok(locations.into_iter().next())
     }
 }

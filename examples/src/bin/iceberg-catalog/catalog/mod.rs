@@ -98,4 +98,5 @@ mod warehouse;
 mod writes;
 
 pub(crate) use connection::Catalog;
+pub(crate) use database::{Backend, CatalogDatabase};
 pub(crate) use writes::{CatalogTx, Writes};

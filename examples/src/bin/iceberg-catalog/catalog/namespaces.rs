@@ -7,10 +7,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use iceberg::{Catalog as _, ErrorKind, NamespaceIdent};
-use sqlx::Row;
 
 use super::connection::Catalog;
-use super::database::CATALOG_NAME;
+use super::database::{CATALOG_NAME, CatalogDatabase};
 use super::errors::namespace_exists_error;
 use super::names::{check_namespace, display_namespace};
 use super::uncommitted::Uncommitted;
@@ -21,14 +20,14 @@ use crate::rest::UpdateNamespacePropertiesResponse;
 /// The property `SqlCatalog` stores on every namespace so that it exists without others.
 const EXISTS_PROPERTY: &str = "exists";
 
-impl Catalog {
+impl<DB: CatalogDatabase> Catalog<DB> {
     /// Creates a namespace with its properties; 409 if it exists.
     pub(crate) async fn create_namespace(
         &self,
         namespace: &NamespaceIdent,
         properties: HashMap<String, String>,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, HashMap<String, String>>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, HashMap<String, String>>> {
         check_namespace(namespace)?;
         check_property_keys(properties.keys())?;
         if self.namespace_exists(namespace).await? {
@@ -100,9 +99,9 @@ impl Catalog {
         if let Some(parent) = parent {
             self.require_namespace(parent).await?;
         }
-        let rows = self
+        let joined_names = self
             .db
-            .fetch_all(
+            .fetch_texts(
                 "SELECT namespace FROM iceberg_namespace_properties WHERE catalog_name = ? \
                  UNION SELECT table_namespace FROM iceberg_tables WHERE catalog_name = ?",
                 &[CATALOG_NAME, CATALOG_NAME],
@@ -110,8 +109,7 @@ impl Catalog {
             .await?;
         let parent: &[String] = parent.map_or(&[], |p| p.as_ref());
         let mut children = BTreeSet::new();
-        for row in rows {
-            let joined: String = row.try_get(0)?;
+        for joined in joined_names {
             let levels: Vec<String> = joined.split('.').map(str::to_owned).collect();
             if levels.len() > parent.len() && levels[..parent.len()] == *parent {
                 children.insert(levels[..=parent.len()].to_vec());
@@ -126,8 +124,8 @@ impl Catalog {
         namespace: &NamespaceIdent,
         removals: Vec<String>,
         updates: HashMap<String, String>,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, UpdateNamespacePropertiesResponse>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, UpdateNamespacePropertiesResponse>> {
         if let Some(both) = removals.iter().find(|k| updates.contains_key(*k)) {
             return Err(ApiError::new(
                 axum::http::StatusCode::UNPROCESSABLE_ENTITY,
@@ -139,18 +137,17 @@ impl Catalog {
         self.require_namespace(namespace).await?;
         let joined = namespace.join(".");
         let mut tx = tx.begin().await?;
-        let select = self.db.with_placeholders(
-            "SELECT property_key FROM iceberg_namespace_properties \
-             WHERE catalog_name = ? AND namespace = ?",
-        );
-        let existing: HashSet<String> = sqlx::query(&select)
-            .bind(CATALOG_NAME)
-            .bind(&joined)
-            .fetch_all(&mut *tx)
+        let existing: HashSet<String> = self
+            .db
+            .texts_in(
+                &mut tx,
+                "SELECT property_key FROM iceberg_namespace_properties \
+                 WHERE catalog_name = ? AND namespace = ?",
+                &[CATALOG_NAME, &joined],
+            )
             .await?
-            .iter()
-            .map(|row| row.try_get::<String, _>(0))
-            .collect::<Result<_, _>>()?;
+            .into_iter()
+            .collect();
         if existing.is_empty() {
             // The namespace exists only through its tables (created by another client
             // of these tables); give it the marker row so it keeps existing.
@@ -208,13 +205,13 @@ impl Catalog {
     pub(crate) async fn drop_namespace(
         &self,
         namespace: &NamespaceIdent,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, ()>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, ()>> {
         self.require_namespace(namespace).await?;
         let joined = namespace.join(".");
         let objects = self
             .db
-            .fetch_all(
+            .fetch_texts(
                 "SELECT table_name FROM iceberg_tables \
                  WHERE catalog_name = ? AND table_namespace = ?",
                 &[CATALOG_NAME, &joined],

@@ -12,7 +12,7 @@ use iceberg::{
 };
 
 use super::connection::Catalog;
-use super::database::{CATALOG_NAME, TABLE_TYPE_FILTER};
+use super::database::{CATALOG_NAME, CatalogDatabase, TABLE_TYPE_FILTER};
 use super::errors::table_exists_error;
 use super::log::LOG_TARGET;
 use super::names::{check_name, display_namespace};
@@ -21,7 +21,7 @@ use super::writes::CatalogTx;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{CreateTableRequest, LoadTableResult, RegisteredResult};
 
-impl Catalog {
+impl<DB: CatalogDatabase> Catalog<DB> {
     /// The tables in a namespace, sorted.
     pub(crate) async fn list_tables(
         &self,
@@ -49,8 +49,8 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateTableRequest,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, LoadTableResult>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, LoadTableResult>> {
         let (ident, creation) = self.table_creation(namespace, request).await?;
         let location = creation.location.clone().unwrap_or_default();
         let metadata = TableMetadataBuilder::from_table_creation(creation)?
@@ -170,8 +170,8 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         purge: bool,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, ()>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, ()>> {
         let table = if purge {
             match self.sql_catalog.load_table(ident).await {
                 Ok(table) => Some(table),
@@ -208,8 +208,8 @@ impl Catalog {
         &self,
         from: &TableIdent,
         to: &TableIdent,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, ()>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, ()>> {
         check_name(to.name())?;
         if !self.table_exists(from).await? {
             return Err(ApiError::no_such_table(from));
@@ -263,8 +263,8 @@ impl Catalog {
         ident: &TableIdent,
         metadata_location: String,
         overwrite: bool,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, RegisteredResult>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, RegisteredResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
         self.check_location(&metadata_location)?;

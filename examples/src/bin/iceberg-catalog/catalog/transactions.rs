@@ -15,7 +15,7 @@ use iceberg::spec::{
 use iceberg::{MetadataLocation, TableIdent, TableRequirement, TableUpdate};
 
 use super::connection::Catalog;
-use super::database::{CATALOG_NAME, TABLE_TYPE_FILTER};
+use super::database::{CATALOG_NAME, CatalogDatabase, TABLE_TYPE_FILTER};
 use super::errors::{invalid_update, requirement_message};
 use super::log::LOG_TARGET;
 use super::uncommitted::Uncommitted;
@@ -32,15 +32,15 @@ struct PreparedCommit {
     metadata: TableMetadata,
 }
 
-impl Catalog {
+impl<DB: CatalogDatabase> Catalog<DB> {
     /// Commits requirements and updates to one table (updateTable): its new metadata
     /// location and metadata.
     pub(crate) async fn commit_table(
         &self,
         ident: &TableIdent,
         request: CommitTableRequest,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, (String, TableMetadata)>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, (String, TableMetadata)>> {
         let prepared = self
             .prepare_commit(ident.clone(), request.requirements, request.updates)
             .await?;
@@ -55,8 +55,8 @@ impl Catalog {
     pub(crate) async fn commit_transaction(
         &self,
         changes: Vec<(TableIdent, CommitTableRequest)>,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, ()>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, ()>> {
         let mut seen = HashSet::new();
         let mut prepared = Vec::with_capacity(changes.len());
         for (ident, change) in changes {
@@ -142,8 +142,8 @@ impl Catalog {
     async fn swap_in(
         &self,
         commits: Vec<PreparedCommit>,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, Vec<PreparedCommit>>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, Vec<PreparedCommit>>> {
         let mut tx = match tx.begin().await {
             Ok(tx) => tx,
             Err(e) => {

@@ -6,6 +6,7 @@ use iceberg::table::Table;
 use idempotency_store_sql::{CommitError, Tx, TxError};
 
 use super::connection::Catalog;
+use super::database::CatalogDatabase;
 use super::log::LOG_TARGET;
 use super::writes::Writes;
 use crate::error::{ApiError, ApiResult};
@@ -13,9 +14,9 @@ use crate::error::{ApiError, ApiResult};
 /// A change written in an open database transaction: nothing of it is visible until
 /// [`commit`](Self::commit), and dropped, it rolls back.
 #[must_use = "a change that is not committed rolls back"]
-pub(crate) struct Uncommitted<'a, T> {
-    catalog: &'a Catalog,
-    tx: Tx<Writes>,
+pub(crate) struct Uncommitted<'a, DB: CatalogDatabase, T> {
+    catalog: &'a Catalog<DB>,
+    tx: Tx<Writes<DB>>,
     /// What the change made, for the answer.
     pub(crate) value: T,
     /// Metadata files written for the change: nothing points at them unless it commits.
@@ -24,8 +25,8 @@ pub(crate) struct Uncommitted<'a, T> {
     pub(super) purge: Option<Table>,
 }
 
-impl<'a, T> Uncommitted<'a, T> {
-    pub(super) fn new(catalog: &'a Catalog, tx: Tx<Writes>, value: T) -> Self {
+impl<'a, DB: CatalogDatabase, T> Uncommitted<'a, DB, T> {
+    pub(super) fn new(catalog: &'a Catalog<DB>, tx: Tx<Writes<DB>>, value: T) -> Self {
         Self {
             catalog,
             tx,
@@ -35,7 +36,7 @@ impl<'a, T> Uncommitted<'a, T> {
         }
     }
 
-    pub(super) fn map<U>(self, f: impl FnOnce(T) -> U) -> Uncommitted<'a, U> {
+    pub(super) fn map<U>(self, f: impl FnOnce(T) -> U) -> Uncommitted<'a, DB, U> {
         Uncommitted {
             catalog: self.catalog,
             tx: self.tx,

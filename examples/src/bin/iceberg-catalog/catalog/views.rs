@@ -7,10 +7,9 @@ use std::collections::HashMap;
 
 use iceberg::spec::{ViewFormatVersion, ViewMetadata, ViewMetadataBuilder};
 use iceberg::{NamespaceIdent, TableIdent, ViewUpdate};
-use sqlx::Row;
 
 use super::connection::Catalog;
-use super::database::{CATALOG_NAME, VIEW_TYPE_FILTER};
+use super::database::{CATALOG_NAME, CatalogDatabase, VIEW_TYPE_FILTER};
 use super::errors::{invalid_update, view_exists_error};
 use super::names::check_name;
 use super::uncommitted::Uncommitted;
@@ -18,16 +17,16 @@ use super::writes::CatalogTx;
 use crate::error::{ApiError, ApiResult};
 use crate::rest::{CreateViewRequest, LoadViewResult, RegisteredResult, ViewRequirement};
 
-impl Catalog {
+impl<DB: CatalogDatabase> Catalog<DB> {
     /// The views in a namespace, sorted.
     pub(crate) async fn list_views(
         &self,
         namespace: &NamespaceIdent,
     ) -> ApiResult<Vec<TableIdent>> {
         self.require_namespace(namespace).await?;
-        let rows = self
+        let names = self
             .db
-            .fetch_all(
+            .fetch_texts(
                 &format!(
                     "SELECT table_name FROM iceberg_tables \
                      WHERE catalog_name = ? AND table_namespace = ? AND {VIEW_TYPE_FILTER}"
@@ -35,15 +34,10 @@ impl Catalog {
                 &[CATALOG_NAME, &namespace.join(".")],
             )
             .await?;
-        let mut views = rows
-            .iter()
-            .map(|row| {
-                Ok(TableIdent::new(
-                    namespace.clone(),
-                    row.try_get::<String, _>(0)?,
-                ))
-            })
-            .collect::<ApiResult<Vec<_>>>()?;
+        let mut views: Vec<TableIdent> = names
+            .into_iter()
+            .map(|name| TableIdent::new(namespace.clone(), name))
+            .collect();
         views.sort_by(|a, b| a.name().cmp(b.name()));
         Ok(views)
     }
@@ -62,8 +56,8 @@ impl Catalog {
         &self,
         namespace: &NamespaceIdent,
         request: CreateViewRequest,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, LoadViewResult>> {
         check_name(&request.name)?;
         self.require_namespace(namespace).await?;
         let ident = TableIdent::new(namespace.clone(), request.name.clone());
@@ -164,8 +158,8 @@ impl Catalog {
         ident: &TableIdent,
         requirements: Vec<ViewRequirement>,
         updates: Vec<ViewUpdate>,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, LoadViewResult>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, LoadViewResult>> {
         let current = self.load_view(ident).await?;
         for requirement in requirements {
             match requirement {
@@ -238,8 +232,8 @@ impl Catalog {
     pub(crate) async fn drop_view(
         &self,
         ident: &TableIdent,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, ()>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, ()>> {
         let mut tx = tx.begin().await?;
         let deleted = self
             .db
@@ -263,8 +257,8 @@ impl Catalog {
         &self,
         from: &TableIdent,
         to: &TableIdent,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, ()>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, ()>> {
         check_name(to.name())?;
         if !self.view_exists(from).await? {
             return Err(ApiError::no_such_view(from));
@@ -315,8 +309,8 @@ impl Catalog {
         &self,
         ident: &TableIdent,
         metadata_location: String,
-        tx: CatalogTx,
-    ) -> ApiResult<Uncommitted<'_, RegisteredResult>> {
+        tx: CatalogTx<DB>,
+    ) -> ApiResult<Uncommitted<'_, DB, RegisteredResult>> {
         check_name(ident.name())?;
         self.require_namespace(ident.namespace()).await?;
         self.check_location(&metadata_location)?;

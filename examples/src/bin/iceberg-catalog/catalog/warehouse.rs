@@ -12,13 +12,14 @@ use idempotency_core::iceberg::MetadataReader;
 use serde_json::value::RawValue;
 
 use super::connection::Catalog;
+use super::database::CatalogDatabase;
 use super::log::LOG_TARGET;
 use crate::error::{ApiError, ApiResult};
 
 /// A namespace property that places the tables created in it.
 const LOCATION_PROPERTY: &str = "location";
 
-impl Catalog {
+impl<DB: CatalogDatabase> Catalog<DB> {
     /// Table and view locations (and registered metadata files) must lie inside the
     /// warehouse: the server writes and reads files there on clients' behalf, and must not
     /// be steered anywhere else on the machine.
@@ -56,7 +57,7 @@ impl Catalog {
     /// Reads the metadata files the idempotency layer's replays need, through the
     /// catalog's own FileIO: the JSON this catalog's answers carried for the file at a
     /// location (what it wrote, or, for a registration, what it read).
-    pub(crate) fn metadata_reader(&self) -> impl MetadataReader + use<> {
+    pub(crate) fn metadata_reader(&self) -> impl MetadataReader + use<DB> {
         let file_io = self.file_io.clone();
         move |location: String| {
             let file_io = file_io.clone();

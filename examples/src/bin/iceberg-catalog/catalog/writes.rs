@@ -9,33 +9,47 @@ use bytes::Bytes;
 use http_body::Body;
 use idempotency_core::{BoxError, ReservationHandle, StoreError};
 use idempotency_store_sql::{
-    AnyFinalizer, FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere, Transactions,
-    WriteTransaction,
+    FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere, Transactions, WriteTransaction,
 };
-use sqlx::{Any, AnyPool};
+
+use sqlx::Pool;
+
+use super::database::CatalogDatabase;
 
 /// A change's transaction, still to begin: the extractor every mutating route takes.
-pub(crate) type CatalogTx = LazyTx<Writes>;
+pub(crate) type CatalogTx<DB> = LazyTx<Writes<DB>>;
 
 /// Where the idempotency records are, as the catalog's changes write them.
-#[derive(Clone)]
-pub(crate) enum Writes {
+pub(crate) enum Writes<DB: CatalogDatabase> {
     /// In the catalog's database, reserved in the change's own transaction: the record,
     /// the change and the answer commit once.
-    OneCommit(Arc<OneCommitStore<Any>>),
+    OneCommit(Arc<OneCommitStore<DB>>),
     /// In the catalog's database, reserved in a commit of their own; the change writes
     /// the answer into it in its transaction (`--two-commit`).
     TwoCommits {
-        pool: AnyPool,
-        finalizer: AnyFinalizer,
+        pool: Pool<DB>,
+        records: DB::TypedStore,
     },
     /// Elsewhere (Redis), or nowhere (`--no-idempotency`): the layer records the answer.
-    Elsewhere(RecordsElsewhere<Any>),
+    Elsewhere(RecordsElsewhere<DB>),
 }
 
-impl Transactions for Writes {
-    type Database = Any;
-    type Transaction = WriteTransaction<Any>;
+impl<DB: CatalogDatabase> Clone for Writes<DB> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::OneCommit(store) => Self::OneCommit(store.clone()),
+            Self::TwoCommits { pool, records } => Self::TwoCommits {
+                pool: pool.clone(),
+                records: records.clone(),
+            },
+            Self::Elsewhere(elsewhere) => Self::Elsewhere(elsewhere.clone()),
+        }
+    }
+}
+
+impl<DB: CatalogDatabase> Transactions for Writes<DB> {
+    type Database = DB;
+    type Transaction = WriteTransaction<DB>;
 
     fn records_in_transaction(&self) -> bool {
         !matches!(self, Self::Elsewhere(_))
@@ -46,7 +60,7 @@ impl Transactions for Writes {
     async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
-    ) -> Result<WriteTransaction<Any>, StoreError> {
+    ) -> Result<WriteTransaction<DB>, StoreError> {
         match self {
             Self::OneCommit(store) => store.begin(reservation).await,
             Self::TwoCommits { pool, .. } => WriteTransaction::begin_on(pool, None)
@@ -58,7 +72,7 @@ impl Transactions for Writes {
 
     async fn finalize_in<B>(
         &self,
-        transaction: &mut WriteTransaction<Any>,
+        transaction: &mut WriteTransaction<DB>,
         reservation: Option<&ReservationHandle>,
         answer: Response<B>,
     ) -> Result<Response<B>, FinalizeError>
@@ -68,9 +82,9 @@ impl Transactions for Writes {
     {
         match self {
             Self::OneCommit(store) => store.finalize_in(transaction, reservation, answer).await,
-            Self::TwoCommits { finalizer, .. } => {
-                finalizer
-                    .finalize_in(transaction, reservation, answer)
+            Self::TwoCommits { records, .. } => {
+                records
+                    .finalize_in(&mut *transaction, reservation, answer)
                     .await
             }
             Self::Elsewhere(_) => Ok(answer),

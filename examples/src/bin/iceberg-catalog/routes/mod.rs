@@ -21,6 +21,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{MethodRouter, get, post};
 
+use crate::catalog::CatalogDatabase;
+
 pub(crate) use request::AppState;
 
 use self::config::config;
@@ -41,59 +43,68 @@ use self::views::{
 /// The whole API. Every catalog route is served at `/v1/...` (what the config response
 /// implies, since it sets no `prefix`) and at `/v1/{prefix}/...` for clients configured
 /// with one; the prefix is accepted and ignored.
-pub(crate) fn router(state: Arc<AppState>) -> Router {
+pub(crate) fn router<DB: CatalogDatabase>(state: Arc<AppState<DB>>) -> Router {
     let mut router = Router::new().route("/v1/config", get(config));
     for base in ["/v1", "/v1/{prefix}"] {
-        for (path, handler) in catalog_routes() {
+        for (path, handler) in catalog_routes::<DB>() {
             router = router.route(&format!("{base}{path}"), handler);
         }
     }
     router.with_state(state)
 }
 
-fn catalog_routes() -> Vec<(&'static str, MethodRouter<Arc<AppState>>)> {
+fn catalog_routes<DB: CatalogDatabase>() -> Vec<(&'static str, MethodRouter<Arc<AppState<DB>>>)> {
     vec![
-        ("/namespaces", get(list_namespaces).post(create_namespace)),
+        (
+            "/namespaces",
+            get(list_namespaces::<DB>).post(create_namespace::<DB>),
+        ),
         (
             "/namespaces/{namespace}",
-            get(load_namespace)
-                .head(namespace_exists)
-                .delete(drop_namespace),
+            get(load_namespace::<DB>)
+                .head(namespace_exists::<DB>)
+                .delete(drop_namespace::<DB>),
         ),
         (
             "/namespaces/{namespace}/properties",
-            post(update_properties),
+            post(update_properties::<DB>),
         ),
         (
             "/namespaces/{namespace}/tables",
-            get(list_tables).post(create_table),
+            get(list_tables::<DB>).post(create_table::<DB>),
         ),
         (
             "/namespaces/{namespace}/tables/{table}",
-            get(load_table)
-                .head(table_exists)
-                .post(commit_table)
-                .delete(drop_table),
+            get(load_table::<DB>)
+                .head(table_exists::<DB>)
+                .post(commit_table::<DB>)
+                .delete(drop_table::<DB>),
         ),
         (
             "/namespaces/{namespace}/tables/{table}/metrics",
             post(report_metrics),
         ),
-        ("/namespaces/{namespace}/register", post(register_table)),
-        ("/tables/rename", post(rename_table)),
-        ("/transactions/commit", post(commit_transaction)),
+        (
+            "/namespaces/{namespace}/register",
+            post(register_table::<DB>),
+        ),
+        ("/tables/rename", post(rename_table::<DB>)),
+        ("/transactions/commit", post(commit_transaction::<DB>)),
         (
             "/namespaces/{namespace}/views",
-            get(list_views).post(create_view),
+            get(list_views::<DB>).post(create_view::<DB>),
         ),
         (
             "/namespaces/{namespace}/views/{view}",
-            get(load_view)
-                .head(view_exists)
-                .post(replace_view)
-                .delete(drop_view),
+            get(load_view::<DB>)
+                .head(view_exists::<DB>)
+                .post(replace_view::<DB>)
+                .delete(drop_view::<DB>),
         ),
-        ("/views/rename", post(rename_view)),
-        ("/namespaces/{namespace}/register-view", post(register_view)),
+        ("/views/rename", post(rename_view::<DB>)),
+        (
+            "/namespaces/{namespace}/register-view",
+            post(register_view::<DB>),
+        ),
     ]
 }

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use iceberg::NamespaceIdent;
 
-use crate::catalog::CatalogTx;
+use crate::catalog::{CatalogDatabase, CatalogTx};
 
 use super::request::{
     AppState, NAMESPACE_SEPARATOR, NamespacePath, no_content, parse, parse_namespace,
@@ -20,8 +20,8 @@ use crate::rest::{
     UpdateNamespacePropertiesRequest,
 };
 
-pub(super) async fn list_namespaces(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn list_namespaces<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<ListNamespacesResponse>> {
     let parent = match query.get("parent").map(String::as_str) {
@@ -32,9 +32,9 @@ pub(super) async fn list_namespaces(
     Ok(Json(ListNamespacesResponse { namespaces }))
 }
 
-pub(super) async fn create_namespace(
-    State(state): State<Arc<AppState>>,
-    tx: CatalogTx,
+pub(super) async fn create_namespace<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateNamespaceRequest = parse(&body)?;
@@ -52,8 +52,8 @@ pub(super) async fn create_namespace(
     created.commit(answer).await
 }
 
-pub(super) async fn load_namespace(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn load_namespace<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Json<NamespaceResponse>> {
     let namespace = path.ident()?;
@@ -64,8 +64,8 @@ pub(super) async fn load_namespace(
     }))
 }
 
-pub(super) async fn namespace_exists(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn namespace_exists<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Response> {
     let namespace = path.ident()?;
@@ -78,19 +78,19 @@ pub(super) async fn namespace_exists(
     }
 }
 
-pub(super) async fn drop_namespace(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn drop_namespace<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
 ) -> ApiResult<Response> {
     let dropped = state.catalog.drop_namespace(&path.ident()?, tx).await?;
     dropped.commit(no_content()).await
 }
 
-pub(super) async fn update_properties(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn update_properties<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: UpdateNamespacePropertiesRequest = parse(&body)?;

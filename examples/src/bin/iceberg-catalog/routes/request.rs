@@ -15,18 +15,18 @@ use iceberg::{NamespaceIdent, TableIdent};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::catalog::{Catalog, Writes};
+use crate::catalog::{Catalog, CatalogDatabase, Writes};
 use crate::error::{ApiError, ApiResult};
 use crate::rest::TableIdentifier;
 
 /// What every handler shares.
-pub(crate) struct AppState {
-    pub(crate) catalog: Catalog,
+pub(crate) struct AppState<DB: CatalogDatabase> {
+    pub(crate) catalog: Catalog<DB>,
 }
 
 /// A change's transaction comes from the catalog's [`Writes`].
-impl FromRef<Arc<AppState>> for Writes {
-    fn from_ref(state: &Arc<AppState>) -> Self {
+impl<DB: CatalogDatabase> FromRef<Arc<AppState<DB>>> for Writes<DB> {
+    fn from_ref(state: &Arc<AppState<DB>>) -> Self {
         state.catalog.writes.clone()
     }
 }

@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use iceberg::TableIdent;
 
-use crate::catalog::CatalogTx;
+use crate::catalog::{CatalogDatabase, CatalogTx};
 
 use super::request::{
     AppState, NamespacePath, TablePath, identifier, no_content, parse, to_identifier,
@@ -21,8 +21,8 @@ use crate::rest::{
     RegisterTableRequest, RenameRequest,
 };
 
-pub(super) async fn list_tables(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn list_tables<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Json<ListIdentifiersResponse>> {
     let tables = state.catalog.list_tables(&path.ident()?).await?;
@@ -31,10 +31,10 @@ pub(super) async fn list_tables(
     }))
 }
 
-pub(super) async fn create_table(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn create_table<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateTableRequest = parse(&body)?;
@@ -51,16 +51,16 @@ pub(super) async fn create_table(
     created.commit(answer).await
 }
 
-pub(super) async fn load_table(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn load_table<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<TablePath>,
 ) -> ApiResult<Response> {
     let result = state.catalog.load_table(&path.ident()?).await?;
     Ok(Json(result).into_response())
 }
 
-pub(super) async fn table_exists(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn table_exists<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<TablePath>,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -71,10 +71,10 @@ pub(super) async fn table_exists(
     }
 }
 
-pub(super) async fn commit_table(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn commit_table<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<TablePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -97,11 +97,11 @@ pub(super) async fn commit_table(
     committed.commit(answer).await
 }
 
-pub(super) async fn drop_table(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn drop_table<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<TablePath>,
     Query(query): Query<HashMap<String, String>>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
 ) -> ApiResult<Response> {
     let purge = query
         .get("purgeRequested")
@@ -116,10 +116,10 @@ pub(super) async fn report_metrics(Path(path): Path<TablePath>) -> ApiResult<Res
     Ok(no_content())
 }
 
-pub(super) async fn register_table(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn register_table<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RegisterTableRequest = parse(&body)?;
@@ -132,9 +132,9 @@ pub(super) async fn register_table(
     registered.commit(answer).await
 }
 
-pub(super) async fn rename_table(
-    State(state): State<Arc<AppState>>,
-    tx: CatalogTx,
+pub(super) async fn rename_table<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RenameRequest = parse(&body)?;

@@ -6,15 +6,15 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
 
-use crate::catalog::CatalogTx;
+use crate::catalog::{CatalogDatabase, CatalogTx};
 
 use super::request::{AppState, identifier, no_content, parse};
 use crate::error::{ApiError, ApiResult};
 use crate::rest::CommitTransactionRequest;
 
-pub(super) async fn commit_transaction(
-    State(state): State<Arc<AppState>>,
-    tx: CatalogTx,
+pub(super) async fn commit_transaction<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CommitTransactionRequest = parse(&body)?;

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use iceberg::TableIdent;
 
-use crate::catalog::CatalogTx;
+use crate::catalog::{CatalogDatabase, CatalogTx};
 
 use super::request::{
     AppState, NamespacePath, ViewPath, identifier, no_content, parse, to_identifier,
@@ -19,8 +19,8 @@ use crate::rest::{
     RenameRequest,
 };
 
-pub(super) async fn list_views(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn list_views<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Json<ListIdentifiersResponse>> {
     let views = state.catalog.list_views(&path.ident()?).await?;
@@ -29,10 +29,10 @@ pub(super) async fn list_views(
     }))
 }
 
-pub(super) async fn create_view(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn create_view<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CreateViewRequest = parse(&body)?;
@@ -44,16 +44,16 @@ pub(super) async fn create_view(
     created.commit(answer).await
 }
 
-pub(super) async fn load_view(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn load_view<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<ViewPath>,
 ) -> ApiResult<Response> {
     let result = state.catalog.load_view(&path.ident()?).await?;
     Ok(Json(result).into_response())
 }
 
-pub(super) async fn view_exists(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn view_exists<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<ViewPath>,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -64,10 +64,10 @@ pub(super) async fn view_exists(
     }
 }
 
-pub(super) async fn replace_view(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn replace_view<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<ViewPath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: CommitViewRequest = parse(&body)?;
@@ -79,18 +79,18 @@ pub(super) async fn replace_view(
     replaced.commit(answer).await
 }
 
-pub(super) async fn drop_view(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn drop_view<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<ViewPath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
 ) -> ApiResult<Response> {
     let dropped = state.catalog.drop_view(&path.ident()?, tx).await?;
     dropped.commit(no_content()).await
 }
 
-pub(super) async fn rename_view(
-    State(state): State<Arc<AppState>>,
-    tx: CatalogTx,
+pub(super) async fn rename_view<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RenameRequest = parse(&body)?;
@@ -105,10 +105,10 @@ pub(super) async fn rename_view(
     renamed.commit(no_content()).await
 }
 
-pub(super) async fn register_view(
-    State(state): State<Arc<AppState>>,
+pub(super) async fn register_view<DB: CatalogDatabase>(
+    State(state): State<Arc<AppState<DB>>>,
     Path(path): Path<NamespacePath>,
-    tx: CatalogTx,
+    tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let request: RegisterViewRequest = parse(&body)?;
