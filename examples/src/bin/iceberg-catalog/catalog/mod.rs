@@ -5,8 +5,9 @@
 //! `iceberg_tables`, the schema that iceberg-rust's `SqlCatalog` (and the Java and Python
 //! SQL catalogs) use, in the same database as the idempotency records. `SqlCatalog`
 //! creates the tables and serves some reads (load / exists namespace, list / load / exists
-//! table); everything else is written here over the same tables with sqlx `Any`, and
-//! **every change in a transaction of its own**, because `SqlCatalog` commits each of its
+//! table); everything else is written here over the same tables on a typed pool (the
+//! catalog is generic over [`CatalogDatabase`]: PostgreSQL, MySQL/MariaDB or SQLite, as
+//! the URL says), and **every change in a transaction of its own**, because `SqlCatalog` commits each of its
 //! writes by itself and cannot join an outside transaction:
 //!
 //! | operation | how |
@@ -34,8 +35,8 @@
 //! delete files the committed snapshot needs); one killed before it leaves nothing, not
 //! even the reservation, and the retry runs once. A keyed change costs one durable
 //! commit, as the same change without a key does. (`--two-commit` reserves the record in
-//! a commit of its own first, as a typed store does, and writes the answer with
-//! `AnyFinalizer`: for comparison.)
+//! a commit of its own first, and writes the answer with the typed store's `finalize_in`:
+//! for comparison.)
 //!
 //! Metadata files are written before their transaction (they are not in the database):
 //! if it rolls back, or the process dies before it commits, the file it wrote is left
@@ -65,7 +66,8 @@
 //! The handle and its plumbing:
 //!
 //! - [`connection`]: the [`Catalog`] handle and [`Catalog::open`].
-//! - [`database`]: the SQL backend, its transactions, placeholders and shared lookups.
+//! - [`database`]: [`CatalogDatabase`], the SQL backend, its pool, placeholders and
+//!   shared lookups.
 //! - [`writes`]: [`Writes`], where a change's transaction comes from and how its answer
 //!   is recorded in it, and [`CatalogTx`].
 //! - [`uncommitted`]: [`Uncommitted`], a change and its answer
