@@ -155,11 +155,19 @@ pub(super) async fn put_back(
         return unavailable(Some(&pointer.location));
     }
     let body = &stored.body;
-    let mut whole = BytesMut::with_capacity(body.len() - 4 + metadata.len());
-    whole.extend_from_slice(&body[..pointer.placeholder.start]);
-    whole.extend_from_slice(&metadata);
-    whole.extend_from_slice(&body[pointer.placeholder.end..]);
-    stored.body = whole.freeze();
+    let (before, after) = (
+        &body[..pointer.placeholder.start],
+        &body[pointer.placeholder.end..],
+    );
+    // Put together in the reader's own buffer when nothing else holds it (a copy when
+    // something does): one answer-sized buffer per replay instead of two. With two, the
+    // allocator hands the pair back to the kernel after each replay and the next one
+    // faults it in again (BENCHMARKS, "Tables with thousands of snapshots").
+    let mut whole = Vec::from(metadata);
+    whole.reserve_exact(before.len() + after.len());
+    whole.splice(..0, before.iter().copied());
+    whole.extend_from_slice(after);
+    stored.body = Bytes::from(whole);
     stored
         .headers
         .retain(|(name, _)| name != METADATA_TAKEN_OUT);

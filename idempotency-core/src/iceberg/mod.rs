@@ -734,6 +734,31 @@ mod tests {
         );
     }
 
+    /// A reader that hands over a buffer nothing else holds (a file just read, whole or
+    /// sliced out of a larger read) has the answer put together in that buffer.
+    #[test]
+    fn a_reader_s_own_buffer_is_replayed_byte_for_byte() {
+        let location = "file:///w/db/t/metadata/00002-x.metadata.json";
+        let first = format!(
+            r#"{{"metadata-location":"{location}", "metadata":{METADATA}, "config":{{}}}}"#
+        );
+        let whole = IcebergProfile::default().with_metadata_reader(|_: String| async {
+            Ok::<_, crate::BoxError>(METADATA.as_bytes().to_vec())
+        });
+        let sliced = IcebergProfile::default().with_metadata_reader(|_: String| async {
+            let read = Bytes::from(format!("  {METADATA}\n"));
+            Ok::<_, crate::BoxError>(read.slice(2..2 + METADATA.len()))
+        });
+        for profile in [whole, sliced] {
+            let stored = profile.keep_for(&commit_request(), answer(&first));
+            assert_eq!(
+                replayed(&profile, &stored).body,
+                first,
+                "the first answer, byte for byte"
+            );
+        }
+    }
+
     #[test]
     fn a_file_that_is_gone_or_changed_is_never_replayed() {
         let location = "file:///w/db/t/metadata/00002-x.metadata.json";
