@@ -93,10 +93,9 @@ macro_rules! catalog_database {
                 statement: &str,
                 args: &[&str],
             ) -> Result<u64, sqlx::Error> {
-                let mut query = sqlx::query(statement);
-                for arg in args {
-                    query = query.bind(*arg);
-                }
+                let query = args
+                    .iter()
+                    .fold(sqlx::query(statement), |q, arg| q.bind(*arg));
                 Ok(query.execute(connection).await?.rows_affected())
             }
 
@@ -105,10 +104,9 @@ macro_rules! catalog_database {
                 statement: &str,
                 args: &[&str],
             ) -> Result<Vec<Option<String>>, sqlx::Error> {
-                let mut query = sqlx::query(statement);
-                for arg in args {
-                    query = query.bind(*arg);
-                }
+                let query = args
+                    .iter()
+                    .fold(sqlx::query(statement), |q, arg| q.bind(*arg));
                 query
                     .fetch_all(connection)
                     .await?
