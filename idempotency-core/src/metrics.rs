@@ -59,7 +59,7 @@ pub const RECORDS_PURGED: &str = "idempotency.records.purged";
 pub const OUTCOME: &str = "idempotency.outcome";
 /// Label of [`REQUESTS`] when the outcome is `rejected`: [`RejectionKind::as_str`].
 pub const REJECTION: &str = "idempotency.rejection";
-/// Label of [`STORE_DURATION`]: `reserve`, `renew`, `finalize`, `release`, `take-over`
+/// Label of [`STORE_DURATION`]: `reserve`, `renew`, `hold`, `finalize`, `release`, `take-over`
 /// or `purge`.
 pub const OPERATION: &str = "idempotency.operation";
 /// Label of [`STORE_DURATION`]: `ok`, or `error` when the store returned an error.
@@ -98,6 +98,7 @@ pub fn describe() {
 pub(crate) enum StoreCall {
     Reserve,
     Renew,
+    Hold,
     Finalize,
     Release,
     TakeOver,
@@ -165,6 +166,7 @@ fn store_key(call: StoreCall, ok: bool) -> &'static Key {
     match call {
         StoreCall::Reserve => by_result!("reserve"),
         StoreCall::Renew => by_result!("renew"),
+        StoreCall::Hold => by_result!("hold"),
         StoreCall::Finalize => by_result!("finalize"),
         StoreCall::Release => by_result!("release"),
         StoreCall::TakeOver => by_result!("take-over"),

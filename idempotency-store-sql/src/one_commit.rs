@@ -18,9 +18,9 @@ use sqlx::{Pool, Transaction};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::commit_outcome::{CommitError, OutcomeCheck};
-use crate::common::{backend, millis, new_token};
+use crate::common::{backend, new_token};
 use crate::in_transaction::{FinalizeError, finalize_with, finish, prepare};
-use crate::record_database::{Dialect, RecordDatabase, wait_for_key_lock};
+use crate::record_database::{Dialect, NewRecord, RecordDatabase, wait_for_key_lock};
 use crate::table::TableName;
 
 /// How long a MySQL/MariaDB reservation waits on a duplicate's uncommitted row before it
@@ -173,9 +173,10 @@ struct Statements {
     /// PostgreSQL: the reservation, the key's advisory lock taken unless a record holds
     /// the key.
     lock_key: String,
-    /// MySQL/MariaDB: the reservation, the insert of the in-flight record (also a
-    /// duplicate's probe). PostgreSQL: the in-flight record of a handler that commits the
-    /// reservation's transaction without its answer.
+    /// The in-flight record under a reservation's token. MySQL/MariaDB: the reservation
+    /// itself (also a duplicate's probe). PostgreSQL: the record of a handler that commits
+    /// the reservation's transaction without its answer. Every dialect: the record of a
+    /// reservation that outlives the handler's transaction ([`OneCommitStore::write_own_record`]).
     insert_in_flight: Arc<str>,
     /// PostgreSQL, SQLite: the insert of the finished record, written whole in the
     /// handler's transaction.
@@ -320,11 +321,7 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
         let (_, inserted) = DB::insert_in_flight(
             &mut **self,
             &statement,
-            &id,
-            &terms.binding,
-            token,
-            millis(terms.lifetime.max(terms.lease)),
-            millis(terms.lease),
+            &NewRecord::new(&id, &terms.binding, token, terms.lease, terms.lifetime),
             Some(lock_key),
         )
         .await?;
@@ -624,7 +621,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::Sqlite,
                 Statements {
                     lock_key: String::new(),
-                    insert_in_flight: "".into(),
+                    insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
                     insert_completed: crate::sqlite::insert_completed_statement(table),
                     finalize: crate::sqlite::finalize_statement(table),
                     scope_usage: crate::sqlite::scope_usage_statement(table),
@@ -787,11 +784,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let written = DB::insert_completed(
             connection,
             &self.sql.insert_completed,
-            id,
-            &terms.binding,
-            token,
-            millis(terms.lifetime.max(terms.lease)),
-            millis(terms.lease),
+            &NewRecord::new(id, &terms.binding, token, terms.lease, terms.lifetime),
             response,
         )
         .await?;
@@ -840,12 +833,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         DB::insert_in_flight(
             transaction,
             statement,
-            id,
-            binding,
-            token,
-            // In flight under a live lease, a record never expires.
-            millis(lifetime.max(lease)),
-            millis(lease),
+            &NewRecord::new(id, binding, token, lease, lifetime),
             None,
         )
         .await
@@ -1123,11 +1111,13 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let probed = DB::insert_in_flight(
             &mut transaction,
             &self.sql.insert_in_flight,
-            id,
-            &nothing,
-            FencingToken(0),
-            0,
-            0,
+            &NewRecord::new(
+                id,
+                &nothing,
+                FencingToken(0),
+                Duration::ZERO,
+                Duration::ZERO,
+            ),
             None,
         )
         .await;
@@ -1153,16 +1143,73 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         response: &idempotency_core::StoredResponse,
         terms: Terms,
     ) -> Result<Ownership, StoreError> {
+        self.until_the_handlers_transaction_ended(id).await?;
         if self.records.finalize(id, token, response).await? == Ownership::Held {
             return Ok(Ownership::Held);
         }
+        // Rolled back: the reservation's record, under its own token, then the answer.
+        let lasts = terms.lifetime.max(terms.lease);
         match self
-            .records
-            .reserve(id, &terms.binding, terms.lease, terms.lifetime)
+            .write_own_record(id, token, &terms.binding, lasts)
             .await?
         {
-            Reservation::Reserved(token) => self.records.finalize(id, token, response).await,
-            _ => Ok(Ownership::Lost),
+            OwnRecord::Written => self.records.finalize(id, token, response).await,
+            OwnRecord::Exists | OwnRecord::KeyHeldElsewhere => Ok(Ownership::Lost),
+        }
+    }
+
+    /// PostgreSQL: waits until the transaction the handler took has ended (it holds the
+    /// key's advisory lock until then), so that what it committed, if anything, can be
+    /// seen. MySQL/MariaDB's statements wait on the record's row lock by themselves, and
+    /// SQLite's on the database's write lock.
+    async fn until_the_handlers_transaction_ended(&self, id: &RecordId) -> Result<(), StoreError> {
+        if self.dialect != Dialect::Postgres {
+            return Ok(());
+        }
+        let lock = self.table.record_lock_key(id);
+        if wait_for_key_lock(&self.pool, lock, self.open_wait)
+            .await
+            .map_err(backend)?
+        {
+            return Ok(());
+        }
+        Err(StoreError::backend(format!(
+            "the handler's transaction still held its idempotency key after {:?}; it has to \
+             end (commit or roll back) before the key can be settled",
+            self.open_wait
+        )))
+    }
+
+    /// Writes the reservation's record, in flight under its own token for `lasts` (lease
+    /// and lifetime), in a statement of its own: for a reservation whose handler's
+    /// transaction ended without the record. Nothing is written where a live record holds
+    /// the key ([`OwnRecord::Exists`]: the handler committed one, or another request did)
+    /// or another owner holds the key's lock ([`OwnRecord::KeyHeldElsewhere`]).
+    async fn write_own_record(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        binding: &Binding,
+        lasts: Duration,
+    ) -> Result<OwnRecord, StoreError> {
+        let mut connection = self.pool.acquire().await.map_err(backend)?;
+        let lock = (self.dialect == Dialect::Postgres).then(|| self.table.record_lock_key(id));
+        let written = DB::insert_in_flight(
+            &mut connection,
+            &self.sql.insert_in_flight,
+            &NewRecord::new(id, binding, token, lasts, lasts),
+            lock,
+        )
+        .await;
+        match written {
+            Ok((_, 1)) => Ok(OwnRecord::Written),
+            Ok((committed, _)) if committed > 0 || lock.is_none() => Ok(OwnRecord::Exists),
+            Ok(_) => Ok(OwnRecord::KeyHeldElsewhere),
+            Err(error) => match conflict(&error) {
+                Conflict::Duplicate => Ok(OwnRecord::Exists),
+                Conflict::Busy => Ok(OwnRecord::KeyHeldElsewhere),
+                Conflict::Deadlock | Conflict::Other => Err(backend(error)),
+            },
         }
     }
 }
@@ -1177,6 +1224,17 @@ async fn set_lock_wait<DB: RecordDatabase>(
     let statement = format!("SET SESSION innodb_lock_wait_timeout = {value}");
     DB::run(connection, &statement).await.map_err(backend)?;
     Ok(())
+}
+
+/// What writing a reservation's own record found.
+enum OwnRecord {
+    /// Written, in flight under the reservation's token.
+    Written,
+    /// A live record holds the key (the handler committed it, or another request did).
+    Exists,
+    /// Another owner holds the key's lock (PostgreSQL), or its uncommitted row
+    /// (MySQL/MariaDB).
+    KeyHeldElsewhere,
 }
 
 /// How a statement on a contended key failed.
@@ -1362,18 +1420,83 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
             return self.records.release(id, token).await;
         };
         match state {
-            // Nothing was written.
-            PendingState::Claimed | PendingState::Settling => {}
+            // Nothing was written: letting the claim go (with `_settling`) releases it.
+            PendingState::Claimed | PendingState::Settling => Ok(Ownership::Held),
+            // The reservation is this transaction: rolling it back releases it.
             PendingState::Open(transaction) => {
                 transaction.rollback().await.map_err(backend)?;
+                Ok(Ownership::Held)
             }
-            // Committed by the handler without its answer: delete it; rolled back by the
-            // handler: nothing is left, which is what releasing asks for.
+            // The handler's transaction ended: the in-flight record it committed without
+            // its answer is deleted; if it committed none (it rolled back), nothing of the
+            // reservation is left, which is what releasing asks for, unless another
+            // request's record holds the key by now.
             PendingState::Taken | PendingState::Finalized => {
-                self.records.release(id, token).await?;
+                self.until_the_handlers_transaction_ended(id).await?;
+                if self.records.release(id, token).await? == Ownership::Held {
+                    return Ok(Ownership::Held);
+                }
+                Ok(match self.records.load(id).await? {
+                    None => Ownership::Held,
+                    Some(_) => Ownership::Lost,
+                })
             }
         }
-        Ok(Ownership::Held)
+    }
+
+    /// Commits the reservation as an in-flight record under its token that lasts
+    /// `kept_for`, and lets go of everything it held (the transaction, the key's lock, the
+    /// claim): the key stays held until that record expires, and frees then.
+    async fn hold(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        kept_for: Duration,
+    ) -> Result<Ownership, StoreError> {
+        let Some((state, terms, _settling)) = self.claims.settle(id, token) else {
+            return self.records.hold(id, token, kept_for).await;
+        };
+        let mut transaction = match state {
+            PendingState::Open(transaction) => transaction,
+            // The handler's transaction ended, or never began: the record it committed,
+            // or one written now.
+            _ => {
+                self.until_the_handlers_transaction_ended(id).await?;
+                return match self
+                    .write_own_record(id, token, &terms.binding, kept_for)
+                    .await?
+                {
+                    OwnRecord::Written => Ok(Ownership::Held),
+                    OwnRecord::Exists => self.records.hold(id, token, kept_for).await,
+                    OwnRecord::KeyHeldElsewhere => Ok(Ownership::Lost),
+                };
+            }
+        };
+        match self.dialect {
+            // The transaction holds the key's lock and nothing else: the record is
+            // inserted in it, in flight for `kept_for`.
+            Dialect::Postgres => {
+                let (_, inserted) = DB::insert_in_flight(
+                    &mut transaction,
+                    &self.sql.insert_in_flight,
+                    &NewRecord::new(id, &terms.binding, token, kept_for, kept_for),
+                    Some(self.table.record_lock_key(id)),
+                )
+                .await
+                .map_err(backend)?;
+                if inserted != 1 {
+                    transaction.rollback().await.map_err(backend)?;
+                    return Ok(Ownership::Lost);
+                }
+                transaction.commit().await.map_err(StoreError::backend)?;
+                Ok(Ownership::Held)
+            }
+            // The transaction holds the in-flight record: committed, then held.
+            _ => {
+                transaction.commit().await.map_err(StoreError::backend)?;
+                self.records.hold(id, token, kept_for).await
+            }
+        }
     }
 
     async fn take_over(

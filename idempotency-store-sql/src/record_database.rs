@@ -15,6 +15,41 @@ use sqlx::Pool;
 #[allow(unused_imports)] // with no backend compiled in
 use sqlx::Row;
 
+/// A record to insert: what the insert statements bind before the answer (scope, key,
+/// method, path, body_sha256, token, lifetime, lease).
+#[allow(unreachable_pub)] // sealed: only this crate's databases take it
+#[derive(Clone, Copy, Debug)]
+pub struct NewRecord<'a> {
+    pub(crate) id: &'a RecordId,
+    pub(crate) binding: &'a Binding,
+    pub(crate) token: FencingToken,
+    /// From now until it expires, in milliseconds.
+    pub(crate) expires_in_ms: i64,
+    /// From now until its lease lapses, in milliseconds.
+    pub(crate) lease_ms: i64,
+}
+
+impl<'a> NewRecord<'a> {
+    /// A record of `id` bound to `binding`, owned by `token` under a lease of `lease`,
+    /// expiring `lifetime` from now, or when its lease lapses if that is later (a record in
+    /// flight under a live lease never expires).
+    pub(crate) fn new(
+        id: &'a RecordId,
+        binding: &'a Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Self {
+        Self {
+            id,
+            binding,
+            token,
+            expires_in_ms: crate::common::millis(lifetime.max(lease)),
+            lease_ms: crate::common::millis(lease),
+        }
+    }
+}
+
 /// The database a connection is on, as the statements tell them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Dialect {
@@ -111,15 +146,10 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
     /// statement: `(committed, inserted)`. PostgreSQL's statement takes the key's
     /// advisory lock (`lock_key`) and answers a row saying whether a record holds the
     /// key and whether this one went in; the others' answer the rows inserted.
-    #[allow(clippy::too_many_arguments)]
     fn insert_in_flight(
         connection: &mut Self::Connection,
         sql: &str,
-        id: &RecordId,
-        binding: &Binding,
-        token: FencingToken,
-        expires_in_ms: i64,
-        lease_ms: i64,
+        record: &NewRecord<'_>,
         lock_key: Option<i64>,
     ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
 
@@ -137,15 +167,10 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     /// PostgreSQL and SQLite: inserts the finished record for `id` whole (replacing an
     /// expired one); the rows inserted.
-    #[allow(clippy::too_many_arguments)]
     fn insert_completed(
         connection: &mut Self::Connection,
         sql: &str,
-        id: &RecordId,
-        binding: &Binding,
-        token: FencingToken,
-        expires_in_ms: i64,
-        lease_ms: i64,
+        record: &NewRecord<'_>,
         answer: &StoredResponse,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
@@ -201,6 +226,29 @@ pub(crate) async fn wait_for_key_lock<DB: RecordDatabase>(
         },
         Err(error) => Err(error),
     }
+}
+
+/// Binds what every insert of a record starts with, in the statements' order.
+#[allow(dead_code)] // with no backend compiled in
+fn bind_new_record<'q, DB>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    record: &NewRecord<'q>,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    for<'e> &'e str: sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    Vec<u8>: for<'e> sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+    i64: for<'e> sqlx::Encode<'e, DB> + sqlx::Type<DB>,
+{
+    query
+        .bind(record.id.scope.as_str())
+        .bind(record.id.key.as_str())
+        .bind(record.binding.method.as_str())
+        .bind(record.binding.path.as_str())
+        .bind(record.binding.body_sha256.to_vec())
+        .bind(record.token.0)
+        .bind(record.expires_in_ms)
+        .bind(record.lease_ms)
 }
 
 /// Implements [`RecordDatabase`] for one sqlx database: the bodies are the same for all
@@ -262,22 +310,10 @@ macro_rules! record_database {
             async fn insert_in_flight(
                 connection: &mut Self::Connection,
                 sql: &str,
-                id: &RecordId,
-                binding: &Binding,
-                token: FencingToken,
-                expires_in_ms: i64,
-                lease_ms: i64,
+                record: &NewRecord<'_>,
                 lock_key: Option<i64>,
             ) -> Result<(i64, i64), sqlx::Error> {
-                let query = sqlx::query(sql)
-                    .bind(id.scope.as_str())
-                    .bind(id.key.as_str())
-                    .bind(binding.method.as_str())
-                    .bind(binding.path.as_str())
-                    .bind(binding.body_sha256.to_vec())
-                    .bind(token.0)
-                    .bind(expires_in_ms)
-                    .bind(lease_ms);
+                let query = bind_new_record(sqlx::query(sql), record);
                 match lock_key {
                     Some(lock_key) => {
                         let row = query.bind(lock_key).fetch_one(connection).await?;
@@ -308,22 +344,10 @@ macro_rules! record_database {
             async fn insert_completed(
                 connection: &mut Self::Connection,
                 sql: &str,
-                id: &RecordId,
-                binding: &Binding,
-                token: FencingToken,
-                expires_in_ms: i64,
-                lease_ms: i64,
+                record: &NewRecord<'_>,
                 answer: &StoredResponse,
             ) -> Result<u64, sqlx::Error> {
-                let done = sqlx::query(sql)
-                    .bind(id.scope.as_str())
-                    .bind(id.key.as_str())
-                    .bind(binding.method.as_str())
-                    .bind(binding.path.as_str())
-                    .bind(binding.body_sha256.to_vec())
-                    .bind(token.0)
-                    .bind(expires_in_ms)
-                    .bind(lease_ms)
+                let done = bind_new_record(sqlx::query(sql), record)
                     .bind(i32::from(answer.status))
                     .bind(answer.encode_headers())
                     .bind(&answer.body[..])

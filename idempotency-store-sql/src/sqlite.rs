@@ -212,6 +212,25 @@ pub(crate) fn insert_completed_statement(table: &TableName) -> String {
     )
 }
 
+/// The one-commit path's in-flight record, written under a reservation's own token when
+/// the reservation has to outlive the handler's transaction (an unknown outcome holds the
+/// key; an answer is kept after the handler's transaction rolled back): an expired record
+/// is replaced, a live one left alone (no row written). Bound as the PostgreSQL and MySQL
+/// statements of the same name are: scope, key, method, path, body_sha256, token,
+/// lifetime, lease.
+pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
+    format!(
+        "INSERT INTO \"{table}\"
+         (scope, idempotency_key, method, path, body_sha256, fencing_token,
+          created_at_ms, expires_at_ms, lease_expires_at_ms,
+          response_status, response_headers, response_body, response_trailers)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, {NOW_MS}, {NOW_MS} + ?7, {NOW_MS} + ?8,
+                 NULL, NULL, NULL, NULL)
+         ON CONFLICT (scope, idempotency_key) DO UPDATE SET {REPLACE_WITH_EXCLUDED}
+         WHERE expires_at_ms <= {NOW_MS}"
+    )
+}
+
 type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
 
 impl SqliteStore {

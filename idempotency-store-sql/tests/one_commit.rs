@@ -27,8 +27,10 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
+use idempotency_core::conformance::Leftovers;
 use idempotency_core::{
-    FullStore, IdempotencyLayer, Outcome, RejectionKind, ReservationHandle, ScopeQuota,
+    FullStore, IdempotencyLayer, Outcome, OutcomeUnknown, RejectionKind, ReservationHandle,
+    ScopeQuota,
 };
 use idempotency_store_sql::{OneCommitStore, PoolSettings, RecordDatabase, TableName, Tx, TxError};
 use sqlx::{AnyPool, Executor, IntoArguments};
@@ -49,16 +51,79 @@ struct Database<DB: RecordDatabase> {
     /// The test's own, to look from outside.
     pool: AnyPool,
     table: String,
+    /// What the handlers' pool holds, seen from outside.
+    leftovers: Arc<HandlerPool<DB>>,
     _dir: tempfile::TempDir,
+}
+
+/// The handlers' pool, as a [`Leftovers`] probe: its connections checked out of the pool,
+/// and those with a transaction open in the database.
+struct HandlerPool<DB: RecordDatabase> {
+    pool: sqlx::Pool<DB>,
+    observer: AnyPool,
+    backend: Backend,
+    /// PostgreSQL: the pool's connections' application name.
+    marker: String,
+    /// MariaDB: the pool's connections' ids.
+    connection_ids: Arc<std::sync::Mutex<Vec<i64>>>,
+}
+
+#[idempotency_core::async_trait]
+impl<DB: RecordDatabase> Leftovers for HandlerPool<DB> {
+    async fn held(&self) -> Vec<String> {
+        let mut held = Vec::new();
+        let in_use = self.pool.size() as usize - self.pool.num_idle();
+        if in_use > 0 {
+            held.push(format!(
+                "{in_use} of the handlers' pooled connections in use"
+            ));
+        }
+        let open = match self.backend {
+            Backend::Postgres => sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = $1 AND xact_start IS NOT NULL",
+            )
+            .bind(&self.marker)
+            .fetch_one(&self.observer)
+            .await
+            .unwrap(),
+            Backend::MariaDb => {
+                let ids = self.connection_ids.lock().unwrap().clone();
+                if ids.is_empty() {
+                    0
+                } else {
+                    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+                    sqlx::query_scalar::<_, i64>(&format!(
+                        "SELECT COUNT(*) FROM information_schema.innodb_trx
+                         WHERE trx_mysql_thread_id IN ({list})"
+                    ))
+                    .fetch_one(&self.observer)
+                    .await
+                    .unwrap()
+                }
+            }
+            Backend::Sqlite => 0,
+        };
+        if open > 0 {
+            held.push(format!(
+                "{open} of the handlers' connections in an open transaction"
+            ));
+        }
+        held
+    }
 }
 
 impl<DB: RecordDatabase> Database<DB> {
     async fn open(backend: Backend) -> Option<Self> {
-        Self::open_with(backend, None).await
+        Self::open_with(backend, None, 16).await
     }
 
-    /// With `quota` on the one-commit store.
-    async fn open_with(backend: Backend, quota: Option<ScopeQuota>) -> Option<Self> {
+    /// With `quota` on the one-commit store, and `connections` in the handlers' pool.
+    async fn open_with(
+        backend: Backend,
+        quota: Option<ScopeQuota>,
+        connections: u32,
+    ) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let (url, env) = match backend {
             Backend::Postgres => (
@@ -129,12 +194,38 @@ impl<DB: RecordDatabase> Database<DB> {
         .execute(&pool)
         .await
         .unwrap();
-        // The handlers' pool, of the driver under test.
-        let handlers = sqlx::pool::PoolOptions::<DB>::new()
-            .max_connections(16)
-            .connect(&url)
-            .await
-            .unwrap();
+        // The handlers' pool, of the driver under test, its connections told apart from
+        // every other test's: by their application name (PostgreSQL), by their ids
+        // (MariaDB).
+        let marker = format!("handlers_{table}");
+        let handlers_url = match backend {
+            Backend::Postgres => format!("{url}?application_name={marker}"),
+            Backend::MariaDb | Backend::Sqlite => url.clone(),
+        };
+        let connection_ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut options = sqlx::pool::PoolOptions::<DB>::new().max_connections(connections);
+        if backend == Backend::MariaDb {
+            let ids = connection_ids.clone();
+            options = options.after_connect(move |connection, _| {
+                let ids = ids.clone();
+                Box::pin(async move {
+                    let id =
+                        DB::optional_number(connection, "SELECT CAST(CONNECTION_ID() AS SIGNED)")
+                            .await?
+                            .expect("a connection id");
+                    ids.lock().unwrap().push(id);
+                    Ok(())
+                })
+            });
+        }
+        let handlers = options.connect(&handlers_url).await.unwrap();
+        let leftovers = Arc::new(HandlerPool {
+            pool: handlers.clone(),
+            observer: pool.clone(),
+            backend,
+            marker,
+            connection_ids,
+        });
         let mut store = OneCommitStore::new(typed, handlers, &TableName::new(&table).unwrap())
             .await
             .unwrap();
@@ -146,6 +237,7 @@ impl<DB: RecordDatabase> Database<DB> {
             store: Arc::new(store),
             pool,
             table,
+            leftovers,
             _dir: dir,
         })
     }
@@ -486,6 +578,165 @@ where
     database.drop_tables().await;
 }
 
+/// `POST /unknown`: answers 500 marked [`OutcomeUnknown`], with its transaction as
+/// `x-tx` says: `untouched` (never taken), `dropped` (begun, then dropped: rolled back),
+/// `committed` (begun, a side effect written and committed without the answer). `x-tx:
+/// write` writes a side effect and commits it with a 201 instead.
+async fn unknown<DB: RecordDatabase>(
+    State(app): State<App<DB>>,
+    headers: HeaderMap,
+    reservation: Option<Extension<ReservationHandle>>,
+) -> Response
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let mode = headers.get("x-tx").unwrap().to_str().unwrap().to_owned();
+    let unknown = || {
+        let mut answer =
+            (StatusCode::INTERNAL_SERVER_ERROR, "commit state unknown").into_response();
+        answer.extensions_mut().insert(OutcomeUnknown);
+        answer
+    };
+    if mode == "untouched" {
+        return unknown();
+    }
+    let mut tx = Tx::begin(&app.store, reservation.as_deref()).await.unwrap();
+    if mode == "dropped" {
+        drop(tx);
+        return unknown();
+    }
+    sqlx::query(&format!(
+        "INSERT INTO {} (name) VALUES ('effect')",
+        app.side_effects
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    if mode == "committed" {
+        // A 500 is not kept: this commits the write alone.
+        let not_kept = (StatusCode::INTERNAL_SERVER_ERROR, "").into_response();
+        tx.commit(not_kept).await.unwrap();
+        return unknown();
+    }
+    tx.commit((StatusCode::CREATED, "written").into_response())
+        .await
+        .unwrap_or_else(TxError::into_response)
+}
+
+/// Waits (up to 5 s) until the handlers' pool holds nothing.
+async fn nothing_held<DB: RecordDatabase>(database: &Database<DB>, after: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = database.leftovers.held().await;
+        if held.is_empty() {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "5 s after {after}, the handlers' pool still holds: {}",
+            held.join("; ")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A handler that cannot tell whether its change took effect marks its answer
+/// [`OutcomeUnknown`]: on a pool of 4 connections (room for 2 open write transactions),
+/// three such requests for each way the handler leaves its transaction (never taken,
+/// dropped, committed without the answer) leave no transaction open and no connection
+/// checked out, later keyed writes still run, each held key answers in flight until it
+/// expires, and runs again after.
+async fn an_unknown_outcome_holds_its_key_until_it_expires_and_holds_nothing_else<
+    DB: RecordDatabase,
+>(
+    backend: Backend,
+) where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open_with(backend, None, 4).await else {
+        return;
+    };
+    let lifetime = Duration::from_secs(2);
+    let records = match database.backend {
+        Backend::MariaDb => format!("`{}`", database.table),
+        Backend::Postgres | Backend::Sqlite => format!("\"{}\"", database.table),
+    };
+    let app = Router::new()
+        .route("/effects", post(effect::<DB>))
+        .route("/unknown", post(unknown::<DB>))
+        .with_state(App {
+            store: database.store.clone(),
+            side_effects: format!("{}_side_effects", database.table),
+            observer: database.pool.clone(),
+            records,
+        })
+        .layer(
+            IdempotencyLayer::from_shared_store(database.store.clone())
+                .with_lifetime(lifetime)
+                .with_grace_period(Duration::ZERO)
+                .with_lease(Duration::from_millis(200))
+                .with_in_flight_wait(Duration::from_millis(100)),
+        );
+    let unknown_request = |key: &str, mode: &'static str| {
+        Request::post("/unknown")
+            .header("idempotency-key", key)
+            .header("x-tx", mode)
+            .body(Body::from("u"))
+            .unwrap()
+    };
+    let started = tokio::time::Instant::now();
+    let mut held = Vec::new();
+    for mode in ["untouched", "dropped", "committed"] {
+        for round in 0..3 {
+            let key = format!("unknown-{mode}-{round}-{}", uuid::Uuid::new_v4());
+            let (status, _, outcome) = send(&app, unknown_request(&key, mode)).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(
+                outcome,
+                Some(Outcome::Unknown),
+                "{mode}: the key must be held"
+            );
+            nothing_held(&database, &format!("an unknown outcome ({mode})")).await;
+            held.push(key);
+        }
+        let fresh = format!("after-{mode}-{}", uuid::Uuid::new_v4());
+        let (status, body, _) = send(&app, request(&fresh, "a")).await;
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "a keyed write after unknown outcomes ({mode}): {body}"
+        );
+        nothing_held(&database, "a keyed write").await;
+    }
+    for key in &held {
+        let (status, _, _) = send(&app, unknown_request(key, "write")).await;
+        assert_eq!(
+            status,
+            StatusCode::CONFLICT,
+            "a held key must answer in flight until it expires"
+        );
+    }
+    assert!(
+        started.elapsed() < lifetime,
+        "the test took longer than the keys' lifetime ({:?}); it proves nothing",
+        started.elapsed()
+    );
+    nothing_held(&database, "retries of held keys").await;
+    tokio::time::sleep_until(started + lifetime + Duration::from_secs(3)).await;
+    for key in &held {
+        let (status, body, outcome) = send(&app, unknown_request(key, "write")).await;
+        assert_eq!(
+            (status, outcome),
+            (StatusCode::CREATED, Some(Outcome::Executed)),
+            "a held key must run again once it expired: {body}"
+        );
+    }
+    nothing_held(&database, "the expired keys ran again").await;
+    database.drop_tables().await;
+}
+
 /// Every check of the store contract that applies to this path, found by the suite
 /// itself: its reservations are uncommitted (nobody else sees them before they commit;
 /// they have no lease to renew, lapse or take over), and it has every capability.
@@ -495,7 +746,10 @@ async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend)
         return;
     };
     let store: Arc<dyn FullStore> = database.store.clone();
-    let report = Suite::full(store).run().await;
+    let report = Suite::full(store)
+        .with_leftovers(database.leftovers.clone())
+        .run()
+        .await;
     assert!(
         report
             .ran
@@ -642,7 +896,7 @@ where
 /// a released reservation gives its room back.
 async fn scope_quotas_hold<DB: RecordDatabase>(backend: Backend) {
     let quota = ScopeQuota::default().with_max_records(5);
-    let Some(database) = Database::<DB>::open_with(backend, Some(quota)).await else {
+    let Some(database) = Database::<DB>::open_with(backend, Some(quota), 16).await else {
         return;
     };
     idempotency_core::conformance::scope_quota_holds_under_concurrency(&database.store, 5).await;
@@ -659,6 +913,14 @@ macro_rules! on {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_conformance_checks_that_apply() {
                 super::the_conformance_checks_that_apply::<$database>($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_unknown_outcome_holds_its_key_until_it_expires_and_holds_nothing_else() {
+                super::an_unknown_outcome_holds_its_key_until_it_expires_and_holds_nothing_else::<
+                    $database,
+                >($backend)
+                .await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,3 +177,58 @@ pub async fn purge_removes_expired_in_batches<S: PurgeExpired + ?Sized>(store: &
         "purge must not touch live records"
     );
 }
+
+/// An owner that cannot tell whether its change took effect holds its key until the
+/// record expires ([`IdempotencyStore::hold`]): meanwhile every reservation finds the key
+/// in flight under a live lease (past the record's lifetime too), nobody can take it
+/// over, and afterwards the key is free.
+pub async fn a_held_key_stays_reserved_until_it_expires<S: IdempotencyStore + ?Sized>(
+    store: &Arc<S>,
+) {
+    let store = store.as_ref();
+    let id = fresh_id();
+    // As the layer reserves: a lease no longer than the lifetime.
+    let token = reserve_new(store, &id, SHORT, SHORT).await;
+    let kept_for = Duration::from_millis(1_500);
+    let held_at = tokio::time::Instant::now();
+    assert_eq!(
+        store.hold(&id, token, kept_for).await.expect("hold failed"),
+        Ownership::Held,
+        "the owner of a fresh reservation could not hold its key"
+    );
+    // Past the lease and the lifetime the reservation asked for, before the end of the
+    // hold.
+    tokio::time::sleep(SHORT + Duration::from_millis(200)).await;
+    match store
+        .reserve(&id, &binding(b"{}"), LONG, LONG)
+        .await
+        .expect("reserve failed")
+    {
+        Reservation::Exists(IdempotencyRecord {
+            state:
+                RecordState::InFlight {
+                    token: holder,
+                    lease_lapsed: false,
+                },
+            ..
+        }) => {
+            assert_eq!(holder, token, "a held record must keep its owner's token");
+            assert_eq!(
+                store
+                    .take_over(&id, holder, LONG)
+                    .await
+                    .expect("take over failed"),
+                None,
+                "a held key must not be taken over before it expires"
+            );
+        }
+        other => panic!(
+            "a held key must stay in flight to every reservation until it expires (a retry \
+             would run a change whose outcome is unknown); reserve answered {other:?}"
+        ),
+    }
+    tokio::time::sleep_until(held_at + kept_for + Duration::from_millis(300)).await;
+    let fresh = reserve_when_free(store, &id, &binding(b"{}"), LONG, LONG).await;
+    assert_ne!(fresh, token, "a key reserved again must get a new token");
+    store.release(&id, fresh).await.expect("release failed");
+}

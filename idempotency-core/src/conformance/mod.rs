@@ -42,6 +42,7 @@
 //! and on [`RecordAdmin`](crate::RecordAdmin#the-rules).
 
 mod expiry;
+mod leftovers;
 pub mod model;
 mod multi_node;
 mod operator;
@@ -53,9 +54,13 @@ pub mod through_layer;
 mod waiting;
 
 pub use expiry::{
-    expired_record_counts_as_absent, expired_reservation_fences_its_owner,
+    a_held_key_stays_reserved_until_it_expires, expired_record_counts_as_absent,
+    expired_reservation_fences_its_owner,
     in_flight_record_outlives_its_lifetime_under_a_live_lease, purge_removes_expired_in_batches,
     renewals_keep_a_record_alive_past_its_lifetime,
+};
+pub use leftovers::{
+    Leftovers, an_unknown_outcome_frees_its_key_once_it_expires, nothing_outlives_its_request,
 };
 pub use multi_node::{
     concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
@@ -98,8 +103,8 @@ use tokio::task::JoinSet;
 
 use crate::purge::purge_all_expired;
 use crate::store::{
-    Binding, FencingToken, FullStore, IdempotencyStore, Ownership, PurgeExpired, Purged,
-    RecordAdmin, RecordId, RecordState, Reservation, StoredResponse, Waited,
+    Binding, FencingToken, FullStore, IdempotencyRecord, IdempotencyStore, Ownership, PurgeExpired,
+    Purged, RecordAdmin, RecordId, RecordState, Reservation, StoredResponse, Waited,
 };
 
 const LONG: Duration = Duration::from_secs(60);

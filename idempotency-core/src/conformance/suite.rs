@@ -32,6 +32,7 @@ pub struct Suite {
     store: Arc<dyn IdempotencyStore>,
     admin: Option<Arc<dyn RecordAdmin>>,
     purge: Option<Arc<dyn PurgeExpired>>,
+    leftovers: Option<Arc<dyn Leftovers>>,
 }
 
 /// What a [`Suite`] ran, and what it skipped and why. Every check that ran passed (a
@@ -66,6 +67,7 @@ impl Suite {
             store,
             admin: None,
             purge: None,
+            leftovers: None,
         }
     }
 
@@ -75,6 +77,7 @@ impl Suite {
             store: store.clone(),
             admin: Some(store.clone()),
             purge: Some(store),
+            leftovers: None,
         }
     }
 
@@ -87,6 +90,15 @@ impl Suite {
     /// Adds the purge checks, run on `purge`: the same store.
     pub fn with_purge(mut self, purge: Arc<dyn PurgeExpired>) -> Self {
         self.purge = Some(purge);
+        self
+    }
+
+    /// Adds a probe that sees what the store holds for requests (open transactions,
+    /// pooled connections, claims): the suite then checks, after every kind of outcome a
+    /// request can come to, that nothing is held once it is settled. A store that holds
+    /// nothing per request (records in memory) needs none.
+    pub fn with_leftovers(mut self, leftovers: Arc<dyn Leftovers>) -> Self {
+        self.leftovers = Some(leftovers);
         self
     }
 
@@ -134,6 +146,7 @@ impl Suite {
         check!(always, expired_record_counts_as_absent);
         check!(lease, expired_reservation_fences_its_owner);
         check!(lease, renewals_keep_a_record_alive_past_its_lifetime);
+        check!(always, a_held_key_stays_reserved_until_it_expires);
         check!(always, wait_returns_when_the_owner_finalizes);
         check!(always, wait_returns_when_the_owner_releases);
         check!(lease, wait_returns_when_the_lease_lapses);
@@ -157,6 +170,14 @@ impl Suite {
                 "through_layer::a_waiting_retry_never_gets_another_requests_answer",
                 always,
                 through_layer::a_waiting_retry_never_gets_another_requests_answer(store),
+            )
+            .await;
+        check!(always, an_unknown_outcome_frees_its_key_once_it_expires);
+        report
+            .check(
+                "nothing_outlives_its_request",
+                always,
+                nothing_outlives_its_request(store, self.leftovers.as_deref()),
             )
             .await;
     }

@@ -73,6 +73,14 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for ReleaseHook<S> {
     ) -> Result<Ownership, StoreError> {
         self.inner.renew(id, token, lease).await
     }
+    async fn hold(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        kept_for: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.inner.hold(id, token, kept_for).await
+    }
     async fn finalize(
         &self,
         id: &RecordId,

@@ -78,16 +78,17 @@ impl<'a> RequestPathStore<'a> {
         store_call(settings, StoreCall::Renew, renewing).await
     }
 
-    /// Holds the key for as long as a record is kept (the lifetime and its grace period):
-    /// a lease that outlives the key, for an owner that can neither finalize nor release.
+    /// Holds the key for as long as a record is kept (the lifetime and its grace period),
+    /// for an owner that can neither finalize nor release: see
+    /// [`IdempotencyStore::hold`](crate::IdempotencyStore::hold).
     pub(crate) async fn hold(
         &self,
         id: &RecordId,
         token: FencingToken,
     ) -> Result<Ownership, StoreError> {
         let settings = self.settings;
-        let holding = settings.store.renew(id, token, settings.kept_for());
-        store_call(settings, StoreCall::Renew, holding).await
+        let holding = settings.store.hold(id, token, settings.kept_for());
+        store_call(settings, StoreCall::Hold, holding).await
     }
 
     /// Stores the answer: at once where the store can

@@ -37,8 +37,8 @@ use super::record::{
 ///
 /// | `reserve` answers | the store knows | the layer then |
 /// |---|---|---|
-/// | [`Reserved(T)`](Reservation::Reserved) | the caller owns the key under a lease | runs the request, [`renew`](Self::renew)s the lease meanwhile, then [`finalize`](Self::finalize)s or [`release`](Self::release)s with `T` |
-/// | [`ReservedUncommitted(T)`](Reservation::ReservedUncommitted) | the caller owns the key in a transaction nobody else sees yet | runs the request, then finalizes or releases with `T`; never renews (there is no lease) |
+/// | [`Reserved(T)`](Reservation::Reserved) | the caller owns the key under a lease | runs the request, [`renew`](Self::renew)s the lease meanwhile, then [`finalize`](Self::finalize)s, [`release`](Self::release)s or [`hold`](Self::hold)s (outcome unknown) with `T` |
+/// | [`ReservedUncommitted(T)`](Reservation::ReservedUncommitted) | the caller owns the key in a transaction nobody else sees yet | runs the request, then finalizes, releases or [`hold`](Self::hold)s with `T`; never renews (there is no lease) |
 /// | [`Exists(record)`](Reservation::Exists) | a live record holds the key | checks the record's binding (another request's record: refused, whatever its state), then replays a completed record, takes over a lapsed lease ([`take_over`](Self::take_over)), or waits for a live one |
 /// | [`Busy`](Reservation::Busy) | another owner holds the key, whose record it cannot show | waits, then reserves again |
 ///
@@ -148,6 +148,32 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError>;
+
+    /// Keeps the key `token` owns reserved for `kept_for` from now (the rest of the
+    /// record's life), for an owner that can neither finalize nor release it: its
+    /// change may or may not have taken effect
+    /// ([`OutcomeUnknown`](crate::OutcomeUnknown)). Afterwards the record is in flight
+    /// under a lease that lasts `kept_for`, and its expiry is at least that far away, so
+    /// that no retry runs the change again before the record expires, and every retry
+    /// after it does.
+    ///
+    /// Called for every kind of reservation, and it ends it: a store whose reservation
+    /// is uncommitted ([`ReservedUncommitted`](Reservation::ReservedUncommitted)) commits
+    /// an in-flight record here, under the reservation's token, and holds nothing (no
+    /// transaction, lock or connection) afterwards. `Held` only if such a record now
+    /// holds the key under `token`.
+    ///
+    /// The default [renews](Self::renew) the lease for `kept_for`, which is exactly this
+    /// for a [leased](Reservation::Reserved) reservation; a store whose reservations are
+    /// uncommitted must implement it.
+    async fn hold(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        kept_for: Duration,
+    ) -> Result<Ownership, StoreError> {
+        self.renew(id, token, kept_for).await
+    }
 
     /// Completes the record `token` owns with `response`.
     async fn finalize(
@@ -263,6 +289,15 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
         (**self).renew(id, token, lease).await
+    }
+
+    async fn hold(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        kept_for: Duration,
+    ) -> Result<Ownership, StoreError> {
+        (**self).hold(id, token, kept_for).await
     }
 
     async fn finalize(
