@@ -41,12 +41,20 @@ pub(crate) async fn settle<B: Bodies, E>(
         Ran::Response { parts, read, body } => (parts, read, body),
         Ran::Error(error) => {
             let why = release_reason(verdict);
-            metrics::outcome(settings, release(settings, id, token, why).await);
+            let outcome = release(settings, id, token, why).await;
+            metrics::outcome(
+                settings,
+                end_unsettled(settings, reservation, outcome).await,
+            );
             return Err(error);
         }
         Ran::Panic(panic) => {
             let why = release_reason(verdict);
-            metrics::outcome(settings, release(settings, id, token, why).await);
+            let outcome = release(settings, id, token, why).await;
+            metrics::outcome(
+                settings,
+                end_unsettled(settings, reservation, outcome).await,
+            );
             std::panic::resume_unwind(panic);
         }
     };
@@ -74,11 +82,16 @@ pub(crate) async fn settle<B: Bodies, E>(
             .await
             .unless_unsettled(Outcome::ExecutedNotStored),
         Verdict::BodyFailed { release } => {
-            return Ok(
-                Box::pin(body_failed::<B>(settings, id, token, status, release, read)).await,
-            );
+            let mut response =
+                Box::pin(body_failed::<B>(settings, id, token, status, release, read)).await;
+            if let Some(outcome) = response.extensions().get::<Outcome>().copied() {
+                let outcome = end_unsettled(settings, reservation, outcome).await;
+                response.extensions_mut().insert(outcome);
+            }
+            return Ok(response);
         }
     };
+    let outcome = end_unsettled(settings, reservation, outcome).await;
     let mut response = match deliver::<B>(settings, read, body, held).await {
         Some(answer) => Response::from_parts(parts, answer),
         None => {
@@ -317,7 +330,12 @@ impl Settled {
 /// Releases the key `token` owns, saying `why` in the log: [`Outcome::Released`] if it
 /// was released, [`Outcome::Unsettled`] if not.
 async fn release(settings: &Settings, id: &RecordId, token: FencingToken, why: &str) -> Outcome {
-    match RequestPathStore::of(settings).release(id, token).await {
+    let store = RequestPathStore::of(settings);
+    match retried(settings, id, "releasing the key", || {
+        store.release(id, token)
+    })
+    .await
+    {
         Ok(Ownership::Held) => {
             tracing::info!(outcome = "released", key = %settings.log_key(id), "idempotency: released the key: {why}");
             Outcome::Released
@@ -341,7 +359,12 @@ async fn keep_reserved(
     token: FencingToken,
     status: StatusCode,
 ) -> Outcome {
-    match RequestPathStore::of(settings).hold(id, token).await {
+    let store = RequestPathStore::of(settings);
+    match retried(settings, id, "keeping the key reserved", || {
+        store.hold(id, token)
+    })
+    .await
+    {
         Ok(Ownership::Held) => {
             tracing::warn!(outcome = "unknown", key = %settings.log_key(id), status = status.as_u16(), "idempotency: the handler does not know whether its change took effect; the key stays reserved until it expires, so that no retry runs the change again");
             Outcome::Unknown
@@ -366,27 +389,72 @@ async fn finalize(
     stored: &StoredResponse,
 ) -> Settled {
     let store = RequestPathStore::of(settings);
+    match retried(settings, id, "storing the response", || {
+        store.finalize(id, token, stored)
+    })
+    .await
+    {
+        Ok(Ownership::Held) => {
+            tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
+            Settled::Yes
+        }
+        Ok(Ownership::Lost) => {
+            tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response was not stored: another request took over this key (this request's lease lapsed)");
+            Settled::No
+        }
+        Err(error) => {
+            tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; giving up, the record will be taken over when its lease lapses");
+            Settled::No
+        }
+    }
+}
+
+/// Calls the store until it answers, retrying its errors with backoff for a bounded time
+/// (`finalize_retry_for`): an owner's last word on its key is worth a few tries.
+async fn retried<F, Fut>(
+    settings: &Settings,
+    id: &RecordId,
+    what: &str,
+    mut call: F,
+) -> Result<Ownership, crate::store::StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Ownership, crate::store::StoreError>>,
+{
     let give_up_at = Instant::now() + settings.finalize_retry_for;
     let mut pause = Duration::from_millis(25);
     loop {
-        match store.finalize(id, token, stored).await {
-            Ok(Ownership::Held) => {
-                tracing::debug!(outcome = "finalized", key = %settings.log_key(id), status = stored.status, "idempotency: stored the response");
-                return Settled::Yes;
-            }
-            Ok(Ownership::Lost) => {
-                tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(id), "idempotency: the response was not stored: another request took over this key (this request's lease lapsed)");
-                return Settled::No;
-            }
+        match call().await {
             Err(error) if Instant::now() + pause < give_up_at => {
-                tracing::warn!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; retrying");
+                tracing::warn!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: {what} failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
-            Err(error) => {
-                tracing::error!(outcome = "store-error", key = %settings.log_key(id), %error, "idempotency: storing the response failed; giving up, the record will be taken over when its lease lapses");
-                return Settled::No;
-            }
+            answer => return answer,
         }
     }
+}
+
+/// An uncommitted reservation has no lease that could lapse: when the store did not take
+/// the owner's outcome, the reservation is released, so that nothing it holds (a
+/// transaction, a lock, a pooled connection) outlives the request. That is the lesser
+/// harm, the same one a failed finalize leaves on a leased reservation: a retry may run
+/// the request again.
+async fn end_unsettled(
+    settings: &Settings,
+    reservation: &ReservationHandle,
+    outcome: Outcome,
+) -> Outcome {
+    if outcome != Outcome::Unsettled || reservation.is_leased() {
+        return outcome;
+    }
+    let (id, token) = (reservation.id(), reservation.token());
+    release(
+        settings,
+        id,
+        token,
+        "an uncommitted reservation whose outcome the store did not take",
+    )
+    .await;
+    outcome
 }
