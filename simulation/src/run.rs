@@ -36,7 +36,8 @@ pub struct Target {
     pub purge: Option<Arc<dyn PurgeExpired>>,
     /// What it holds per request (transactions, connections), checked once quiet.
     pub leftovers: Option<Arc<dyn Leftovers>>,
-    /// Put before every scope, so that runs on a shared server never meet.
+    /// Put before every scope (with the seed), so that runs on a shared server never
+    /// meet.
     pub namespace: String,
 }
 
@@ -224,7 +225,8 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         })
     });
 
-    let scope = |index: usize| format!("{}s{index}", target.namespace);
+    // Each seed's keys are its own: a run never meets the records of the run before.
+    let scope = |index: usize| format!("{}{seed}-s{index}", target.namespace);
     let next_request = Arc::new(AtomicU64::new(0));
     let clients: Vec<_> = plan(seed, settings)
         .into_iter()

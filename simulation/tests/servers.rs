@@ -1,0 +1,310 @@
+//! The simulation on the real servers: SQLite, PostgreSQL, MariaDB and Redis, each as a
+//! store of its own and, for the SQL databases, the one-commit store whose reservations
+//! live in the handler's transaction (with what it holds per request watched from the
+//! database's side). Real time on several threads: the seed fixes the workload and the
+//! faults, the servers the schedule. Under `CI=true` an unreachable server fails.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idempotency_core::conformance::Leftovers;
+use idempotency_core::{FullStore, async_trait};
+use idempotency_store_redis::{RedisOptions, RedisStore};
+use idempotency_store_sql::sqlx::{self, Executor};
+use idempotency_store_sql::{
+    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore,
+};
+use simulation::{Settings, Target, seeds, simulate};
+
+const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+/// Seeds per store in the default sweep: the servers run in real time, about 5 s a seed.
+const RUNS: u64 = 3;
+
+fn settings() -> Settings {
+    Settings {
+        // A database's clock and its round trips against the simulation's clock.
+        clock_tolerance: Duration::from_millis(50),
+        ..Settings::quick()
+    }
+}
+
+fn url(env: &str, default: &str) -> String {
+    std::env::var(env).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Under `CI=true` an unreachable server fails the test; elsewhere it is skipped.
+fn unreachable(what: &str, error: impl std::fmt::Display) {
+    let message = format!("{what} is unreachable ({error}); run scripts/services");
+    if std::env::var("CI").is_ok_and(|ci| ci == "true") {
+        panic!("{message} (CI=true: an unreachable server fails the run)");
+    }
+    eprintln!("SKIPPED: {message}");
+}
+
+fn namespace() -> String {
+    format!("sim-{}-", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+fn table() -> String {
+    format!(
+        "idem_sim_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+async fn sweep(name: &str, target: Target) {
+    let settings = settings();
+    let seeds = seeds(RUNS);
+    eprintln!("{name}: seeds {seeds:?}");
+    for seed in seeds {
+        simulate(&target, &settings, seed).await.assert_passed(name);
+    }
+}
+
+fn store_target(store: Arc<dyn FullStore>) -> Target {
+    Target {
+        store: store.clone(),
+        purge: Some(store),
+        leftovers: None,
+        namespace: namespace(),
+    }
+}
+
+async fn sqlite_store(dir: &std::path::Path) -> SqliteStore {
+    let url = format!("sqlite://{}/sim.db?mode=rwc", dir.display());
+    SqliteStore::connect(&url, &PoolSettings::default())
+        .await
+        .expect("SQLite opens")
+        .migrate()
+        .await
+        .expect("migrate")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let dir = std::env::temp_dir().join(namespace());
+    std::fs::create_dir_all(&dir).unwrap();
+    sweep("SQLite", store_target(Arc::new(sqlite_store(&dir).await))).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
+    let store = match PostgresStore::connect(&url, &PoolSettings::default()).await {
+        Ok(store) => store
+            .with_table_name(&table())
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap(),
+        Err(error) => return unreachable("PostgreSQL", error),
+    };
+    sweep("PostgreSQL", store_target(Arc::new(store))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb() {
+    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
+    let store = match MySqlStore::connect(&url, &PoolSettings::default()).await {
+        Ok(store) => store
+            .with_table_name(&table())
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap(),
+        Err(error) => return unreachable("MariaDB", error),
+    };
+    sweep("MariaDB", store_target(Arc::new(store))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis() {
+    let options = RedisOptions::server(url("IDEMPOTENCY_TEST_REDIS_URL", REDIS))
+        .key_prefix(format!("{}:", namespace()))
+        .unwrap();
+    let store = match RedisStore::connect_with(options).await {
+        Ok(store) => store,
+        Err(error) => return unreachable("Redis", error),
+    };
+    sweep("Redis", store_target(Arc::new(store))).await;
+}
+
+/// What the handlers' pool of a one-commit store holds: connections checked out, and
+/// (PostgreSQL, MariaDB) its connections in an open transaction, seen by the server.
+struct HandlerPool<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    /// A connection of its own that asks the server.
+    observer: Option<Arc<dyn Fn() -> OpenTransactions + Send + Sync>>,
+}
+
+type OpenTransactions = std::pin::Pin<Box<dyn Future<Output = i64> + Send>>;
+
+#[async_trait]
+impl<DB: sqlx::Database> Leftovers for HandlerPool<DB> {
+    async fn held(&self) -> Vec<String> {
+        let mut held = Vec::new();
+        let in_use = self.pool.size() as usize - self.pool.num_idle();
+        if in_use > 0 {
+            held.push(format!(
+                "{in_use} of the handlers' pooled connections in use"
+            ));
+        }
+        if let Some(observer) = &self.observer {
+            let open = observer().await;
+            if open > 0 {
+                held.push(format!(
+                    "{open} of the handlers' connections in an open transaction"
+                ));
+            }
+        }
+        held
+    }
+}
+
+async fn one_commit<DB: RecordDatabase>(
+    name: &str,
+    records: Arc<dyn FullStore>,
+    table: &idempotency_store_sql::TableName,
+    pool: sqlx::Pool<DB>,
+    observer: Option<Arc<dyn Fn() -> OpenTransactions + Send + Sync>>,
+) {
+    let store = OneCommitStore::new(records.clone(), pool.clone(), table)
+        .await
+        .expect("the one-commit store");
+    let target = Target {
+        store: Arc::new(store),
+        purge: Some(records),
+        leftovers: Some(Arc::new(HandlerPool { pool, observer })),
+        namespace: namespace(),
+    };
+    sweep(name, target).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_sqlite() {
+    let dir = std::env::temp_dir().join(namespace());
+    std::fs::create_dir_all(&dir).unwrap();
+    let records = sqlite_store(&dir).await;
+    let table = records.table_name().clone();
+    let pool = records.pool().clone();
+    one_commit(
+        "the one-commit store on SQLite",
+        Arc::new(records),
+        &table,
+        pool,
+        None,
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_postgres() {
+    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
+    let records = match PostgresStore::connect(&url, &PoolSettings::default()).await {
+        Ok(store) => store
+            .with_table_name(&table())
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap(),
+        Err(error) => return unreachable("PostgreSQL", error),
+    };
+    let table = records.table_name().clone();
+    // The handlers' pool, its connections named so that the server can tell them apart.
+    let marker = format!("handlers_{}", table.as_str());
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&format!("{url}?application_name={marker}"))
+        .await
+        .unwrap();
+    let observer = records.pool().clone();
+    let open: Arc<dyn Fn() -> OpenTransactions + Send + Sync> = Arc::new(move || {
+        let (observer, marker) = (observer.clone(), marker.clone());
+        Box::pin(async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND xact_start IS NOT NULL",
+            )
+            .bind(marker)
+            .fetch_one(&observer)
+            .await
+            .expect("pg_stat_activity")
+        })
+    });
+    one_commit(
+        "the one-commit store on PostgreSQL",
+        Arc::new(records),
+        &table,
+        pool,
+        Some(open),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_mariadb() {
+    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
+    let records = match MySqlStore::connect(&url, &PoolSettings::default()).await {
+        Ok(store) => store
+            .with_table_name(&table())
+            .unwrap()
+            .migrate()
+            .await
+            .unwrap(),
+        Err(error) => return unreachable("MariaDB", error),
+    };
+    let table = records.table_name().clone();
+    // The handlers' pool, its connections' ids noted so that the server's transaction
+    // list can be read for them alone.
+    let ids = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let noted = ids.clone();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .after_connect(move |connection, _| {
+            let noted = noted.clone();
+            Box::pin(async move {
+                let id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+                    .fetch_one(&mut *connection)
+                    .await?;
+                noted.lock().unwrap().push(id);
+                Ok(())
+            })
+        })
+        .connect(&url)
+        .await
+        .unwrap();
+    let observer = records.pool().clone();
+    let open: Arc<dyn Fn() -> OpenTransactions + Send + Sync> = Arc::new(move || {
+        let (observer, ids) = (observer.clone(), ids.lock().unwrap().clone());
+        Box::pin(async move {
+            if ids.is_empty() {
+                return 0;
+            }
+            let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+            observer
+                .fetch_one(
+                    format!(
+                        "SELECT COUNT(*) FROM information_schema.innodb_trx
+                         WHERE trx_mysql_thread_id IN ({list})"
+                    )
+                    .as_str(),
+                )
+                .await
+                .map(|row| sqlx::Row::get::<i64, _>(&row, 0))
+                .expect("innodb_trx")
+        })
+    });
+    one_commit(
+        "the one-commit store on MariaDB",
+        Arc::new(records),
+        &table,
+        pool,
+        Some(open),
+    )
+    .await;
+}
