@@ -27,7 +27,7 @@ fn run(seed: u64, settings: &Settings) -> Run {
 #[test]
 fn every_seed_keeps_every_rule() {
     let settings = Settings::quick();
-    let seeds = seeds(300);
+    let seeds = seeds(2000);
     eprintln!(
         "memory store: seeds {}..={}",
         seeds[0],
