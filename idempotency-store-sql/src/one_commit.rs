@@ -1093,8 +1093,9 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         }
     }
 
-    /// MySQL/MariaDB: waits up to `timeout` on the owner's uncommitted row with a probe,
-    /// an insert under the key that is rolled back whatever it finds.
+    /// MySQL/MariaDB: waits up to `timeout` on the owner's uncommitted row with a locking
+    /// read of the key's row, which waits for the transaction that inserted it; true
+    /// once that transaction ended (committed or rolled back), false if it still runs.
     async fn wait_on_owners_row(
         &self,
         id: &RecordId,
@@ -1103,32 +1104,15 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let mut transaction = self.begin_raw().await.map_err(backend)?;
         let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
         set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
-        let nothing = Binding {
-            method: String::new(),
-            path: String::new(),
-            body_sha256: [0; 32],
-        };
-        let probed = DB::insert_in_flight(
-            &mut transaction,
-            &self.sql.insert_in_flight,
-            &NewRecord::new(
-                id,
-                &nothing,
-                FencingToken(0),
-                Duration::ZERO,
-                Duration::ZERO,
-            ),
-            None,
-        )
-        .await;
+        let read = DB::rows_of_key(&mut transaction, &owners_row_statement(&self.table), id).await;
         set_lock_wait::<DB>(&mut transaction, None).await?;
         let _ = transaction.rollback().await;
-        match probed {
+        match read {
             Ok(_) => Ok(true),
             Err(error) => match conflict(&error) {
-                Conflict::Duplicate | Conflict::Deadlock => Ok(true),
+                Conflict::Deadlock => Ok(true),
                 Conflict::Busy => Ok(false),
-                Conflict::Other => Err(backend(error)),
+                Conflict::Duplicate | Conflict::Other => Err(backend(error)),
             },
         }
     }
@@ -1216,6 +1200,12 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
 
 /// Sets (or, `None`, resets) how long InnoDB statements of this session wait for a row
 /// lock.
+/// MySQL/MariaDB: a locking read of a key's row, which waits for an uncommitted insert
+/// of that row to commit or roll back. Parameters: scope, key.
+fn owners_row_statement(table: &TableName) -> String {
+    format!("SELECT 1 FROM `{table}` WHERE scope = ? AND idempotency_key = ? LOCK IN SHARE MODE")
+}
+
 async fn set_lock_wait<DB: RecordDatabase>(
     connection: &mut DB::Connection,
     seconds: Option<u64>,

@@ -142,6 +142,15 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
 
     #[doc(hidden)]
+    /// How many rows a query with two text parameters (a record's scope and key)
+    /// answers.
+    fn rows_of_key(
+        connection: &mut Self::Connection,
+        sql: &str,
+        id: &RecordId,
+    ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send;
+
+    #[doc(hidden)]
     /// Inserts the in-flight record for `id` with the backend's `insert_in_flight`
     /// statement: `(committed, inserted)`. PostgreSQL's statement takes the key's
     /// advisory lock (`lock_key`) and answers a row saying whether a record holds the
@@ -305,6 +314,19 @@ macro_rules! record_database {
                     .fetch_one(connection)
                     .await?
                     .try_get(0)
+            }
+
+            async fn rows_of_key(
+                connection: &mut Self::Connection,
+                sql: &str,
+                id: &RecordId,
+            ) -> Result<usize, sqlx::Error> {
+                let rows = sqlx::query(sql)
+                    .bind(id.scope.as_str())
+                    .bind(id.key.as_str())
+                    .fetch_all(connection)
+                    .await?;
+                Ok(rows.len())
             }
 
             async fn insert_in_flight(
