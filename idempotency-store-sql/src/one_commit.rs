@@ -170,17 +170,17 @@ pub struct OneCommitStore<DB: RecordDatabase> {
 
 /// The statements of the one-commit path, in one dialect.
 struct Statements {
-    /// PostgreSQL: the reservation, the key's advisory lock taken unless a record holds
-    /// the key.
-    lock_key: String,
+    /// PostgreSQL (only): the reservation, the key's advisory lock taken unless a record
+    /// holds the key.
+    lock_key: Option<String>,
     /// The in-flight record under a reservation's token. MySQL/MariaDB: the reservation
     /// itself (also a duplicate's probe). PostgreSQL: the record of a handler that commits
     /// the reservation's transaction without its answer. Every dialect: the record of a
     /// reservation that outlives the handler's transaction ([`OneCommitStore::write_own_record`]).
     insert_in_flight: Arc<str>,
-    /// PostgreSQL, SQLite: the insert of the finished record, written whole in the
-    /// handler's transaction.
-    insert_completed: String,
+    /// PostgreSQL, SQLite (MySQL/MariaDB finalize their reservation's row instead): the
+    /// insert of the finished record, written whole in the handler's transaction.
+    insert_completed: Option<String>,
     /// The answer's write into a record in flight (MySQL/MariaDB's reservations, and
     /// records a typed store reserved; PostgreSQL: without announcing it).
     finalize: String,
@@ -598,9 +598,9 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "PostgreSQL" => (
                 Dialect::Postgres,
                 Statements {
-                    lock_key: crate::postgres::reserve_lock_statement(table),
+                    lock_key: Some(crate::postgres::reserve_lock_statement(table)),
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
-                    insert_completed: crate::postgres::insert_completed_statement(table),
+                    insert_completed: Some(crate::postgres::insert_completed_statement(table)),
                     finalize: crate::postgres::finalize_quietly_statement(table),
                     scope_usage: crate::postgres::scope_usage_statement(table),
                 },
@@ -609,9 +609,9 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "MySQL" => (
                 Dialect::MySql,
                 Statements {
-                    lock_key: String::new(),
+                    lock_key: None,
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
-                    insert_completed: String::new(),
+                    insert_completed: None,
                     finalize: crate::mysql::finalize_statement(table),
                     scope_usage: crate::mysql::scope_usage_statement(table),
                 },
@@ -620,9 +620,9 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "SQLite" => (
                 Dialect::Sqlite,
                 Statements {
-                    lock_key: String::new(),
+                    lock_key: None,
                     insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
-                    insert_completed: crate::sqlite::insert_completed_statement(table),
+                    insert_completed: Some(crate::sqlite::insert_completed_statement(table)),
                     finalize: crate::sqlite::finalize_statement(table),
                     scope_usage: crate::sqlite::scope_usage_statement(table),
                 },
@@ -781,9 +781,12 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         terms: &Terms,
         response: &idempotency_core::StoredResponse,
     ) -> Result<Ownership, sqlx::Error> {
+        let statement = self.sql.insert_completed.as_deref().expect(
+            "only PostgreSQL and SQLite write a finished record, and both have the statement",
+        );
         let written = DB::insert_completed(
             connection,
-            &self.sql.insert_completed,
+            statement,
             &NewRecord::new(id, &terms.binding, token, terms.lease, terms.lifetime),
             response,
         )
@@ -1034,7 +1037,12 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             let inserted = match self.dialect {
                 Dialect::Postgres => {
                     let lock = self.table.record_lock_key(id);
-                    DB::lock_key(&mut transaction, &self.sql.lock_key, id, lock)
+                    let statement = self
+                        .sql
+                        .lock_key
+                        .as_deref()
+                        .expect("PostgreSQL's statements take the key's lock");
+                    DB::lock_key(&mut transaction, statement, id, lock)
                         .await
                         .map(|(committed, locked)| (i64::from(committed), i64::from(locked)))
                 }
