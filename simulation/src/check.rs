@@ -40,6 +40,9 @@ struct Exec {
     ended_seq: Option<usize>,
     answer: Option<(u16, Bytes)>,
     unknown: bool,
+    /// Committed with its record in the handler's transaction.
+    committed: bool,
+    ended: Option<Duration>,
 }
 
 /// What a history holds, indexed for the rules.
@@ -102,6 +105,8 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                         ended_seq: None,
                         answer: None,
                         unknown: false,
+                        committed: false,
+                        ended: None,
                     },
                 );
             }
@@ -109,11 +114,14 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                 exec,
                 answer,
                 unknown,
+                committed,
             } => {
                 if let Some(run) = indexed.execs.get_mut(exec) {
                     run.ended_seq = Some(seq);
+                    run.ended = Some(*at);
                     run.answer = answer.clone();
                     run.unknown = *unknown;
+                    run.committed = *committed;
                 }
             }
             Event::Store(call) => indexed.calls.push(call.clone()),
@@ -190,6 +198,7 @@ pub(crate) fn check(
     events: &[(Duration, Event)],
     settings: &Settings,
     final_requests: &[u64],
+    in_database: Option<&[u64]>,
 ) -> Vec<Violation> {
     let history = index(events);
     let mut violations = Vec::new();
@@ -279,7 +288,7 @@ pub(crate) fn check(
                         vec![request.key.clone()],
                     );
                 }
-                if history.held("finalize", exec.token).is_none() {
+                if history.held("finalize", exec.token).is_none() && !exec.committed {
                     violation(
                         "only stored answers replay",
                         format!(
@@ -341,13 +350,25 @@ pub(crate) fn check(
             ("finalize", "its stored answer"),
             ("hold", "its key, held for an unknown outcome,"),
         ];
-        for (operation, what) in kept {
-            let Some(kept) = history.held(operation, exec.token) else {
-                continue;
-            };
+        let kept_since = kept
+            .into_iter()
+            .filter_map(|(operation, what)| {
+                history
+                    .held(operation, exec.token)
+                    .map(|call| (call.ended, what))
+            })
+            .chain(
+                exec.committed
+                    .then(|| {
+                        exec.ended
+                            .map(|at| (at, "change, committed with its record,"))
+                    })
+                    .flatten(),
+            );
+        for (since, what) in kept_since {
             for &(&other_id, other) in &execs {
                 if other.key == exec.key
-                    && other.started > kept.ended
+                    && other.started > since
                     && other.started + tolerance < ends
                 {
                     violation(
@@ -466,6 +487,27 @@ pub(crate) fn check(
                     vec![release.key.clone()],
                 );
             }
+        }
+    }
+
+    if let Some(in_database) = in_database {
+        let mut said: Vec<u64> = execs
+            .iter()
+            .filter(|(_, exec)| exec.committed)
+            .map(|(id, _)| **id)
+            .collect();
+        let mut found = in_database.to_vec();
+        said.sort_unstable();
+        found.sort_unstable();
+        if said != found {
+            violation(
+                "the database holds exactly the committed changes",
+                format!(
+                    "the handler committed the changes of execs {said:?}; the database holds \
+                     those of {found:?}"
+                ),
+                Vec::new(),
+            );
         }
     }
 

@@ -146,6 +146,9 @@ pub enum Event {
         answer: Option<(u16, Bytes)>,
         /// Whether the answer was marked `OutcomeUnknown`.
         unknown: bool,
+        /// Whether the handler committed its change with the answer in one transaction
+        /// (targets with [`Effects`](crate::Effects)).
+        committed: bool,
     },
     /// A store call.
     Store(StoreCall),
@@ -248,9 +251,13 @@ impl History {
                     exec,
                     answer,
                     unknown,
+                    committed,
                 } => match answer {
                     Some((status, _)) if unknown => {
                         format!("exec {exec} ended {status}, outcome unknown")
+                    }
+                    Some((status, _)) if committed => {
+                        format!("exec {exec} ended {status}, committed with its record")
                     }
                     Some((status, _)) => format!("exec {exec} ended {status}"),
                     None => format!("exec {exec} ended without an answer"),

@@ -52,6 +52,9 @@
 //! - **Nothing outlives its request**: once quiet, the store holds no transaction, lock
 //!   or connection (for stores whose test supplies a
 //!   [`Leftovers`](idempotency_core::conformance::Leftovers)).
+//! - **The database holds exactly the committed changes** (targets whose handler writes
+//!   through a transaction, [`Effects`]): the executions whose change is in the database
+//!   are those whose handler committed it with the answer.
 //! - **Every key frees once its records expired**: after the quiet phase, a request on
 //!   each key runs (nothing released is still stored, nothing held is held for ever).
 //!
@@ -73,7 +76,7 @@ pub use check::Violation;
 pub use faults::Faults;
 pub use history::{Answer, Ending, Event, Fault, History, KeyOf, StoreCall, StoreResult};
 pub use plan::{Behaviour, Settings, Step, plan};
-pub use run::{Run, Target, simulate};
+pub use run::{Effects, Run, Target, simulate};
 
 /// The seeds a test runs: `SIM_SEED` alone if set, else `SIM_RUNS` seeds (default
 /// `default_runs`) from `SIM_FIRST_SEED` (default 1, so that CI runs the same seeds every

@@ -39,6 +39,30 @@ pub struct Target {
     /// Put before every scope (with the seed), so that runs on a shared server never
     /// meet.
     pub namespace: String,
+    /// Where the handler writes its changes, if it writes through a transaction: its
+    /// answers that are stored (201, 400) then commit with their change.
+    pub effects: Option<Arc<dyn Effects>>,
+}
+
+/// A handler's change written to a database, for targets whose handler writes through
+/// the store's transactional path (`Tx`): the change and the answer commit together, or
+/// neither does. The test of such a target implements it.
+#[async_trait::async_trait]
+pub trait Effects: Send + Sync + 'static {
+    /// Writes execution `exec`'s change for `key` in the transaction of the request
+    /// `reservation` belongs to, with `answer`, and commits: the answer to send once
+    /// committed, or the error answer (a 5xx, marked `OutcomeUnknown` where whether it
+    /// committed is unknown) when it did not.
+    async fn write(
+        &self,
+        reservation: Option<ReservationHandle>,
+        exec: u64,
+        key: &KeyOf,
+        answer: Response<Full<Bytes>>,
+    ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>>;
+
+    /// The executions whose change the database holds, among those of `namespace`.
+    async fn in_database(&self, namespace: &str) -> Vec<u64>;
 }
 
 /// What a run did and what the checker found.
@@ -106,6 +130,7 @@ impl std::error::Error for Failed {}
 struct Handler {
     history: Arc<History>,
     next_exec: Arc<AtomicU64>,
+    effects: Option<Arc<dyn Effects>>,
 }
 
 impl Service<Request<IdempotencyBody<RequestBody>>> for Handler {
@@ -139,11 +164,13 @@ impl Service<Request<IdempotencyBody<RequestBody>>> for Handler {
             key: reservation.map_or_else(String::new, |r| r.id().key.clone()),
         };
         let token = reservation.map_or(0, |reservation| reservation.token().0);
+        let reservation = reservation.cloned();
+        let effects = self.effects.clone();
         Box::pin(async move {
             history.push(Event::ExecStarted {
                 exec,
                 request: number,
-                key,
+                key: key.clone(),
                 body,
                 token,
             });
@@ -159,6 +186,7 @@ impl Service<Request<IdempotencyBody<RequestBody>>> for Handler {
                         exec,
                         answer: None,
                         unknown: false,
+                        committed: false,
                     });
                     if behaviour == Behaviour::Fails {
                         return Err(Failed);
@@ -167,20 +195,38 @@ impl Service<Request<IdempotencyBody<RequestBody>>> for Handler {
                 }
             };
             let text = Bytes::from(format!("exec {exec} for request {number}"));
-            history.push(Event::ExecEnded {
-                exec,
-                answer: Some((status.as_u16(), text.clone())),
-                unknown,
-            });
-            let mut response = Response::new(Full::new(text));
+            let named = |mut response: Response<Full<Bytes>>| {
+                let headers = response.headers_mut();
+                headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                headers.insert(EXEC_HEADER, HeaderValue::from(exec));
+                response
+            };
+            let mut response = named(Response::new(Full::new(text)));
             *response.status_mut() = status;
-            let headers = response.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-            headers.insert(EXEC_HEADER, HeaderValue::from(exec));
             if unknown {
                 response.extensions_mut().insert(OutcomeUnknown);
             }
-            Ok(response)
+            let (response, committed) = match effects {
+                Some(effects) if behaviour.is_stored() => {
+                    match effects.write(reservation, exec, &key, response).await {
+                        Ok(committed) => (committed, true),
+                        Err(failed) => (named(failed), false),
+                    }
+                }
+                _ => (response, false),
+            };
+            let (parts, full) = response.into_parts();
+            let text = full
+                .collect()
+                .await
+                .map_or_else(|never| match never {}, |body| body.to_bytes());
+            history.push(Event::ExecEnded {
+                exec,
+                answer: Some((parts.status.as_u16(), text.clone())),
+                unknown: parts.extensions.get::<OutcomeUnknown>().is_some(),
+                committed,
+            });
+            Ok(Response::from_parts(parts, Full::new(text)))
         })
     }
 }
@@ -198,6 +244,7 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
     let handler = Handler {
         history: history.clone(),
         next_exec: Arc::new(AtomicU64::new(0)),
+        effects: target.effects.clone(),
     };
     let service = IdempotencyLayer::from_shared_store(store.clone())
         .with_scope(|parts: &http::request::Parts| {
@@ -296,7 +343,20 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
     if let Some(purging) = purging {
         purging.abort();
     }
-    violations.extend(check(&history.events(), settings, &final_requests));
+    let in_database = match &target.effects {
+        Some(effects) => Some(
+            effects
+                .in_database(&format!("{}{seed}-", target.namespace))
+                .await,
+        ),
+        None => None,
+    };
+    violations.extend(check(
+        &history.events(),
+        settings,
+        &final_requests,
+        in_database.as_deref(),
+    ));
     Run {
         seed,
         history,

@@ -19,6 +19,7 @@ fn run(seed: u64, settings: &Settings) -> Run {
                 purge: Some(store),
                 leftovers: None,
                 namespace: String::new(),
+                effects: None,
             };
             simulate(&target, settings, seed).await
         })

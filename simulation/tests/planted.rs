@@ -110,6 +110,7 @@ fn first_seed_that_catches(bug: Bug, rule: &str) -> Option<u64> {
                     purge: None,
                     leftovers: None,
                     namespace: String::new(),
+                    effects: None,
                 };
                 simulate(&target, &settings, seed).await
             });

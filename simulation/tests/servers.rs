@@ -7,6 +7,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Response;
+use http_body_util::Full;
+use idempotency_core::ReservationHandle;
 use idempotency_core::conformance::Leftovers;
 use idempotency_core::{FullStore, async_trait};
 use idempotency_store_redis::{RedisOptions, RedisStore};
@@ -14,7 +18,8 @@ use idempotency_store_sql::sqlx::{self, Executor};
 use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore,
 };
-use simulation::{Settings, Target, seeds, simulate};
+use idempotency_store_sql::{Tx, TxError};
+use simulation::{Effects, KeyOf, Settings, Target, seeds, simulate};
 
 const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
 const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -55,13 +60,18 @@ fn table() -> String {
     )
 }
 
-async fn sweep(name: &str, target: Target) {
+/// Runs the seeds on `target`; the histories as text.
+async fn sweep(name: &str, target: Target) -> Vec<String> {
     let settings = settings();
     let seeds = seeds(RUNS);
     eprintln!("{name}: seeds {seeds:?}");
+    let mut histories = Vec::new();
     for seed in seeds {
-        simulate(&target, &settings, seed).await.assert_passed(name);
+        let run = simulate(&target, &settings, seed).await;
+        run.assert_passed(name);
+        histories.push(run.history.render(None));
     }
+    histories
 }
 
 fn store_target(store: Arc<dyn FullStore>) -> Target {
@@ -70,6 +80,7 @@ fn store_target(store: Arc<dyn FullStore>) -> Target {
         purge: Some(store),
         leftovers: None,
         namespace: namespace(),
+        effects: None,
     }
 }
 
@@ -165,23 +176,117 @@ impl<DB: sqlx::Database> Leftovers for HandlerPool<DB> {
     }
 }
 
+/// The handler's change, a row of `table` naming its execution, written through `Tx`
+/// on a one-commit store: the change, the record and the answer commit once.
+macro_rules! tx_effects {
+    ($name:ident, $database:ty, insert: $insert:literal, select: $select:literal) => {
+        struct $name {
+            store: Arc<OneCommitStore<$database>>,
+            pool: sqlx::Pool<$database>,
+            table: String,
+        }
+
+        #[async_trait]
+        impl Effects for $name {
+            async fn write(
+                &self,
+                reservation: Option<ReservationHandle>,
+                exec: u64,
+                key: &KeyOf,
+                answer: Response<Full<Bytes>>,
+            ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>> {
+                let mut tx = Tx::begin(&self.store, reservation.as_ref())
+                    .await
+                    .map_err(unavailable)?;
+                sqlx::query(&format!($insert, self.table))
+                    .bind(exec as i64)
+                    .bind(key.scope.as_str())
+                    .bind(key.key.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                tx.commit(answer).await.map_err(TxError::into_response)
+            }
+
+            async fn in_database(&self, namespace: &str) -> Vec<u64> {
+                sqlx::query_scalar::<_, i64>(&format!($select, self.table))
+                    .bind(format!("{namespace}%"))
+                    .fetch_all(&self.pool)
+                    .await
+                    .expect("the effects table")
+                    .into_iter()
+                    .map(|exec| exec as u64)
+                    .collect()
+            }
+        }
+
+        impl $name {
+            async fn with_table(
+                store: Arc<OneCommitStore<$database>>,
+                pool: sqlx::Pool<$database>,
+            ) -> Arc<dyn Effects> {
+                let table = format!("{}_effects", table());
+                sqlx::query(&format!(
+                    "CREATE TABLE {table} (exec BIGINT NOT NULL, scope VARCHAR(200) NOT NULL, \
+                     idem_key VARCHAR(200) NOT NULL)"
+                ))
+                .execute(&pool)
+                .await
+                .expect("the effects table");
+                Arc::new(Self { store, pool, table })
+            }
+        }
+    };
+}
+
+tx_effects!(PostgresEffects, sqlx::Postgres,
+    insert: "INSERT INTO {} (exec, scope, idem_key) VALUES ($1, $2, $3)",
+    select: "SELECT exec FROM {} WHERE scope LIKE $1");
+tx_effects!(MySqlEffects, sqlx::MySql,
+    insert: "INSERT INTO {} (exec, scope, idem_key) VALUES (?, ?, ?)",
+    select: "SELECT exec FROM {} WHERE scope LIKE ?");
+tx_effects!(SqliteEffects, sqlx::Sqlite,
+    insert: "INSERT INTO {} (exec, scope, idem_key) VALUES (?, ?, ?)",
+    select: "SELECT exec FROM {} WHERE scope LIKE ?");
+
+fn unavailable(error: impl std::fmt::Display) -> Response<Full<Bytes>> {
+    let mut answer = Response::new(Full::new(Bytes::from(error.to_string())));
+    *answer.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+    answer
+}
+
+/// Sweeps a one-commit store on `pool` (the handlers' pool) whose handler writes its
+/// change through `Tx` (`effects`, made for the store).
 async fn one_commit<DB: RecordDatabase>(
     name: &str,
     records: Arc<dyn FullStore>,
     table: &idempotency_store_sql::TableName,
     pool: sqlx::Pool<DB>,
     observer: Option<Arc<dyn Fn() -> OpenTransactions + Send + Sync>>,
+    effects: impl AsyncFnOnce(Arc<OneCommitStore<DB>>, sqlx::Pool<DB>) -> Arc<dyn Effects>,
 ) {
-    let store = OneCommitStore::new(records.clone(), pool.clone(), table)
-        .await
-        .expect("the one-commit store");
+    let store = Arc::new(
+        OneCommitStore::new(records.clone(), pool.clone(), table)
+            .await
+            .expect("the one-commit store"),
+    );
     let target = Target {
-        store: Arc::new(store),
+        store: store.clone(),
         purge: Some(records),
-        leftovers: Some(Arc::new(HandlerPool { pool, observer })),
+        leftovers: Some(Arc::new(HandlerPool {
+            pool: pool.clone(),
+            observer,
+        })),
         namespace: namespace(),
+        effects: Some(effects(store, pool).await),
     };
-    sweep(name, target).await;
+    let histories = sweep(name, target).await;
+    assert!(
+        histories
+            .iter()
+            .any(|history| history.contains("committed with its record")),
+        "{name}: no handler committed its change through Tx"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,11 +297,12 @@ async fn one_commit_sqlite() {
     let table = records.table_name().clone();
     let pool = records.pool().clone();
     one_commit(
-        "the one-commit store on SQLite",
+        "the one-commit store on SQLite, writing through Tx",
         Arc::new(records),
         &table,
         pool,
         None,
+        SqliteEffects::with_table,
     )
     .await;
     let _ = std::fs::remove_dir_all(dir);
@@ -237,11 +343,12 @@ async fn one_commit_postgres() {
         })
     });
     one_commit(
-        "the one-commit store on PostgreSQL",
+        "the one-commit store on PostgreSQL, writing through Tx",
         Arc::new(records),
         &table,
         pool,
         Some(open),
+        PostgresEffects::with_table,
     )
     .await;
 }
@@ -300,11 +407,12 @@ async fn one_commit_mariadb() {
         })
     });
     one_commit(
-        "the one-commit store on MariaDB",
+        "the one-commit store on MariaDB, writing through Tx",
         Arc::new(records),
         &table,
         pool,
         Some(open),
+        MySqlEffects::with_table,
     )
     .await;
 }
