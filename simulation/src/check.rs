@@ -40,8 +40,10 @@ struct Exec {
     ended_seq: Option<usize>,
     answer: Option<(u16, Bytes)>,
     unknown: bool,
-    /// Committed with its record in the handler's transaction.
+    /// Its change committed in the handler's transaction.
     committed: bool,
+    /// And its record with it.
+    stored_with_change: bool,
     ended: Option<Duration>,
 }
 
@@ -106,6 +108,7 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                         answer: None,
                         unknown: false,
                         committed: false,
+                        stored_with_change: false,
                         ended: None,
                     },
                 );
@@ -122,6 +125,7 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                     run.answer = answer.clone();
                     run.unknown = *unknown;
                     run.committed = *committed;
+                    run.stored_with_change = *committed;
                 }
             }
             Event::Store(call) => indexed.calls.push(call.clone()),
@@ -198,9 +202,16 @@ pub(crate) fn check(
     events: &[(Duration, Event)],
     settings: &Settings,
     final_requests: &[u64],
-    in_database: Option<&[u64]>,
+    in_database: Option<(&[u64], bool)>,
 ) -> Vec<Violation> {
-    let history = index(events);
+    let mut history = index(events);
+    // A change committed with its record keeps the key like a stored answer; one whose
+    // record is kept elsewhere is kept by the finalize that follows it.
+    if let Some((_, false)) = in_database {
+        for exec in history.execs.values_mut() {
+            exec.stored_with_change = false;
+        }
+    }
     let mut violations = Vec::new();
     let tolerance = settings.clock_tolerance;
     let mut violation =
@@ -288,7 +299,7 @@ pub(crate) fn check(
                         vec![request.key.clone()],
                     );
                 }
-                if history.held("finalize", exec.token).is_none() && !exec.committed {
+                if history.held("finalize", exec.token).is_none() && !exec.stored_with_change {
                     violation(
                         "only stored answers replay",
                         format!(
@@ -490,7 +501,7 @@ pub(crate) fn check(
         }
     }
 
-    if let Some(in_database) = in_database {
+    if let Some((in_database, _)) = in_database {
         let mut said: Vec<u64> = execs
             .iter()
             .filter(|(_, exec)| exec.committed)

@@ -257,7 +257,7 @@ impl History {
                         format!("exec {exec} ended {status}, outcome unknown")
                     }
                     Some((status, _)) if committed => {
-                        format!("exec {exec} ended {status}, committed with its record")
+                        format!("exec {exec} ended {status}, its change committed")
                     }
                     Some((status, _)) => format!("exec {exec} ended {status}"),
                     None => format!("exec {exec} ended without an answer"),

@@ -63,6 +63,11 @@ pub trait Effects: Send + Sync + 'static {
 
     /// The executions whose change the database holds, among those of `namespace`.
     async fn in_database(&self, namespace: &str) -> Vec<u64>;
+
+    /// Whether the idempotency records are in the same database and commit with the
+    /// change (the one-commit store), or are kept elsewhere (Redis) and recorded by the
+    /// layer after the handler committed.
+    fn records_commit_with_changes(&self) -> bool;
 }
 
 /// What a run did and what the checker found.
@@ -344,18 +349,21 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         purging.abort();
     }
     let in_database = match &target.effects {
-        Some(effects) => Some(
+        Some(effects) => Some((
             effects
                 .in_database(&format!("{}{seed}-", target.namespace))
                 .await,
-        ),
+            effects.records_commit_with_changes(),
+        )),
         None => None,
     };
     violations.extend(check(
         &history.events(),
         settings,
         &final_requests,
-        in_database.as_deref(),
+        in_database
+            .as_ref()
+            .map(|(found, with_records)| (&found[..], *with_records)),
     ));
     Run {
         seed,

@@ -18,7 +18,7 @@ use idempotency_store_sql::sqlx::{self, Executor};
 use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore,
 };
-use idempotency_store_sql::{Tx, TxError};
+use idempotency_store_sql::{RecordsElsewhere, Transactions, Tx, TxError};
 use simulation::{Effects, KeyOf, Settings, Target, seeds, simulate};
 
 const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -180,14 +180,15 @@ impl<DB: sqlx::Database> Leftovers for HandlerPool<DB> {
 /// on a one-commit store: the change, the record and the answer commit once.
 macro_rules! tx_effects {
     ($name:ident, $database:ty, insert: $insert:literal, select: $select:literal) => {
-        struct $name {
-            store: Arc<OneCommitStore<$database>>,
+        struct $name<T> {
+            transactions: T,
             pool: sqlx::Pool<$database>,
             table: String,
+            records_with_changes: bool,
         }
 
         #[async_trait]
-        impl Effects for $name {
+        impl<T: Transactions<Database = $database>> Effects for $name<T> {
             async fn write(
                 &self,
                 reservation: Option<ReservationHandle>,
@@ -195,7 +196,7 @@ macro_rules! tx_effects {
                 key: &KeyOf,
                 answer: Response<Full<Bytes>>,
             ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>> {
-                let mut tx = Tx::begin(&self.store, reservation.as_ref())
+                let mut tx = Tx::begin(&self.transactions, reservation.as_ref())
                     .await
                     .map_err(unavailable)?;
                 sqlx::query(&format!($insert, self.table))
@@ -218,13 +219,15 @@ macro_rules! tx_effects {
                     .map(|exec| exec as u64)
                     .collect()
             }
+
+            fn records_commit_with_changes(&self) -> bool {
+                self.records_with_changes
+            }
         }
 
-        impl $name {
-            async fn with_table(
-                store: Arc<OneCommitStore<$database>>,
-                pool: sqlx::Pool<$database>,
-            ) -> Arc<dyn Effects> {
+        impl<T: Transactions<Database = $database>> $name<T> {
+            /// Changes written in a table of their own on `pool`, in `transactions`.
+            async fn with_table(transactions: T, pool: sqlx::Pool<$database>) -> Arc<dyn Effects> {
                 let table = format!("{}_effects", table());
                 sqlx::query(&format!(
                     "CREATE TABLE {table} (exec BIGINT NOT NULL, scope VARCHAR(200) NOT NULL, \
@@ -233,7 +236,13 @@ macro_rules! tx_effects {
                 .execute(&pool)
                 .await
                 .expect("the effects table");
-                Arc::new(Self { store, pool, table })
+                let records_with_changes = transactions.records_in_transaction();
+                Arc::new(Self {
+                    transactions,
+                    pool,
+                    table,
+                    records_with_changes,
+                })
             }
         }
     };
@@ -284,7 +293,7 @@ async fn one_commit<DB: RecordDatabase>(
     assert!(
         histories
             .iter()
-            .any(|history| history.contains("committed with its record")),
+            .any(|history| history.contains("its change committed")),
         "{name}: no handler committed its change through Tx"
     );
 }
@@ -415,4 +424,43 @@ async fn one_commit_mariadb() {
         MySqlEffects::with_table,
     )
     .await;
+}
+
+/// Records in Redis, the handler's change in PostgreSQL through `Tx` on
+/// `RecordsElsewhere`: the layer records the answer after the handler committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_in_redis_changes_in_postgres() {
+    let options = RedisOptions::server(url("IDEMPOTENCY_TEST_REDIS_URL", REDIS))
+        .key_prefix(format!("{}:", namespace()))
+        .unwrap();
+    let records = match RedisStore::connect_with(options).await {
+        Ok(store) => Arc::new(store),
+        Err(error) => return unreachable("Redis", error),
+    };
+    let pool = match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES))
+        .await
+    {
+        Ok(pool) => pool,
+        Err(error) => return unreachable("PostgreSQL", error),
+    };
+    let effects = PostgresEffects::with_table(RecordsElsewhere(pool.clone()), pool.clone()).await;
+    let target = Target {
+        store: records.clone(),
+        purge: Some(records),
+        leftovers: Some(Arc::new(HandlerPool {
+            pool,
+            observer: None,
+        })),
+        namespace: namespace(),
+        effects: Some(effects),
+    };
+    let histories = sweep("records in Redis, changes in PostgreSQL", target).await;
+    assert!(
+        histories
+            .iter()
+            .any(|history| history.contains("its change committed")),
+        "no handler committed its change through Tx"
+    );
 }
