@@ -182,3 +182,34 @@ async fn waiters_are_woken_by_shard_notices_on_a_cluster() {
     })
     .await;
 }
+
+/// The seeded simulation of the layer (see the `simulation` crate) over the cluster:
+/// concurrent clients on a few keys, faults between the layer and the store, keys
+/// expiring mid-run, every history checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulation_keeps_every_rule_on_a_cluster() {
+    if !redis_available() {
+        return;
+    }
+    let cluster = RedisCluster::start();
+    bounded(180, async {
+        let store = Arc::new(store(&cluster).await);
+        let target = simulation::Target {
+            store: store.clone(),
+            purge: Some(store),
+            leftovers: None,
+            namespace: String::new(),
+            effects: None,
+        };
+        let settings = simulation::Settings {
+            clock_tolerance: std::time::Duration::from_millis(50),
+            ..simulation::Settings::quick()
+        };
+        for seed in simulation::seeds(3) {
+            simulation::simulate(&target, &settings, seed)
+                .await
+                .assert_passed("a Redis Cluster");
+        }
+    })
+    .await;
+}
