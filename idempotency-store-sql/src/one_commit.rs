@@ -173,6 +173,9 @@ struct Statements {
     /// PostgreSQL (only): the reservation, the key's advisory lock taken unless a record
     /// holds the key.
     lock_key: Option<String>,
+    /// PostgreSQL (only): the key's record looked up again once its lock is taken (see
+    /// [`crate::postgres::record_of_key_statement`]).
+    lookup_after_lock: Option<String>,
     /// The in-flight record under a reservation's token. MySQL/MariaDB: the reservation
     /// itself (also a duplicate's probe). PostgreSQL: the record of a handler that commits
     /// the reservation's transaction without its answer. Every dialect: the record of a
@@ -599,6 +602,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::Postgres,
                 Statements {
                     lock_key: Some(crate::postgres::reserve_lock_statement(table)),
+                    lookup_after_lock: Some(crate::postgres::record_of_key_statement(table)),
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::postgres::insert_completed_statement(table)),
                     finalize: crate::postgres::finalize_quietly_statement(table),
@@ -610,6 +614,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::MySql,
                 Statements {
                     lock_key: None,
+                    lookup_after_lock: None,
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: None,
                     finalize: crate::mysql::finalize_statement(table),
@@ -621,6 +626,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::Sqlite,
                 Statements {
                     lock_key: None,
+                    lookup_after_lock: None,
                     insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::sqlite::insert_completed_statement(table)),
                     finalize: crate::sqlite::finalize_statement(table),
@@ -1042,9 +1048,25 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                         .lock_key
                         .as_deref()
                         .expect("PostgreSQL's statements take the key's lock");
-                    DB::lock_key(&mut transaction, statement, id, lock)
-                        .await
-                        .map(|(committed, locked)| (i64::from(committed), i64::from(locked)))
+                    match DB::lock_key(&mut transaction, statement, id, lock).await {
+                        // The lookup saw the table as the statement began: a transaction
+                        // that committed the key's record and let go of its lock while the
+                        // statement ran is not in it. Under the lock, a statement of its
+                        // own sees that record (found by the simulation: a duplicate ran
+                        // beside a record committed a moment before).
+                        Ok((false, true)) => {
+                            let lookup = self
+                                .sql
+                                .lookup_after_lock
+                                .as_deref()
+                                .expect("PostgreSQL's statements look the key up again");
+                            DB::rows_of_key(&mut transaction, lookup, id)
+                                .await
+                                .map(|rows| if rows > 0 { (1, 0) } else { (0, 1) })
+                        }
+                        other => other
+                            .map(|(committed, locked)| (i64::from(committed), i64::from(locked))),
+                    }
                 }
                 Dialect::MySql | Dialect::Sqlite => {
                     self.insert_in_flight(&mut transaction, id, binding, token, lease, lifetime)

@@ -318,6 +318,14 @@ pub(crate) fn reserve_lock_statement(table: &TableName) -> String {
     )
 }
 
+/// The one-commit path's second look at a key, once [`reserve_lock_statement`] took its
+/// lock: in PostgreSQL's default isolation a statement sees the table as it was when the
+/// statement began, so a record committed by the lock's previous holder while the lock
+/// statement ran is only seen by a later statement. Parameters: scope, key.
+pub(crate) fn record_of_key_statement(table: &TableName) -> String {
+    format!("SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text")
+}
+
 /// The one-commit path's record, inserted finished in the handler's transaction under the
 /// key's advisory lock (see [`reserve_lock_statement`]); an expired record is replaced,
 /// and a live one (committed by another store since the lock was taken) is left alone:
