@@ -22,8 +22,7 @@
 //! Under `CI=true` an unreachable database, a failed `pip install`, a missing `java` or
 //! `redis-server` is a failure; elsewhere the test that needs it says why and returns early.
 
-#[path = "support/commit_proxy.rs"]
-mod commit_proxy;
+use simulation::proxy as commit_proxy;
 
 use std::fs;
 use std::io::Read as _;

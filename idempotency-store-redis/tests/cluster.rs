@@ -200,6 +200,7 @@ async fn the_simulation_keeps_every_rule_on_a_cluster() {
             leftovers: None,
             namespace: String::new(),
             effects: None,
+            own_faults: None,
         };
         let settings = simulation::Settings {
             clock_tolerance: std::time::Duration::from_millis(50),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::history::{Answer, Ending, Event, KeyOf, StoreCall, StoreResult};
+use crate::history::{Answer, Change, Ending, Event, KeyOf, StoreCall, StoreResult};
 use crate::plan::{Behaviour, Settings};
 
 /// A broken rule, with the keys whose history shows it.
@@ -39,9 +39,11 @@ struct Exec {
     started_seq: usize,
     ended_seq: Option<usize>,
     answer: Option<(u16, Bytes)>,
+    /// The answer recorded with its change, where its client got another.
+    recorded: Option<(u16, Bytes)>,
     unknown: bool,
-    /// Its change committed in the handler's transaction.
-    committed: bool,
+    /// What became of its change.
+    change: Change,
     /// And its record with it.
     stored_with_change: bool,
     ended: Option<Duration>,
@@ -106,8 +108,9 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                         started_seq: seq,
                         ended_seq: None,
                         answer: None,
+                        recorded: None,
                         unknown: false,
-                        committed: false,
+                        change: Change::None,
                         stored_with_change: false,
                         ended: None,
                     },
@@ -117,15 +120,16 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                 exec,
                 answer,
                 unknown,
-                committed,
+                change,
+                recorded,
             } => {
                 if let Some(run) = indexed.execs.get_mut(exec) {
+                    run.recorded = recorded.clone();
                     run.ended_seq = Some(seq);
                     run.ended = Some(*at);
                     run.answer = answer.clone();
                     run.unknown = *unknown;
-                    run.committed = *committed;
-                    run.stored_with_change = *committed;
+                    run.change = *change;
                 }
             }
             Event::Store(call) => indexed.calls.push(call.clone()),
@@ -205,11 +209,11 @@ pub(crate) fn check(
     in_database: Option<(&[u64], bool)>,
 ) -> Vec<Violation> {
     let mut history = index(events);
-    // A change committed with its record keeps the key like a stored answer; one whose
-    // record is kept elsewhere is kept by the finalize that follows it.
-    if let Some((_, false)) = in_database {
-        for exec in history.execs.values_mut() {
-            exec.stored_with_change = false;
+    // A change in the database whose record commits with it keeps the key like a stored
+    // answer; one whose record is kept elsewhere is kept by the finalize that follows it.
+    if let Some((found, true)) = in_database {
+        for (id, exec) in history.execs.iter_mut() {
+            exec.stored_with_change = found.contains(id);
         }
     }
     let mut violations = Vec::new();
@@ -272,7 +276,8 @@ pub(crate) fn check(
                     );
                 }
                 let first = exec.answer.as_ref();
-                if first != Some(&(answer.status, answer.body.clone())) {
+                let replayed = (answer.status, answer.body.clone());
+                if first != Some(&replayed) && exec.recorded.as_ref() != Some(&replayed) {
                     violation(
                         "replays are byte-identical",
                         format!(
@@ -369,7 +374,7 @@ pub(crate) fn check(
                     .map(|call| (call.ended, what))
             })
             .chain(
-                exec.committed
+                exec.stored_with_change
                     .then(|| {
                         exec.ended
                             .map(|at| (at, "change, committed with its record,"))
@@ -502,23 +507,24 @@ pub(crate) fn check(
     }
 
     if let Some((in_database, _)) = in_database {
-        let mut said: Vec<u64> = execs
-            .iter()
-            .filter(|(_, exec)| exec.committed)
-            .map(|(id, _)| **id)
-            .collect();
-        let mut found = in_database.to_vec();
-        said.sort_unstable();
-        found.sort_unstable();
-        if said != found {
-            violation(
-                "the database holds exactly the committed changes",
-                format!(
-                    "the handler committed the changes of execs {said:?}; the database holds \
-                     those of {found:?}"
-                ),
-                Vec::new(),
-            );
+        for &(&id, exec) in &execs {
+            let found = in_database.contains(&id);
+            let fits = match exec.change {
+                Change::Committed => found,
+                Change::Unknown => true,
+                Change::None | Change::NotCommitted => !found,
+            };
+            if !fits {
+                violation(
+                    "the database holds exactly the committed changes",
+                    format!(
+                        "exec {id}'s change {} in the database, and its handler saw {:?}",
+                        if found { "is" } else { "is not" },
+                        exec.change
+                    ),
+                    vec![exec.key.clone()],
+                );
+            }
         }
     }
 

@@ -146,14 +146,30 @@ pub enum Event {
         answer: Option<(u16, Bytes)>,
         /// Whether the answer was marked `OutcomeUnknown`.
         unknown: bool,
-        /// Whether the handler committed its change with the answer in one transaction
-        /// (targets with [`Effects`](crate::Effects)).
-        committed: bool,
+        /// What became of the handler's change (targets with [`Effects`](crate::Effects)).
+        change: Change,
+        /// The answer the handler recorded with its change, where that differs from the
+        /// one its client got (the client got an error: the `COMMIT` failed, or its
+        /// answer was lost, and the record may hold this one).
+        recorded: Option<(u16, Bytes)>,
     },
     /// A store call.
     Store(StoreCall),
     /// The quiet phase began: every client has finished.
     Quiet,
+}
+
+/// What became of a handler's change, as the handler saw its `COMMIT` end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The handler wrote none.
+    None,
+    /// Committed.
+    Committed,
+    /// Not committed (rolled back, or never begun).
+    NotCommitted,
+    /// The answer to its `COMMIT` was lost: committed or not, the database knows.
+    Unknown,
 }
 
 /// The events of one run, each with its time from the run's start.
@@ -251,13 +267,17 @@ impl History {
                     exec,
                     answer,
                     unknown,
-                    committed,
+                    change,
+                    ..
                 } => match answer {
                     Some((status, _)) if unknown => {
                         format!("exec {exec} ended {status}, outcome unknown")
                     }
-                    Some((status, _)) if committed => {
+                    Some((status, _)) if change == Change::Committed => {
                         format!("exec {exec} ended {status}, its change committed")
+                    }
+                    Some((status, _)) if change == Change::Unknown => {
+                        format!("exec {exec} ended {status}, its COMMIT's answer lost")
                     }
                     Some((status, _)) => format!("exec {exec} ended {status}"),
                     None => format!("exec {exec} ended without an answer"),

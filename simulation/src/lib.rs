@@ -36,7 +36,8 @@
 //! - **Only stored answers replay**: a replayed answer is one the store finalized, and
 //!   never a 5xx, a 401 or an unknown outcome.
 //! - **At most one execution per key and lifetime**: once an execution's answer is
-//!   stored, or its key held for an unknown outcome, no execution of that scope and key
+//!   stored (or its change committed with its record), or its key held for an unknown
+//!   outcome, no execution of that scope and key
 //!   starts before the record can have expired (the reservation it descends from was
 //!   asked for, plus the lifetime).
 //! - **One execution at a time**: a second execution of a key starts while one runs only
@@ -53,8 +54,10 @@
 //!   or connection (for stores whose test supplies a
 //!   [`Leftovers`](idempotency_core::conformance::Leftovers)).
 //! - **The database holds exactly the committed changes** (targets whose handler writes
-//!   through a transaction, [`Effects`]): the executions whose change is in the database
-//!   are those whose handler committed it with the answer.
+//!   through a transaction, [`Effects`]): every change the handler saw commit is in the
+//!   database, and every change there was committed or lost its `COMMIT`'s answer.
+//!   Where the record commits with the change (the one-commit store), a change in the
+//!   database keeps its key as a stored answer does, under the rule above.
 //! - **Every key frees once its records expired**: after the quiet phase, a request on
 //!   each key runs (nothing released is still stored, nothing held is held for ever).
 //!
@@ -70,11 +73,12 @@ mod check;
 mod faults;
 mod history;
 mod plan;
+pub mod proxy;
 mod run;
 
 pub use check::Violation;
 pub use faults::Faults;
-pub use history::{Answer, Ending, Event, Fault, History, KeyOf, StoreCall, StoreResult};
+pub use history::{Answer, Change, Ending, Event, Fault, History, KeyOf, StoreCall, StoreResult};
 pub use plan::{Behaviour, Settings, Step, plan};
 pub use run::{Effects, Run, Target, simulate};
 

@@ -24,7 +24,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::check::{Violation, check};
 use crate::faults::FaultyStore;
-use crate::history::{Answer, Ending, Event, History, KeyOf};
+use crate::history::{Answer, Change, Ending, Event, History, KeyOf};
 use crate::plan::{Behaviour, Settings, Step, plan};
 
 /// The store a run drives, and what the run may ask of it besides the request path.
@@ -42,6 +42,9 @@ pub struct Target {
     /// Where the handler writes its changes, if it writes through a transaction: its
     /// answers that are stored (201, 400) then commit with their change.
     pub effects: Option<Arc<dyn Effects>>,
+    /// Faults of the target's own (a proxy that loses `COMMIT` answers): turned on with
+    /// the run's seed as it begins, off (`None`) when the quiet phase does.
+    pub own_faults: Option<Arc<dyn Fn(Option<u64>) + Send + Sync>>,
 }
 
 /// A handler's change written to a database, for targets whose handler writes through
@@ -50,16 +53,16 @@ pub struct Target {
 #[async_trait::async_trait]
 pub trait Effects: Send + Sync + 'static {
     /// Writes execution `exec`'s change for `key` in the transaction of the request
-    /// `reservation` belongs to, with `answer`, and commits: the answer to send once
-    /// committed, or the error answer (a 5xx, marked `OutcomeUnknown` where whether it
-    /// committed is unknown) when it did not.
+    /// `reservation` belongs to, with `answer`, and commits: the answer to send (`answer`
+    /// once committed, else an error answer, a 5xx marked `OutcomeUnknown` where the store
+    /// says so) and what became of the change.
     async fn write(
         &self,
         reservation: Option<ReservationHandle>,
         exec: u64,
         key: &KeyOf,
         answer: Response<Full<Bytes>>,
-    ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>>;
+    ) -> (Response<Full<Bytes>>, Change);
 
     /// The executions whose change the database holds, among those of `namespace`.
     async fn in_database(&self, namespace: &str) -> Vec<u64>;
@@ -191,7 +194,8 @@ impl Service<Request<IdempotencyBody<RequestBody>>> for Handler {
                         exec,
                         answer: None,
                         unknown: false,
-                        committed: false,
+                        change: Change::None,
+                        recorded: None,
                     });
                     if behaviour == Behaviour::Fails {
                         return Err(Failed);
@@ -206,30 +210,31 @@ impl Service<Request<IdempotencyBody<RequestBody>>> for Handler {
                 headers.insert(EXEC_HEADER, HeaderValue::from(exec));
                 response
             };
-            let mut response = named(Response::new(Full::new(text)));
+            let mut response = named(Response::new(Full::new(text.clone())));
             *response.status_mut() = status;
             if unknown {
                 response.extensions_mut().insert(OutcomeUnknown);
             }
-            let (response, committed) = match effects {
+            let intended = (status.as_u16(), text.clone());
+            let (response, change) = match effects {
                 Some(effects) if behaviour.is_stored() => {
-                    match effects.write(reservation, exec, &key, response).await {
-                        Ok(committed) => (committed, true),
-                        Err(failed) => (named(failed), false),
-                    }
+                    let (answer, change) = effects.write(reservation, exec, &key, response).await;
+                    (named(answer), change)
                 }
-                _ => (response, false),
+                _ => (response, Change::None),
             };
             let (parts, full) = response.into_parts();
             let text = full
                 .collect()
                 .await
                 .map_or_else(|never| match never {}, |body| body.to_bytes());
+            let answer = (parts.status.as_u16(), text.clone());
             history.push(Event::ExecEnded {
                 exec,
-                answer: Some((parts.status.as_u16(), text.clone())),
+                recorded: (change != Change::None && answer != intended).then_some(intended),
+                answer: Some(answer),
                 unknown: parts.extensions.get::<OutcomeUnknown>().is_some(),
-                committed,
+                change,
             });
             Ok(Response::from_parts(parts, Full::new(text)))
         })
@@ -267,6 +272,9 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         .wrap_bodies()
         .layer(handler);
 
+    if let Some(own_faults) = &target.own_faults {
+        own_faults(Some(seed));
+    }
     let purging = target.purge.clone().map(|purge| {
         let every = settings.lifetime / 3;
         tokio::spawn(async move {
@@ -306,6 +314,9 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
     // Quiet: no more faults; every owner finishes and every record expires.
     history.push(Event::Quiet);
     store.disable_faults();
+    if let Some(own_faults) = &target.own_faults {
+        own_faults(None);
+    }
     tokio::time::sleep(
         settings.lifetime
             + settings.lease * 4

@@ -20,6 +20,7 @@ fn run(seed: u64, settings: &Settings) -> Run {
                 leftovers: None,
                 namespace: String::new(),
                 effects: None,
+                own_faults: None,
             };
             simulate(&target, settings, seed).await
         })

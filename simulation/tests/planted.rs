@@ -111,6 +111,7 @@ fn first_seed_that_catches(bug: Bug, rule: &str) -> Option<u64> {
                     leftovers: None,
                     namespace: String::new(),
                     effects: None,
+                    own_faults: None,
                 };
                 simulate(&target, &settings, seed).await
             });

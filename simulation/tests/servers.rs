@@ -15,11 +15,12 @@ use idempotency_core::conformance::Leftovers;
 use idempotency_core::{FullStore, async_trait};
 use idempotency_store_redis::{RedisOptions, RedisStore};
 use idempotency_store_sql::sqlx::{self, Executor};
+use idempotency_store_sql::{CommitError, RecordsElsewhere, Transactions, Tx, TxError};
 use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore,
 };
-use idempotency_store_sql::{RecordsElsewhere, Transactions, Tx, TxError};
-use simulation::{Effects, KeyOf, Settings, Target, seeds, simulate};
+use simulation::proxy::{CommitProxy, Wire};
+use simulation::{Change, Effects, KeyOf, Settings, Target, seeds, simulate};
 
 const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
 const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -47,6 +48,47 @@ fn unreachable(what: &str, error: impl std::fmt::Display) {
         panic!("{message} (CI=true: an unreachable server fails the run)");
     }
     eprintln!("SKIPPED: {message}");
+}
+
+/// Some `COMMIT` answers were lost.
+fn assert_lost_commits(proxy: &CommitProxy) {
+    assert!(proxy.lost() > 0, "no COMMIT answer was lost");
+}
+
+/// `proxy` loses the answer to the first `COMMIT` of a run and to a seeded share of the
+/// others, until the run is quiet.
+fn lost_commits(proxy: Arc<CommitProxy>) -> Arc<dyn Fn(Option<u64>) + Send + Sync> {
+    Arc::new(move |seed| match seed {
+        Some(seed) => {
+            proxy.lose_next_commit_answer();
+            proxy.lose_commit_answers(LOST_COMMITS, seed);
+        }
+        None => proxy.stop_losing(),
+    })
+}
+
+/// What share of the handlers' `COMMIT`s lose their answer (through a [`CommitProxy`]).
+const LOST_COMMITS: f64 = 0.1;
+
+/// A proxy in front of the server of `url` (see [`lost_commits`]), and `url` pointed at
+/// it.
+async fn through_proxy(url: &str, wire: Wire) -> (Arc<CommitProxy>, String) {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (user, rest) = rest.split_once('@').unwrap_or(("", rest));
+    let (server, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let upstream = tokio::net::lookup_host(server)
+        .await
+        .expect("the server's address")
+        .next()
+        .expect("an address");
+    let proxy = Arc::new(CommitProxy::start(wire, upstream).await);
+    let at = if user.is_empty() {
+        String::new()
+    } else {
+        format!("{user}@")
+    };
+    let proxied = format!("{scheme}://{at}127.0.0.1:{}/{path}", proxy.port());
+    (proxy, proxied)
 }
 
 fn namespace() -> String {
@@ -81,6 +123,7 @@ fn store_target(store: Arc<dyn FullStore>) -> Target {
         leftovers: None,
         namespace: namespace(),
         effects: None,
+        own_faults: None,
     }
 }
 
@@ -195,18 +238,28 @@ macro_rules! tx_effects {
                 exec: u64,
                 key: &KeyOf,
                 answer: Response<Full<Bytes>>,
-            ) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>> {
-                let mut tx = Tx::begin(&self.transactions, reservation.as_ref())
-                    .await
-                    .map_err(unavailable)?;
-                sqlx::query(&format!($insert, self.table))
+            ) -> (Response<Full<Bytes>>, Change) {
+                let mut tx = match Tx::begin(&self.transactions, reservation.as_ref()).await {
+                    Ok(tx) => tx,
+                    Err(error) => return (unavailable(error), Change::NotCommitted),
+                };
+                let written = sqlx::query(&format!($insert, self.table))
                     .bind(exec as i64)
                     .bind(key.scope.as_str())
                     .bind(key.key.as_str())
                     .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                tx.commit(answer).await.map_err(TxError::into_response)
+                    .await;
+                if let Err(error) = written {
+                    return (unavailable(error), Change::NotCommitted);
+                }
+                match tx.commit(answer).await {
+                    Ok(answer) => (answer, Change::Committed),
+                    Err(
+                        error @ (TxError::Unknown(_)
+                        | TxError::NotCommitted(CommitError::Unknown(_))),
+                    ) => (error.into_response(), Change::Unknown),
+                    Err(error) => (error.into_response(), Change::NotCommitted),
+                }
             }
 
             async fn in_database(&self, namespace: &str) -> Vec<u64> {
@@ -273,6 +326,7 @@ async fn one_commit<DB: RecordDatabase>(
     pool: sqlx::Pool<DB>,
     observer: Option<Arc<dyn Fn() -> OpenTransactions + Send + Sync>>,
     effects: impl AsyncFnOnce(Arc<OneCommitStore<DB>>, sqlx::Pool<DB>) -> Arc<dyn Effects>,
+    proxy: Option<Arc<CommitProxy>>,
 ) {
     let store = Arc::new(
         OneCommitStore::new(records.clone(), pool.clone(), table)
@@ -288,6 +342,7 @@ async fn one_commit<DB: RecordDatabase>(
         })),
         namespace: namespace(),
         effects: Some(effects(store, pool).await),
+        own_faults: proxy.clone().map(lost_commits),
     };
     let histories = sweep(name, target).await;
     assert!(
@@ -296,6 +351,9 @@ async fn one_commit<DB: RecordDatabase>(
             .any(|history| history.contains("its change committed")),
         "{name}: no handler committed its change through Tx"
     );
+    if let Some(proxy) = proxy {
+        assert_lost_commits(&proxy);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,6 +370,7 @@ async fn one_commit_sqlite() {
         pool,
         None,
         SqliteEffects::with_table,
+        None,
     )
     .await;
     let _ = std::fs::remove_dir_all(dir);
@@ -332,9 +391,11 @@ async fn one_commit_postgres() {
     let table = records.table_name().clone();
     // The handlers' pool, its connections named so that the server can tell them apart.
     let marker = format!("handlers_{}", table.as_str());
+    // Through a proxy that loses the answer to some of their COMMITs.
+    let (proxy, proxied) = through_proxy(&url, Wire::Postgres).await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect(&format!("{url}?application_name={marker}"))
+        .connect(&format!("{proxied}?application_name={marker}"))
         .await
         .unwrap();
     let observer = records.pool().clone();
@@ -358,6 +419,7 @@ async fn one_commit_postgres() {
         pool,
         Some(open),
         PostgresEffects::with_table,
+        Some(proxy),
     )
     .await;
 }
@@ -377,6 +439,7 @@ async fn one_commit_mariadb() {
     let table = records.table_name().clone();
     // The handlers' pool, its connections' ids noted so that the server's transaction
     // list can be read for them alone.
+    let (proxy, proxied) = through_proxy(&url, Wire::MySql).await;
     let ids = Arc::new(Mutex::new(Vec::<i64>::new()));
     let noted = ids.clone();
     let pool = sqlx::mysql::MySqlPoolOptions::new()
@@ -391,7 +454,7 @@ async fn one_commit_mariadb() {
                 Ok(())
             })
         })
-        .connect(&url)
+        .connect(&proxied)
         .await
         .unwrap();
     let observer = records.pool().clone();
@@ -422,6 +485,7 @@ async fn one_commit_mariadb() {
         pool,
         Some(open),
         MySqlEffects::with_table,
+        Some(proxy),
     )
     .await;
 }
@@ -437,9 +501,14 @@ async fn records_in_redis_changes_in_postgres() {
         Ok(store) => Arc::new(store),
         Err(error) => return unreachable("Redis", error),
     };
+    let (proxy, proxied) = through_proxy(
+        &url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES),
+        Wire::Postgres,
+    )
+    .await;
     let pool = match sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect(&url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES))
+        .connect(&proxied)
         .await
     {
         Ok(pool) => pool,
@@ -455,6 +524,7 @@ async fn records_in_redis_changes_in_postgres() {
         })),
         namespace: namespace(),
         effects: Some(effects),
+        own_faults: Some(lost_commits(proxy.clone())),
     };
     let histories = sweep("records in Redis, changes in PostgreSQL", target).await;
     assert!(
@@ -463,4 +533,5 @@ async fn records_in_redis_changes_in_postgres() {
             .any(|history| history.contains("its change committed")),
         "no handler committed its change through Tx"
     );
+    assert_lost_commits(&proxy);
 }

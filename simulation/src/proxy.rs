@@ -1,30 +1,35 @@
-//! A TCP proxy in front of PostgreSQL or MySQL/MariaDB that, when armed, loses the answer
-//! to the next `COMMIT`: it passes the statement on to the server (which commits), then
-//! drops the client's connection without a word, as a network failure or a failover
-//! right after the `COMMIT` does.
+//! A TCP proxy in front of PostgreSQL or MySQL/MariaDB that loses the answer to a
+//! `COMMIT`: it passes the statement on to the server (which commits), then drops the
+//! client's connection without a word, as a network failure or a failover right after the
+//! `COMMIT` does. Armed for the next `COMMIT` (a test that picks its moment), or for a
+//! seeded share of them (the simulation).
 //!
 //! It reads the client's side of each connection by the protocol's framing, to find a
 //! simple-query `COMMIT` (PostgreSQL's `Q` message, MySQL's `COM_QUERY`); the server's
 //! side is copied through untouched. TLS must be off (both test servers have it off).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Which wire protocol the proxied server speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wire {
+pub enum Wire {
+    /// PostgreSQL's frontend/backend protocol.
     Postgres,
+    /// MySQL's and MariaDB's client/server protocol.
     MySql,
 }
 
 /// The proxy, listening on a loopback port of its own until dropped.
-pub(crate) struct CommitProxy {
+pub struct CommitProxy {
     address: SocketAddr,
     shared: Arc<Shared>,
     accepting: tokio::task::JoinHandle<()>,
@@ -37,11 +42,26 @@ struct Shared {
     armed: AtomicBool,
     /// How many `COMMIT` answers were lost.
     lost: AtomicU32,
+    /// Lose each `COMMIT`'s answer with this probability, drawn from this generator.
+    at_random: Mutex<Option<(f64, StdRng)>>,
+}
+
+impl Shared {
+    /// Whether to lose the answer to the `COMMIT` passing now.
+    fn lose(&self) -> bool {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            return true;
+        }
+        let mut at_random = self.at_random.lock().expect("the proxy's generator");
+        at_random
+            .as_mut()
+            .is_some_and(|(probability, rng)| rng.random::<f64>() < *probability)
+    }
 }
 
 impl CommitProxy {
     /// A proxy for the server at `upstream`.
-    pub(crate) async fn start(wire: Wire, upstream: SocketAddr) -> Self {
+    pub async fn start(wire: Wire, upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let shared = Arc::new(Shared {
@@ -49,6 +69,7 @@ impl CommitProxy {
             upstream,
             armed: AtomicBool::new(false),
             lost: AtomicU32::new(0),
+            at_random: Mutex::new(None),
         });
         let accepting = tokio::spawn({
             let shared = shared.clone();
@@ -66,17 +87,28 @@ impl CommitProxy {
     }
 
     /// The port clients connect to.
-    pub(crate) fn port(&self) -> u16 {
+    pub fn port(&self) -> u16 {
         self.address.port()
     }
 
     /// Loses the answer to the next `COMMIT` any connection sends.
-    pub(crate) fn lose_next_commit_answer(&self) {
+    pub fn lose_next_commit_answer(&self) {
         self.shared.armed.store(true, Ordering::SeqCst);
     }
 
+    /// Loses the answer to each `COMMIT` with `probability`, the draws seeded by `seed`.
+    pub fn lose_commit_answers(&self, probability: f64, seed: u64) {
+        *self.shared.at_random.lock().expect("the proxy's generator") =
+            Some((probability, StdRng::seed_from_u64(seed)));
+    }
+
+    /// Stops losing answers at random.
+    pub fn stop_losing(&self) {
+        *self.shared.at_random.lock().expect("the proxy's generator") = None;
+    }
+
     /// How many `COMMIT` answers were lost so far.
-    pub(crate) fn lost(&self) -> u32 {
+    pub fn lost(&self) -> u32 {
         self.shared.lost.load(Ordering::SeqCst)
     }
 }
@@ -138,7 +170,7 @@ async fn requests(
         let Some((message, is_commit)) = message else {
             return;
         };
-        let lose = is_commit && shared.armed.swap(false, Ordering::SeqCst);
+        let lose = is_commit && shared.lose();
         if lose {
             // Set first: the answer must not slip through.
             cut.store(true, Ordering::SeqCst);
