@@ -145,32 +145,49 @@ async fn sqlite() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A PostgreSQL store on a table of its own, and the server's URL; `None` (after
+/// [`unreachable`]) when the server does not answer.
+async fn postgres_store() -> Option<(PostgresStore, String)> {
+    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
+    match PostgresStore::connect(&url, &PoolSettings::default()).await {
+        Ok(store) => {
+            let store = store.with_table_name(&table()).unwrap().migrate().await;
+            Some((store.unwrap(), url))
+        }
+        Err(error) => {
+            unreachable("PostgreSQL", error);
+            None
+        }
+    }
+}
+
+/// The same on MariaDB.
+async fn mysql_store() -> Option<(MySqlStore, String)> {
+    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
+    match MySqlStore::connect(&url, &PoolSettings::default()).await {
+        Ok(store) => {
+            let store = store.with_table_name(&table()).unwrap().migrate().await;
+            Some((store.unwrap(), url))
+        }
+        Err(error) => {
+            unreachable("MariaDB", error);
+            None
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres() {
-    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
-    let store = match PostgresStore::connect(&url, &PoolSettings::default()).await {
-        Ok(store) => store
-            .with_table_name(&table())
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap(),
-        Err(error) => return unreachable("PostgreSQL", error),
+    let Some((store, _)) = postgres_store().await else {
+        return;
     };
     sweep("PostgreSQL", store_target(Arc::new(store))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb() {
-    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
-    let store = match MySqlStore::connect(&url, &PoolSettings::default()).await {
-        Ok(store) => store
-            .with_table_name(&table())
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap(),
-        Err(error) => return unreachable("MariaDB", error),
+    let Some((store, _)) = mysql_store().await else {
+        return;
     };
     sweep("MariaDB", store_target(Arc::new(store))).await;
 }
@@ -378,15 +395,8 @@ async fn one_commit_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_postgres() {
-    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
-    let records = match PostgresStore::connect(&url, &PoolSettings::default()).await {
-        Ok(store) => store
-            .with_table_name(&table())
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap(),
-        Err(error) => return unreachable("PostgreSQL", error),
+    let Some((records, url)) = postgres_store().await else {
+        return;
     };
     let table = records.table_name().clone();
     // The handlers' pool, its connections named so that the server can tell them apart.
@@ -426,15 +436,8 @@ async fn one_commit_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_mariadb() {
-    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
-    let records = match MySqlStore::connect(&url, &PoolSettings::default()).await {
-        Ok(store) => store
-            .with_table_name(&table())
-            .unwrap()
-            .migrate()
-            .await
-            .unwrap(),
-        Err(error) => return unreachable("MariaDB", error),
+    let Some((records, url)) = mysql_store().await else {
+        return;
     };
     let table = records.table_name().clone();
     // The handlers' pool, its connections' ids noted so that the server's transaction
