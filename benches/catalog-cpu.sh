@@ -8,11 +8,18 @@
 #   benches/catalog-cpu.sh postgres --two-commit
 #   benches/catalog-cpu.sh sqlite
 #   CATALOG_BIN=/tmp/catalog-before benches/catalog-cpu.sh postgres   # another build
+#   SMOKE=1 CATALOG_BIN=target/debug/iceberg-catalog benches/catalog-cpu.sh sqlite   # CI's smoke run
+#
+# SMOKE=1: one 1 s round of each (ROUNDS and SECONDS_PER_ROUND still apply), figures not
+# worth reading, and a failed request fails the script.
 #
 # Needs wrk and the services of scripts/services (as benches/catalog.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 db="$1"; shift; extra=("$@")
+smoke="${SMOKE:-}"
+rounds="${ROUNDS:-$([ -n "$smoke" ] && echo 1 || echo 2)}"
+seconds="${SECONDS_PER_ROUND:-$([ -n "$smoke" ] && echo 1 || echo 5)}"
 # --two-commit is a comparison only in builds with the examples' test-hooks feature.
 if [ -n "${CATALOG_BIN:-}" ]; then
   catalog_bin="$CATALOG_BIN"   # a build of your own (another commit's, to compare)
@@ -29,7 +36,10 @@ case "$db" in
 esac
 "$catalog_bin" --listen 127.0.0.1:$port --database "$url" --warehouse "$work/wh" "${extra[@]}" >/dev/null 2>&1 &
 pid=$!
-sleep 2
+for _ in $(seq 1 100); do
+  curl -sf "http://127.0.0.1:$port/v1/config" >/dev/null && break
+  sleep 0.2
+done
 cat > $work/ns.lua <<'LUA'
 local counter = 0
 local mode, nonce = "nokey", 0
@@ -44,11 +54,14 @@ LUA
 ticks() { awk '{print $14+$15}' /proc/$1/stat; }
 pgticks() { t=0; for p in $(pgrep -u postgres postgres 2>/dev/null); do v=$(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null || echo 0); t=$((t+v)); done; echo $t; }
 n=1
-for round in 1 2; do
+for round in $(seq 1 "$rounds"); do
 for mode in nokey fresh; do
   n=$((n+1))
   c0=$(ticks $pid); p0=$(pgticks)
-  out=$(wrk -t1 -c16 -d5s -s $work/ns.lua http://127.0.0.1:$port -- $mode $((RANDOM*100+n)))
+  out=$(wrk -t1 -c16 -d"${seconds}s" -s $work/ns.lua http://127.0.0.1:$port -- $mode $((RANDOM*100+n)))
+  if [ -n "$smoke" ] && echo "$out" | grep -q 'Non-2xx\|Socket errors'; then
+    echo "$db $mode: requests failed: $out" >&2; kill $pid; exit 1
+  fi
   c1=$(ticks $pid); p1=$(pgticks)
   reqs=$(echo "$out" | awk '/requests in/ {print $1}')
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')

@@ -14,6 +14,11 @@
 #   benches/catalog-snapshots.sh                          # SQLite and PostgreSQL, 200 1200 3200
 #   benches/catalog-snapshots.sh sqlite "200 1200"        # one database, other sizes
 #   ROUNDS=4 benches/catalog-snapshots.sh postgres        # more alternating blocks per figure
+#   CATALOG_BIN=/tmp/catalog-before benches/catalog-snapshots.sh   # another build (no build here)
+#   SMOKE=1 CATALOG_BIN=target/debug/iceberg-catalog benches/catalog-snapshots.sh   # CI's smoke run
+#
+# SMOKE=1: 10 snapshots, one round of blocks of 5 commits and 10 replays: every figure
+# once, not worth reading.
 #
 # "stored per keyed commit": growth of the records table (its pages, indexes and TOAST
 # included: SQLite's dbstat, PostgreSQL's pg_total_relation_size) over the keyed blocks,
@@ -24,29 +29,35 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 databases="${1:-sqlite postgres}"
-sizes="${2:-200 1200 3200}"
-rounds="${ROUNDS:-2}"
+smoke="${SMOKE:-}"
+sizes="${2:-$([ -n "$smoke" ] && echo 10 || echo "200 1200 3200")}"
+rounds="${ROUNDS:-$([ -n "$smoke" ] && echo 1 || echo 2)}"
 port=18191
 
 if [[ " $databases " == *" postgres "* ]] \
   && ! psql -h 127.0.0.1 -U postgres -d postgres -tAc 'SELECT 1' >/dev/null 2>&1; then
   scripts/services start >&2
 fi
-echo "building the example catalog (release)…" >&2
-cargo build --release --locked -q -p examples --bin iceberg-catalog >&2
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+if [ -n "${CATALOG_BIN:-}" ]; then
+  catalog_bin="$CATALOG_BIN"   # a build of your own (another commit's, to compare)
+else
+  echo "building the example catalog (release)…" >&2
+  cargo build --release --locked -q -p examples --bin iceberg-catalog >&2
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  catalog_bin="$target_dir/release/iceberg-catalog"
+fi
 
 work=$(mktemp -d)
 cleanup() { rm -rf "$work"; }
 trap cleanup EXIT
 
-exec python3 - "$target_dir/release/iceberg-catalog" "$work" "$port" "$databases" "$sizes" "$rounds" <<'PY'
+python3 - "$catalog_bin" "$work" "$port" "$databases" "$sizes" "$rounds" "$smoke" <<'PY'
 import http.client, json, os, sqlite3, subprocess, sys, time, uuid
 
-binary, work, port, databases, sizes, rounds = sys.argv[1:7]
+binary, work, port, databases, sizes, rounds, smoke = sys.argv[1:8]
 port, rounds = int(port), int(rounds)
 sizes = [int(s) for s in sizes.split()]
-BLOCK, REPLAYS = 25, 50
+BLOCK, REPLAYS = (5, 10) if smoke else (25, 50)
 PATHS = [("pointer", []), ("whole", ["--store-whole-metadata"])]
 TABLE = "/v1/namespaces/bench/tables/events"
 

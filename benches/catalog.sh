@@ -11,6 +11,10 @@
 #   benches/catalog.sh postgres redis://127.0.0.1:6379   # records in Redis (--idempotency-store)
 #   benches/catalog.sh "sqlite postgres" two-commit      # records reserved in a commit of their own
 #   CATALOG_BIN=/tmp/catalog-before benches/catalog.sh postgres   # another build (e.g. another commit's)
+#   SMOKE=1 CATALOG_BIN=target/debug/iceberg-catalog benches/catalog.sh   # CI's smoke run
+#
+# SMOKE=1: one 1 s round at 16 connections (ROUNDS, SECONDS_PER_ROUND and CONNECTIONS
+# still apply), figures not worth reading, and a failed request fails the script.
 #
 # By default the records are in the catalog's database and a keyed change commits once
 # (OneCommitStore); `two-commit` runs the catalog with --two-commit, the path before it.
@@ -22,8 +26,10 @@ cd "$(dirname "$0")/.."
 
 databases="${1:-sqlite postgres}"
 records="${2:-}"
-rounds="${ROUNDS:-2}"
-seconds="${SECONDS_PER_ROUND:-5}"
+smoke="${SMOKE:-}"
+rounds="${ROUNDS:-$([ -n "$smoke" ] && echo 1 || echo 2)}"
+seconds="${SECONDS_PER_ROUND:-$([ -n "$smoke" ] && echo 1 || echo 5)}"
+connections="${CONNECTIONS:-$([ -n "$smoke" ] && echo 16 || echo "16 64")}"
 port=18181
 
 if ! command -v wrk >/dev/null 2>&1; then
@@ -31,13 +37,13 @@ if ! command -v wrk >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then apt-get install -y -qq wrk >&2; else sudo apt-get install -y -qq wrk >&2; fi
 fi
 scripts/services start >&2
-echo "building the example catalog (release)…" >&2
 # --two-commit is a comparison only in builds with the examples' test-hooks feature.
 features=()
 [ "$records" = two-commit ] && features=(--features test-hooks)
 if [ -n "${CATALOG_BIN:-}" ]; then
   catalog_bin="$CATALOG_BIN"   # a build of your own (another commit's, to compare)
 else
+  echo "building the example catalog (release)…" >&2
   cargo build --release --locked -q -p examples "${features[@]}" --bin iceberg-catalog >&2
   target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
   catalog_bin="$target_dir/release/iceberg-catalog"
@@ -127,13 +133,15 @@ rps() {
   fi
   local line
   line=$(wrk -t1 -c"$3" -d"${seconds}s" --timeout 10s -s "$work/load.lua" "http://127.0.0.1:$port" -- "$1" "$2" "$4" | grep '^RESULT')
-  python3 - "$line" "$1 $2 c$3" <<'PY'
+  python3 - "$line" "$1 $2 c$3" "$smoke" <<'PY'
 import sys
 fields = dict(kv.split("=") for kv in sys.argv[1].split()[1:])
 requests, seconds = int(fields["requests"]), int(fields["duration_us"]) / 1e6
 failed = int(fields["non2xx"]) + int(fields["socket_errors"])
 if failed:
     print(f"{sys.argv[2]}: {failed} of {requests} requests failed", file=sys.stderr)
+    if sys.argv[3]:
+        sys.exit(1)
 print(f"{(requests - failed) / seconds:.0f}")
 PY
 }
@@ -151,7 +159,7 @@ for db in $databases; do
   esac
   start_catalog "$url"
   for op in namespace update; do
-    for c in 16 64; do
+    for c in $connections; do
       unkeyed=(); keyed=(); replay=()
       for _ in $(seq 1 "$rounds"); do
         nonce=$((nonce + 3))

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Runs the whole benchmark comparison of BENCHMARKS.md and prints the tables (Markdown).
 #
-#   benches/run.sh --quick            # a few minutes on 2 cores
+#   benches/run.sh --quick            # about 15–20 minutes on 2 cores, plus the release build
 #   benches/run.sh                    # the full run (about half an hour)
 #   benches/run.sh --quick --out /tmp/results.md --only http,sql,redis
 #   benches/run.sh --quick --only grpc   # bare tonic against the layer (gRPC profile)
+#   benches/run.sh --smoke            # CI: every table once, tiny, checked (a few minutes)
+#   benches/run.sh --smoke --only sql # the smoke run of `compare`'s sections only
+#
+# --smoke builds in the DEBUG profile (the target directory's debug build, which the
+# test suite has mostly compiled already: no release build in CI) and runs
+# `compare --smoke` (every section, tiny runs and sizes; it fails on a skipped row, a
+# missing table, a figure that is missing or not finite, or a load run with errors), then,
+# unless arguments for `compare` were given, the smoke form (SMOKE=1) of each measuring
+# script BENCHMARKS.md names, on the debug catalog, each output checked by
+# benches/check-tables.py. Any failure exits non-zero. Its figures are not worth reading.
 #
 # Every argument goes to the `compare` binary (see benches/src/bin/compare.rs). It needs:
 # wrk (Debian package, installed here if missing), PostgreSQL at
@@ -29,17 +39,56 @@ fi
 # missing); BENCH_POSTGRES_URL / BENCH_MYSQL_URL point elsewhere.
 scripts/services start >&2
 
+target_dir=$(cargo metadata --format-version 1 --no-deps \
+    | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)
+peer_dir=benches/peer-idempotent
+
+if [ "${1:-}" = --smoke ]; then
+    shift
+    started=$SECONDS
+    echo "building the benchmark binaries, the example catalog and the peer (debug)…" >&2
+    cargo build --locked -p benches --features sql,redis --bins >&2
+    # The catalog with its comparison switches (--two-commit), as the scripts want it.
+    cargo build --locked -p examples --features test-hooks --bin iceberg-catalog >&2
+    cargo build --locked --ignore-rust-version \
+        --manifest-path "$peer_dir/Cargo.toml" --target-dir "$peer_dir/target" >&2
+    echo "compare --smoke…" >&2
+    "$target_dir/debug/compare" --smoke --peer "$peer_dir/target/debug/peer-idempotent" "$@"
+    if [ $# -gt 0 ]; then
+        exit 0
+    fi
+    catalog="$target_dir/debug/iceberg-catalog"
+    check=benches/check-tables.py
+    smoke() { echo "smoke: $*" >&2; }
+    # (Its records-in-Redis and --two-commit forms start the same catalog with the flags
+    # statement-counts.py runs below.)
+    smoke "benches/catalog.sh"
+    SMOKE=1 CATALOG_BIN="$catalog" benches/catalog.sh "sqlite postgres" | "$check" --tables 1
+    smoke "benches/catalog-snapshots.sh"
+    SMOKE=1 CATALOG_BIN="$catalog" benches/catalog-snapshots.sh | "$check" --tables 1
+    for db in sqlite postgres; do
+        smoke "benches/catalog-cpu.sh $db"
+        SMOKE=1 CATALOG_BIN="$catalog" benches/catalog-cpu.sh "$db" \
+            | "$check" --lines 2 --pattern '[0-9]+ req/s, catalog [0-9]+ us/req, postgres [0-9]+ us/req'
+    done
+    smoke "benches/statement-counts.py"
+    SMOKE=1 CATALOG="$catalog" benches/statement-counts.py | "$check" --tables 1 \
+        --may-be-empty "Redis commands"
+    smoke "benches/statement-costs.py"
+    SMOKE=1 CATALOG="$catalog" benches/statement-costs.py | "$check" --tables 3 \
+        --may-be-empty "calls per request"
+    echo "smoke: every benchmark and measuring script ran, every figure checked ($((SECONDS - started)) s)" >&2
+    exit 0
+fi
+
 echo "building the benchmark binaries (release)…" >&2
 cargo build --release --locked -p benches --features sql,redis --bins >&2
 
 # The peer (`idempotent` 2.x, with its memory and Valkey/Redis stores) declares
 # rust-version 1.98; it is its own workspace with its own lockfile and builds on 1.95 with
 # --ignore-rust-version.
-peer_dir=benches/peer-idempotent
 echo "building the idempotent-crate peer server (release)…" >&2
 cargo build --release --locked --ignore-rust-version \
     --manifest-path "$peer_dir/Cargo.toml" --target-dir "$peer_dir/target" >&2
 
-target_dir=$(cargo metadata --format-version 1 --no-deps \
-    | grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)
 exec "$target_dir/release/compare" --peer "$peer_dir/target/release/peer-idempotent" "$@"

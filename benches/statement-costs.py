@@ -14,6 +14,10 @@ time, and prints, as Markdown:
 
     benches/statement-costs.py                 # N = 2000
     N=500 CATALOG=target/release/iceberg-catalog benches/statement-costs.py
+    SMOKE=1 CATALOG=target/debug/iceberg-catalog benches/statement-costs.py   # CI's smoke run
+
+SMOKE=1: 10 requests of each kind after 10 warm-up pairs (N still applies): every figure
+once, not worth reading.
 
 Needs the PostgreSQL binaries scripts/services installs, and the catalog's release build
 (`cargo build --release -p examples --bin iceberg-catalog`). Run it on a quiet machine.
@@ -33,8 +37,10 @@ import urllib.request
 import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CATALOG = os.environ.get("CATALOG", os.path.join(ROOT, "target", "release", "iceberg-catalog"))
-N = int(os.environ.get("N", "2000"))
+CATALOG = os.path.abspath(os.environ.get("CATALOG", os.path.join(ROOT, "target", "release", "iceberg-catalog")))
+SMOKE = bool(os.environ.get("SMOKE"))
+N = int(os.environ.get("N", "10" if SMOKE else "2000"))
+WARM_UP = 10 if SMOKE else 100
 TICK_US = 1_000_000 / os.sysconf("SC_CLK_TCK")
 
 
@@ -131,7 +137,7 @@ def main():
                 break
             except OSError:
                 time.sleep(0.1)
-        for _ in range(100):
+        for _ in range(WARM_UP):
             post(base, None)
             post(base, str(uuid.uuid4()))
         print(f"PostgreSQL per `createNamespace`, {N} requests of each kind one at a time:\n")

@@ -36,6 +36,14 @@ impl Settings {
         }
     }
 
+    /// A second or two: every figure once, for `compare --smoke`, not for reading.
+    pub fn smoke() -> Self {
+        Self {
+            rounds: 3,
+            iters: 100,
+        }
+    }
+
     /// About a minute in all.
     pub fn full() -> Self {
         Self {

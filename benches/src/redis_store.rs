@@ -53,6 +53,14 @@ impl Settings {
         }
     }
 
+    /// A second or two: every figure once, for `compare --smoke`, not for reading.
+    pub fn smoke() -> Self {
+        Self {
+            rounds: 1,
+            iters: 20,
+        }
+    }
+
     /// Under a minute.
     pub fn full() -> Self {
         Self {

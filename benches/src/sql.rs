@@ -2,8 +2,9 @@
 //! two statements issued raw through the same sqlx pool, and a replay against one raw
 //! `SELECT`, on PostgreSQL, MariaDB/MySQL and SQLite. Also the purge-under-load scale test.
 //!
-//! The raw side issues the very statements the store sends (`store.sql(Operation::…)`),
-//! with the same parameters in the same order, through the store's own pool.
+//! The raw side issues the very statements the store sends, bound by the functions the
+//! store's own reserve and finalize bind them with (`reserve_query`, `finalize_query`), so
+//! that statement and parameters cannot drift apart; through the store's own pool.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -16,7 +17,9 @@ use idempotency_core::{
     RecordState, Reservation, StoredResponse, purge_all_expired,
 };
 use idempotency_store_sql::sqlx::{self, Row as _};
-use idempotency_store_sql::{MySqlStore, Operation, PoolSettings, PostgresStore, SqliteStore};
+use idempotency_store_sql::{
+    EncodedAnswer, MySqlStore, Operation, PoolSettings, PostgresStore, SqliteStore,
+};
 use tokio::runtime::Runtime;
 
 use crate::harness::{Paired, median, paired, quantile};
@@ -53,6 +56,17 @@ impl Settings {
             iters: 50,
             purge_rows: 1_000_000,
             purge_baseline: 4_000,
+        }
+    }
+
+    /// Seconds: every figure once, for `compare --smoke`, not for reading. The purge
+    /// still has enough rows to outlast 100 reservations in a debug build.
+    pub fn smoke() -> Self {
+        Self {
+            rounds: 1,
+            iters: 10,
+            purge_rows: 3_000,
+            purge_baseline: 200,
         }
     }
 
@@ -138,32 +152,11 @@ fn response() -> StoredResponse {
     }
 }
 
-/// One database: the store, and the same pool for the raw statements.
+/// One database: the typed store, whose pool and statement builders the raw side uses.
 enum Raw {
-    Postgres(sqlx::PgPool),
-    MySql(sqlx::MySqlPool),
-    Sqlite(sqlx::SqlitePool),
-}
-
-/// The statements the stores issue, for the benchmark table.
-struct Statements {
-    reserve: String,
-    finalize: String,
-    load: String,
-}
-
-impl Statements {
-    fn of(reserve: &str, finalize: &str, load: &str) -> Self {
-        Self {
-            reserve: reserve.to_owned(),
-            finalize: finalize.to_owned(),
-            load: load.to_owned(),
-        }
-    }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    Postgres(PostgresStore),
+    MySql(MySqlStore),
+    Sqlite(SqliteStore),
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -172,134 +165,99 @@ struct Db {
     name: &'static str,
     store: Arc<dyn IdempotencyStore>,
     raw: Raw,
-    sql: Statements,
 }
 
 impl Db {
     /// The raw reserve statement; returns whether it reserved the key.
     async fn raw_reserve(&self, key: &str, token: i64) -> Result<bool, BoxError> {
+        let id = RecordId::new("", key);
         let b = binding();
-        let sha = &b.body_sha256[..];
+        let token = FencingToken(token);
         Ok(match &self.raw {
-            Raw::Postgres(pool) => {
-                let row = sqlx::query(&self.sql.reserve)
-                    .bind("")
-                    .bind(key)
-                    .bind(&b.method)
-                    .bind(&b.path)
-                    .bind(sha)
-                    .bind(token)
-                    .bind(millis(LEASE))
-                    .bind(millis(LIFETIME))
-                    .fetch_optional(pool)
+            Raw::Postgres(store) => {
+                let row = store
+                    .reserve_query(&id, &b, token, LEASE, LIFETIME)
+                    .fetch_optional(store.pool())
                     .await?;
                 match row {
                     Some(row) => row.try_get::<bool, _>("reserved")?,
                     None => false,
                 }
             }
-            Raw::MySql(pool) => {
-                let query = sqlx::query(&self.sql.reserve)
-                    .bind("")
-                    .bind(key)
-                    .bind(&b.method)
-                    .bind(&b.path)
-                    .bind(sha)
-                    .bind(token)
-                    .bind(millis(LIFETIME))
-                    .bind(millis(LEASE));
-                if self.sql.reserve.contains("RETURNING") {
+            Raw::MySql(store) => {
+                let query = store.reserve_query(&id, &b, token, LEASE, LIFETIME);
+                if store.sql(Operation::Reserve).contains("RETURNING") {
                     // MariaDB: the row comes back, reserved if it carries our token (the
                     // fourth column; MariaDB sends no column names for RETURNING to a
                     // prepared statement).
-                    query.fetch_one(pool).await?.try_get::<i64, _>(3)? == token
+                    query.fetch_one(store.pool()).await?.try_get::<i64, _>(3)? == token.0
                 } else {
                     // MySQL 8: the outcome is in the OK packet.
-                    let done = query.execute(pool).await?;
+                    let done = query.execute(store.pool()).await?;
                     done.rows_affected() == 1 && done.last_insert_id() == 1
                 }
             }
-            Raw::Sqlite(pool) => {
+            Raw::Sqlite(store) => {
                 // The row comes back whatever happened; reserved if it carries our token.
-                let row = sqlx::query(&self.sql.reserve)
-                    .bind("")
-                    .bind(key)
-                    .bind(&b.method)
-                    .bind(&b.path)
-                    .bind(sha)
-                    .bind(token)
-                    .bind(millis(LEASE))
-                    .bind(millis(LIFETIME))
-                    .fetch_one(pool)
+                let row = store
+                    .reserve_query(&id, &b, token, LEASE, LIFETIME)
+                    .fetch_one(store.pool())
                     .await?;
-                row.try_get::<i64, _>("fencing_token")? == token
+                row.try_get::<i64, _>("fencing_token")? == token.0
             }
         })
     }
 
     /// The raw finalize statement; returns whether it matched the row.
     async fn raw_finalize(&self, key: &str, token: i64) -> Result<bool, BoxError> {
-        let r = response();
-        let headers = r.encode_headers();
-        let done = match &self.raw {
-            // $7: the notice for waiters (nobody listens here); $8: no trailers.
-            Raw::Postgres(pool) => sqlx::query(&self.sql.finalize)
-                .bind("")
-                .bind(key)
-                .bind(token)
-                .bind(i32::from(r.status))
-                .bind(&headers[..])
-                .bind(&r.body[..])
-                .bind(String::new())
-                .bind(None::<Vec<u8>>)
-                .execute(pool)
+        let id = RecordId::new("", key);
+        let answer = EncodedAnswer::new(&response());
+        let token = FencingToken(token);
+        Ok(match &self.raw {
+            // It returns a row iff the token held (and announces the record to waiters).
+            Raw::Postgres(store) => store
+                .finalize_query(&id, token, &answer)
+                .fetch_optional(store.pool())
                 .await?
-                .rows_affected(),
-            Raw::MySql(pool) => sqlx::query(&self.sql.finalize)
-                .bind(i32::from(r.status))
-                .bind(&headers[..])
-                .bind(&r.body[..])
-                .bind(None::<Vec<u8>>)
-                .bind("")
-                .bind(key)
-                .bind(token)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-            Raw::Sqlite(pool) => sqlx::query(&self.sql.finalize)
-                .bind("")
-                .bind(key)
-                .bind(token)
-                .bind(i32::from(r.status))
-                .bind(&headers[..])
-                .bind(&r.body[..])
-                .bind(None::<Vec<u8>>)
-                .execute(pool)
-                .await?
-                .rows_affected(),
-        };
-        Ok(done == 1)
+                .is_some(),
+            Raw::MySql(store) => {
+                store
+                    .finalize_query(&id, token, &answer)
+                    .execute(store.pool())
+                    .await?
+                    .rows_affected()
+                    == 1
+            }
+            Raw::Sqlite(store) => {
+                store
+                    .finalize_query(&id, token, &answer)
+                    .execute(store.pool())
+                    .await?
+                    .rows_affected()
+                    == 1
+            }
+        })
     }
 
     /// The raw load `SELECT`; returns whether it found the row.
     async fn raw_load(&self, key: &str) -> Result<bool, BoxError> {
         Ok(match &self.raw {
-            Raw::Postgres(pool) => sqlx::query(&self.sql.load)
+            Raw::Postgres(store) => sqlx::query(store.sql(Operation::Load))
                 .bind("")
                 .bind(key)
-                .fetch_optional(pool)
+                .fetch_optional(store.pool())
                 .await?
                 .is_some(),
-            Raw::MySql(pool) => sqlx::query(&self.sql.load)
+            Raw::MySql(store) => sqlx::query(store.sql(Operation::Load))
                 .bind("")
                 .bind(key)
-                .fetch_optional(pool)
+                .fetch_optional(store.pool())
                 .await?
                 .is_some(),
-            Raw::Sqlite(pool) => sqlx::query(&self.sql.load)
+            Raw::Sqlite(store) => sqlx::query(store.sql(Operation::Load))
                 .bind("")
                 .bind(key)
-                .fetch_optional(pool)
+                .fetch_optional(store.pool())
                 .await?
                 .is_some(),
         })
@@ -349,28 +307,17 @@ impl Db {
 
 async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
     let settings = PoolSettings::default();
-    Ok(match name {
+    let (store, raw): (Arc<dyn IdempotencyStore>, Raw) = match name {
         "PostgreSQL" => {
             let store = PostgresStore::connect(url, &settings)
                 .await?
                 .with_table_name(TABLE)?
                 .migrate()
                 .await?;
-            let pool = store.pool().clone();
-            let statements = Statements::of(
-                store.sql(Operation::Reserve),
-                store.sql(Operation::Finalize),
-                store.sql(Operation::Load),
-            );
             sqlx::query(&format!("TRUNCATE \"{TABLE}\""))
-                .execute(&pool)
+                .execute(store.pool())
                 .await?;
-            Db {
-                name,
-                store: Arc::new(store),
-                raw: Raw::Postgres(pool),
-                sql: statements,
-            }
+            (Arc::new(store.clone()), Raw::Postgres(store))
         }
         "MariaDB" => {
             let store = MySqlStore::connect(url, &settings)
@@ -378,21 +325,10 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 .with_table_name(TABLE)?
                 .migrate()
                 .await?;
-            let pool = store.pool().clone();
-            let statements = Statements::of(
-                store.sql(Operation::Reserve),
-                store.sql(Operation::Finalize),
-                store.sql(Operation::Load),
-            );
             sqlx::query(&format!("TRUNCATE TABLE `{TABLE}`"))
-                .execute(&pool)
+                .execute(store.pool())
                 .await?;
-            Db {
-                name,
-                store: Arc::new(store),
-                raw: Raw::MySql(pool),
-                sql: statements,
-            }
+            (Arc::new(store.clone()), Raw::MySql(store))
         }
         _ => {
             let store = SqliteStore::connect(url, &settings)
@@ -400,20 +336,10 @@ async fn open(name: &'static str, url: &str) -> Result<Db, BoxError> {
                 .with_table_name(TABLE)?
                 .migrate()
                 .await?;
-            let pool = store.pool().clone();
-            let statements = Statements::of(
-                store.sql(Operation::Reserve),
-                store.sql(Operation::Finalize),
-                store.sql(Operation::Load),
-            );
-            Db {
-                name,
-                store: Arc::new(store),
-                raw: Raw::Sqlite(pool),
-                sql: statements,
-            }
+            (Arc::new(store.clone()), Raw::Sqlite(store))
         }
-    })
+    };
+    Ok(Db { name, store, raw })
 }
 
 struct Timer<'a> {
@@ -862,7 +788,8 @@ pub fn purge_scale(postgres_url: &str, settings: Settings, with_larger: bool) ->
 
 /// The baseline of `bench-server --mode sqlite-raw`: what the SQLite store does for a
 /// keyed first execution, done by hand. Each keyed request issues the store's own reserve
-/// `INSERT` and finalize `UPDATE` (`SqliteStore::sql`, same parameters in the same order)
+/// `INSERT` and finalize `UPDATE`, bound by the store's own builders
+/// (`SqliteStore::reserve_query`, `SqliteStore::finalize_query`)
 /// on a file, table and pragmas set up by `SqliteStore::connect` exactly as for
 /// `--mode sqlite` (WAL, sqlx's default `synchronous = FULL`: a committed finalize
 /// survives a crash), but through ONE writer connection that every request shares,
@@ -873,8 +800,8 @@ pub fn purge_scale(postgres_url: &str, settings: Settings, with_larger: bool) ->
 /// mutex's, both within that loaded machine's noise of each other.)
 struct RawSqlite {
     connection: tokio::sync::Mutex<sqlx::SqliteConnection>,
-    reserve: String,
-    finalize: String,
+    /// The store, for its statement builders only: every statement runs on `connection`.
+    store: SqliteStore,
     tokens: std::sync::atomic::AtomicI64,
 }
 
@@ -897,8 +824,7 @@ pub async fn sqlite_raw_app(url: Option<&str>) -> Result<SqliteRawApp, String> {
         .detach();
     Ok(SqliteRawApp(Arc::new(RawSqlite {
         connection: tokio::sync::Mutex::new(connection),
-        reserve: store.sql(Operation::Reserve).to_owned(),
-        finalize: store.sql(Operation::Finalize).to_owned(),
+        store,
         tokens: std::sync::atomic::AtomicI64::new(seed),
     })))
 }
@@ -945,16 +871,15 @@ async fn raw_keyed(
     let token = raw
         .tokens
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let b = binding();
-    let reserved = sqlx::query(&raw.reserve)
-        .bind("")
-        .bind(&key)
-        .bind(request.method().as_str())
-        .bind(request.uri().path())
-        .bind(&b.body_sha256[..])
-        .bind(token)
-        .bind(millis(LEASE))
-        .bind(millis(LIFETIME))
+    let id = RecordId::new("", key.as_str());
+    let b = Binding {
+        method: request.method().as_str().to_owned(),
+        path: request.uri().path().to_owned(),
+        ..binding()
+    };
+    let reserved = raw
+        .store
+        .reserve_query(&id, &b, FencingToken(token), LEASE, LIFETIME)
         .fetch_one(&mut *raw.connection.lock().await)
         .await
         .and_then(|row| row.try_get::<i64, _>("fencing_token"));
@@ -985,14 +910,10 @@ async fn raw_keyed(
         body,
         trailers: vec![],
     };
-    let finalized = sqlx::query(&raw.finalize)
-        .bind("")
-        .bind(&key)
-        .bind(token)
-        .bind(i32::from(stored.status))
-        .bind(stored.encode_headers())
-        .bind(&stored.body[..])
-        .bind(None::<Vec<u8>>)
+    let answer = EncodedAnswer::new(&stored);
+    let finalized = raw
+        .store
+        .finalize_query(&id, FencingToken(token), &answer)
         .execute(&mut *raw.connection.lock().await)
         .await;
     match finalized {

@@ -229,6 +229,33 @@ pub(crate) fn trailers_column(response: &StoredResponse) -> Option<Vec<u8>> {
     (!response.trailers.is_empty()).then(|| response.encode_trailers())
 }
 
+/// A stored response as the finalize statements bind it: status, encoded headers, body,
+/// and the trailers column. Encoded once, so that a statement run again (a retry, or the
+/// SQLite writer's turn) does not encode it again.
+///
+/// Not part of the API: it exists for the benchmarks, which bind the stores' finalize
+/// statements through the stores' own `finalize_query`.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct EncodedAnswer {
+    pub(crate) status: i32,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Bytes,
+    pub(crate) trailers: Option<Vec<u8>>,
+}
+
+impl EncodedAnswer {
+    /// `response` as the finalize statements bind it.
+    pub fn new(response: &StoredResponse) -> Self {
+        Self {
+            status: i32::from(response.status),
+            headers: response.encode_headers(),
+            body: response.body.clone(),
+            trailers: trailers_column(response),
+        }
+    }
+}
+
 /// A store operation whose SQL a store shows with `sql()`: for auditing what runs
 /// against your database, and for benchmarks that issue the very same statement raw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -287,6 +287,10 @@ mod transactions;
 pub use any::AnyFinalizer;
 pub use commit_outcome::{CommitError, OUTCOME_CHECK_FOR};
 pub use common::{Operation, PoolSettings};
+// For the benchmarks, which bind the stores' statements through the stores' own
+// `reserve_query` and `finalize_query`; not part of the API.
+#[doc(hidden)]
+pub use common::EncodedAnswer;
 pub use config::{open, pool_settings};
 pub use idempotency_core::config::SynchronousReplication;
 pub use in_transaction::FinalizeError;

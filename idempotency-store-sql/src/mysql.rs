@@ -17,12 +17,14 @@ use sqlx::{Connection, Row};
 use tokio::sync::OnceCell;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage, backend,
-    evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes, too_many_races,
-    trailers_column,
+    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage,
+    backend, evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes,
+    too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
+
+type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
 
 /// "Now" by the database clock, in epoch milliseconds. Computed from `UTC_TIMESTAMP`
 /// with plain DATETIME arithmetic, so neither the session time zone nor a daylight-saving
@@ -442,17 +444,12 @@ impl MySqlStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         let token = new_token();
-        let row = reserve_query(
-            &self.sql.reserve_returning,
-            id,
-            binding,
-            token,
-            lease,
-            lifetime,
-        )
-        .fetch_one(connection)
-        .await
-        .map_err(backend)?;
+        // `self.flavor()` was asked first: this is MariaDB's statement.
+        let row = self
+            .reserve_query(id, binding, token, lease, lifetime)
+            .fetch_one(connection)
+            .await
+            .map_err(backend)?;
         let raw = record_by_position(&row).map_err(backend)?;
         if raw.fencing_token == token.0 {
             Ok(Reservation::Reserved(token))
@@ -474,7 +471,9 @@ impl MySqlStore {
     ) -> Result<Reservation, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             let token = new_token();
-            let done = reserve_query(&self.sql.reserve, id, binding, token, lease, lifetime)
+            // `self.flavor()` was asked first: this is MySQL 8's statement.
+            let done = self
+                .reserve_query(id, binding, token, lease, lifetime)
                 .execute(&mut *connection)
                 .await
                 .map_err(backend)?;
@@ -579,24 +578,54 @@ fn is_deadlock_error(error: &StoreError) -> bool {
 }
 
 impl MySqlStore {
-    /// The fenced finalize with its parameters (`headers` and `trailers` encoded by the
-    /// caller, so that a retried statement does not encode them again).
-    fn finalize_query<'q>(
+    /// The fenced finalize ([`sql`](Self::sql)`(Operation::Finalize)`) with its
+    /// parameters, as the store's finalize sends it (the answer encoded by the caller, so
+    /// that a retried statement does not encode it again).
+    ///
+    /// Not part of the API: it exists for the benchmarks, which issue the store's
+    /// statements raw and must bind them exactly as the store does.
+    #[doc(hidden)]
+    pub fn finalize_query<'q>(
         &'q self,
         id: &'q RecordId,
         token: FencingToken,
-        response: &'q StoredResponse,
-        headers: &'q [u8],
-        trailers: &'q Option<Vec<u8>>,
-    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        answer: &'q EncodedAnswer,
+    ) -> MySqlQuery<'q> {
         sqlx::query(&self.sql.finalize)
-            .bind(i32::from(response.status))
-            .bind(headers)
-            .bind(&response.body[..])
-            .bind(trailers)
+            .bind(answer.status)
+            .bind(&answer.headers[..])
+            .bind(&answer.body[..])
+            .bind(answer.trailers.as_deref())
             .bind(&id.scope)
             .bind(&id.key)
             .bind(token.0)
+    }
+
+    /// The reserve statement ([`sql`](Self::sql)`(Operation::Reserve)`: MariaDB's or
+    /// MySQL 8's, once the store knows which server it talks to) with its parameters, as
+    /// the store's reserve sends it.
+    ///
+    /// Not part of the API: it exists for the benchmarks, which issue the store's
+    /// statements raw and must bind them exactly as the store does.
+    #[doc(hidden)]
+    pub fn reserve_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        binding: &'q Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> MySqlQuery<'q> {
+        sqlx::query(self.sql(Operation::Reserve))
+            .bind(&id.scope)
+            .bind(&id.key)
+            .bind(&binding.method)
+            .bind(&binding.path)
+            .bind(&binding.body_sha256[..])
+            .bind(token.0)
+            // In flight under a live lease, a record never expires.
+            .bind(millis(lifetime.max(lease)))
+            .bind(millis(lease))
     }
 
     /// Finalizes the request's reservation **inside your transaction**, with the answer
@@ -717,28 +746,6 @@ fn check_lengths(id: &RecordId, binding: &Binding) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Either reserve statement with its parameters: scope, key, method, path, body hash,
-/// token, lifetime, lease.
-fn reserve_query<'q>(
-    sql: &'q str,
-    id: &'q RecordId,
-    binding: &'q Binding,
-    token: FencingToken,
-    lease: Duration,
-    lifetime: Duration,
-) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
-    sqlx::query(sql)
-        .bind(&id.scope)
-        .bind(&id.key)
-        .bind(&binding.method)
-        .bind(&binding.path)
-        .bind(&binding.body_sha256[..])
-        .bind(token.0)
-        // In flight under a live lease, a record never expires.
-        .bind(millis(lifetime.max(lease)))
-        .bind(millis(lease))
-}
-
 #[async_trait]
 impl IdempotencyStore for MySqlStore {
     async fn reserve(
@@ -810,14 +817,10 @@ impl IdempotencyStore for MySqlStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        let headers = response.encode_headers();
-        let trailers = trailers_column(response);
-        let done = retry_deadlocks(|| {
-            self.finalize_query(id, token, response, &headers, &trailers)
-                .execute(&self.pool)
-        })
-        .await
-        .map_err(backend)?;
+        let answer = EncodedAnswer::new(response);
+        let done = retry_deadlocks(|| self.finalize_query(id, token, &answer).execute(&self.pool))
+            .await
+            .map_err(backend)?;
         Ok(ownership(done.rows_affected()))
     }
 

@@ -19,9 +19,9 @@ use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord,
-    ScopeUsage, backend, evict_verdict, hex, millis, new_token, new_token_other_than, notice_for,
-    ownership, row_bytes, too_many_races, trailers_column,
+    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection,
+    RawRecord, ScopeUsage, backend, evict_verdict, hex, millis, new_token, new_token_other_than,
+    notice_for, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::synchronous;
@@ -29,6 +29,28 @@ use crate::table::{InvalidTableName, TableName};
 use idempotency_core::config::SynchronousReplication;
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// A statement that reserves (the reserve, or the replacement of an expired record) with
+/// its first eight parameters: scope, key, method, path, body hash, token, lease, lifetime.
+fn record_query<'q>(
+    sql: &'q str,
+    id: &'q RecordId,
+    binding: &'q Binding,
+    token: FencingToken,
+    lease: Duration,
+    lifetime: Duration,
+) -> PgQuery<'q> {
+    sqlx::query(sql)
+        .bind(&id.scope)
+        .bind(&id.key)
+        .bind(&binding.method)
+        .bind(&binding.path)
+        .bind(&binding.body_sha256[..])
+        .bind(token.0)
+        .bind(millis(lease))
+        // In flight under a live lease, a record never expires.
+        .bind(millis(lifetime.max(lease)))
+}
 
 /// "Now" by the database clock, in epoch milliseconds.
 const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -501,6 +523,24 @@ impl PostgresStore {
         Ok(self)
     }
 
+    /// The reserve statement ([`sql`](Self::sql)`(Operation::Reserve)`) with its
+    /// parameters, as the store's reserve sends it.
+    ///
+    /// Not part of the API: it exists for the benchmarks, which issue the store's
+    /// statements raw and must bind them exactly as the store does.
+    #[doc(hidden)]
+    pub fn reserve_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        binding: &'q Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> PgQuery<'q> {
+        record_query(&self.sql.reserve, id, binding, token, lease, lifetime)
+            .bind(self.table.record_lock_key(id))
+    }
+
     /// Reserves on one connection (a transaction's, when a quota is checked).
     async fn reserve_on(
         &self,
@@ -512,20 +552,8 @@ impl PostgresStore {
     ) -> Result<Reservation, StoreError> {
         for _ in 0..MAX_ATTEMPTS {
             let token = new_token();
-            let bind = |sql| {
-                sqlx::query(sql)
-                    .bind(&id.scope)
-                    .bind(&id.key)
-                    .bind(&binding.method)
-                    .bind(&binding.path)
-                    .bind(&binding.body_sha256[..])
-                    .bind(token.0)
-                    .bind(millis(lease))
-                    // In flight under a live lease, a record never expires.
-                    .bind(millis(lifetime.max(lease)))
-            };
-            let row: Option<PgRow> = bind(&self.sql.reserve)
-                .bind(self.table.record_lock_key(id))
+            let row: Option<PgRow> = self
+                .reserve_query(id, binding, token, lease, lifetime)
                 .fetch_optional(&mut *connection)
                 .await
                 .map_err(backend)?;
@@ -541,10 +569,17 @@ impl PostgresStore {
                 // An expired record counts as absent: replace it, unless another request
                 // replaced (or purge removed) it first, in which case look again.
                 Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
-                    let replaced = bind(&self.sql.replace_expired)
-                        .execute(&mut *connection)
-                        .await
-                        .map_err(backend)?;
+                    let replaced = record_query(
+                        &self.sql.replace_expired,
+                        id,
+                        binding,
+                        token,
+                        lease,
+                        lifetime,
+                    )
+                    .execute(&mut *connection)
+                    .await
+                    .map_err(backend)?;
                     if replaced.rows_affected() == 1 {
                         return Ok(Reservation::Reserved(token));
                     }
@@ -642,19 +677,24 @@ impl PostgresStore {
         sqlx::query(sql).bind(&id.scope).bind(&id.key).bind(token.0)
     }
 
-    /// The fenced finalize, with its parameters; it returns a row iff the token held.
-    fn finalize_query<'q>(
+    /// The fenced finalize ([`sql`](Self::sql)`(Operation::Finalize)`) with its
+    /// parameters, as the store's finalize sends it; it returns a row iff the token held.
+    ///
+    /// Not part of the API: it exists for the benchmarks, which issue the store's
+    /// statements raw and must bind them exactly as the store does.
+    #[doc(hidden)]
+    pub fn finalize_query<'q>(
         &'q self,
         id: &'q RecordId,
         token: FencingToken,
-        response: &'q StoredResponse,
+        answer: &'q EncodedAnswer,
     ) -> PgQuery<'q> {
         self.owned_query(&self.sql.finalize, id, token)
-            .bind(i32::from(response.status))
-            .bind(response.encode_headers())
-            .bind(&response.body[..])
+            .bind(answer.status)
+            .bind(&answer.headers[..])
+            .bind(&answer.body[..])
             .bind(notice_for(id))
-            .bind(trailers_column(response))
+            .bind(answer.trailers.as_deref())
     }
 
     /// Finalizes the request's reservation **inside your transaction**, with the answer
@@ -847,7 +887,8 @@ impl IdempotencyStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError> {
-        self.fenced_and_announced(self.finalize_query(id, token, response))
+        let answer = EncodedAnswer::new(response);
+        self.fenced_and_announced(self.finalize_query(id, token, &answer))
             .await
     }
 

@@ -15,15 +15,15 @@ use idempotency_core::{
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
 use crate::common::{
-    MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord,
-    backend, evict_verdict, new_token_other_than, ownership, row_bytes, too_many_races,
+    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection,
+    RawRecord, backend, evict_verdict, new_token_other_than, ownership, row_bytes, too_many_races,
 };
 use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
 
 mod writer;
 
-use writer::{EncodedAnswer, Write, Writer, Written};
+use writer::{Write, Writer, Written};
 
 /// "Now" by the database clock, in epoch milliseconds. `julianday('now')` has millisecond
 /// resolution and is the same for every use within one statement; `ROUND` removes the
@@ -340,6 +340,38 @@ impl SqliteStore {
             Operation::Inspect => &sql.inspect,
             Operation::Evict => &sql.evict,
         }
+    }
+
+    /// The reserve statement ([`sql`](Self::sql)`(Operation::Reserve)`) with its
+    /// parameters, as the store's writer sends it.
+    ///
+    /// Not part of the API: it exists for the benchmarks, which issue the store's
+    /// statements raw and must bind them exactly as the store does.
+    #[doc(hidden)]
+    pub fn reserve_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        binding: &'q Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> SqliteQuery<'q> {
+        writer::reserve_query(&self.sql, id, binding, token, lease, lifetime)
+    }
+
+    /// The fenced finalize ([`sql`](Self::sql)`(Operation::Finalize)`) with its
+    /// parameters, as the store's writer sends it.
+    ///
+    /// Not part of the API: it exists for the benchmarks, which issue the store's
+    /// statements raw and must bind them exactly as the store does.
+    #[doc(hidden)]
+    pub fn finalize_query<'q>(
+        &'q self,
+        id: &'q RecordId,
+        token: FencingToken,
+        answer: &'q EncodedAnswer,
+    ) -> SqliteQuery<'q> {
+        writer::finalize_query(&self.sql, id, token, answer)
     }
 
     /// Creates the table and its expiry index if they do not exist, in one transaction,

@@ -1,8 +1,13 @@
-//! `compare [--quick] [--only inprocess,http,grpc,sql,redis,redis-acks,scale,purge] [--out FILE] …`: runs every
+//! `compare [--quick | --smoke] [--only inprocess,http,grpc,sql,redis,redis-acks,scale,purge] [--out FILE] …`: runs every
 //! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
 //!
 //! Options:
-//! - `--quick`: short runs (a few minutes in all on 2 cores);
+//! - `--quick`: short runs (about 15–20 minutes in all on 2 cores);
+//! - `--smoke`: every table and row once, with tiny runs and sizes (1 s per load run, one
+//!   round, 16 connections, 10,000 records, …), figures not worth reading; then checks
+//!   that every section produced its tables and rows, that nothing was skipped, that every
+//!   figure is there and finite and that no load run saw an error, and exits 1 if not
+//!   (what `benches/run.sh --smoke` and CI run);
 //! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `grpc`, `sql`, `redis`,
 //!   `redis-acks` (what `replica_acks` costs, on a primary and a replica of the
 //!   benchmark's own), `scale`, or `purge` (only the default PostgreSQL purge of `scale`, batches of 100, without
@@ -27,8 +32,34 @@ use benches::http_load::{self, Load, LoadResult, Server};
 use benches::report::{self, Row, Table, Verdict, micros};
 use benches::{inprocess, scale};
 
+/// How long everything runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The figures of BENCHMARKS.md.
+    Full,
+    /// `--quick`: short runs.
+    Quick,
+    /// `--smoke`: every figure once, tiny, then checked (see the module docs).
+    Smoke,
+}
+
+impl Mode {
+    /// The value for this mode.
+    fn pick<T>(self, full: T, quick: T, smoke: T) -> T {
+        match self {
+            Self::Full => full,
+            Self::Quick => quick,
+            Self::Smoke => smoke,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        self.pick("full", "quick", "smoke")
+    }
+}
+
 struct Options {
-    quick: bool,
+    mode: Mode,
     sections: Vec<String>,
     connections: Vec<usize>,
     seconds: Option<u64>,
@@ -44,7 +75,7 @@ struct Options {
 
 fn options() -> Options {
     let mut o = Options {
-        quick: false,
+        mode: Mode::Full,
         sections: [
             "inprocess",
             "http",
@@ -72,10 +103,15 @@ fn options() -> Options {
         redis_url: std::env::var("BENCH_REDIS_URL").ok(),
         out: None,
     };
+    let mut connections_given = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        if arg == "--quick" {
-            o.quick = true;
+        if arg == "--quick" || arg == "--smoke" {
+            o.mode = if arg == "--quick" {
+                Mode::Quick
+            } else {
+                Mode::Smoke
+            };
             continue;
         }
         let value = args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -83,6 +119,7 @@ fn options() -> Options {
         match arg.as_str() {
             "--only" => o.sections = list().collect(),
             "--connections" => {
+                connections_given = true;
                 o.connections = list()
                     .map(|c| c.parse().expect("--connections takes numbers"))
                     .collect()
@@ -102,6 +139,10 @@ fn options() -> Options {
             "--out" => o.out = Some(PathBuf::from(value)),
             other => panic!("unknown argument {other}"),
         }
+    }
+    if o.mode == Mode::Smoke && !connections_given {
+        // One level, high enough for the rows judged at 16 connections.
+        o.connections = vec![16];
     }
     o
 }
@@ -148,8 +189,8 @@ impl Samples {
 }
 
 fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
-    let seconds = o.seconds.unwrap_or(2);
-    let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 5 });
+    let seconds = o.seconds.unwrap_or(o.mode.pick(2, 2, 1));
+    let rounds = o.rounds.unwrap_or(o.mode.pick(5, 1, 1));
     if std::process::Command::new("wrk")
         .arg("--version")
         .output()
@@ -298,6 +339,20 @@ fn http_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
         }
     }
     let _ = std::fs::remove_file(&script);
+    // A scenario none of whose runs completed would otherwise just be missing.
+    for (i, s) in scenarios.iter().enumerate() {
+        for &c in &o.connections {
+            if results
+                .get(&(i, c))
+                .is_none_or(|samples| samples.runs.is_empty())
+            {
+                rows.push(skipped(
+                    &format!("HTTP, {}, {c} connections", s.label),
+                    "no run completed (the errors are above)",
+                ));
+            }
+        }
+    }
 
     let mut detail = Table::new(
         format!(
@@ -722,11 +777,11 @@ fn redis_servers(_: &Options, _: &PathBuf, _: &[&str], _: &mut StartServer<'_>) 
 
 #[cfg(feature = "redis")]
 fn redis_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
-    let settings = if o.quick {
-        benches::redis_store::Settings::quick()
-    } else {
-        benches::redis_store::Settings::full()
-    };
+    let settings = o.mode.pick(
+        benches::redis_store::Settings::full(),
+        benches::redis_store::Settings::quick(),
+        benches::redis_store::Settings::smoke(),
+    );
     match o.redis_url.as_deref() {
         Some(url) => benches::redis_store::run(settings, url, rows, tables),
         None => rows.push(skipped("Redis store", "no Redis to run against")),
@@ -745,8 +800,8 @@ fn redis_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
 fn redis_acks_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     let settings = benches::redis_acks::Settings {
         connections: o.connections.clone(),
-        seconds: o.seconds.unwrap_or(2),
-        rounds: o.rounds.unwrap_or(if o.quick { 1 } else { 5 }),
+        seconds: o.seconds.unwrap_or(o.mode.pick(2, 2, 1)),
+        rounds: o.rounds.unwrap_or(o.mode.pick(5, 1, 1)),
         server_threads: o.server_threads,
     };
     benches::redis_acks::run(&settings, &sibling("bench-server"), rows, tables);
@@ -762,12 +817,22 @@ fn redis_acks_section(_: &Options, rows: &mut Vec<Row>, _: &mut Vec<Table>) {
 
 #[cfg(feature = "sql")]
 fn sql_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
-    let settings = if o.quick {
-        benches::sql::Settings::quick()
-    } else {
-        benches::sql::Settings::full()
-    };
-    benches::sql::run(settings, &o.postgres_url, &o.mysql_url, rows, tables);
+    benches::sql::run(
+        sql_settings(o.mode),
+        &o.postgres_url,
+        &o.mysql_url,
+        rows,
+        tables,
+    );
+}
+
+#[cfg(feature = "sql")]
+fn sql_settings(mode: Mode) -> benches::sql::Settings {
+    mode.pick(
+        benches::sql::Settings::full(),
+        benches::sql::Settings::quick(),
+        benches::sql::Settings::smoke(),
+    )
 }
 
 #[cfg(not(feature = "sql"))]
@@ -814,8 +879,8 @@ struct GrpcLevel {
 
 fn grpc_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
     use benches::grpc::{self, KeyMode, LoadSettings};
-    let seconds = o.seconds.unwrap_or(2);
-    let rounds = o.rounds.unwrap_or(if o.quick { 1 } else { 5 });
+    let seconds = o.seconds.unwrap_or(o.mode.pick(2, 2, 1));
+    let rounds = o.rounds.unwrap_or(o.mode.pick(5, 1, 1));
     let server_bin = sibling("grpc-server");
     let load_bin = sibling("grpc-load");
     let threads = o.server_threads.to_string();
@@ -939,6 +1004,30 @@ fn grpc_section(o: &Options, rows: &mut Vec<Row>, tables: &mut Vec<Table>) {
         }
     }
     drop(servers);
+    // A scenario none of whose runs completed would otherwise just be missing.
+    for &c in &o.connections {
+        let subjects = scenarios
+            .iter()
+            .enumerate()
+            .map(|(i, (label, _, _))| ((*label).to_owned(), i));
+        let bare = modes.iter().map(|m| {
+            (
+                format!("bare tonic, {}", mode_name(*m)),
+                100 + mode_index(*m),
+            )
+        });
+        for (label, i) in subjects.chain(bare) {
+            if results
+                .get(&(i, c))
+                .is_none_or(|samples| samples.runs.is_empty())
+            {
+                rows.push(skipped(
+                    &format!("gRPC, {label}, {c} calls in flight"),
+                    "no run completed (the errors are above)",
+                ));
+            }
+        }
+    }
 
     let mut detail = Table::new(
         format!(
@@ -1106,57 +1195,84 @@ fn main() {
     };
     let o = o;
     let wants = |s: &str| wants(&o, s);
+    // What each section added, for the smoke check.
+    let mut ran: Vec<Ran> = Vec::new();
+    let mut section = |name: &'static str,
+                       rows: &mut Vec<Row>,
+                       tables: &mut Vec<Table>,
+                       run: &mut dyn FnMut(&mut Vec<Row>, &mut Vec<Table>)| {
+        let (r, t) = (rows.len(), tables.len());
+        run(rows, tables);
+        ran.push(Ran {
+            section: name,
+            rows: r..rows.len(),
+            tables: t..tables.len(),
+        });
+    };
     if wants("inprocess") {
         eprintln!("in-process layer overhead…");
-        let settings = if o.quick {
-            inprocess::Settings::quick()
-        } else {
-            inprocess::Settings::full()
-        };
-        rows.extend(inprocess::run(settings));
+        let settings = o.mode.pick(
+            inprocess::Settings::full(),
+            inprocess::Settings::quick(),
+            inprocess::Settings::smoke(),
+        );
+        section("inprocess", &mut rows, &mut tables, &mut |rows, _| {
+            rows.extend(inprocess::run(settings))
+        });
     }
     if wants("http") {
         eprintln!("HTTP on loopback…");
-        http_section(&o, &mut rows, &mut tables);
+        section("http", &mut rows, &mut tables, &mut |rows, tables| {
+            http_section(&o, rows, tables)
+        });
     }
     if wants("grpc") {
         eprintln!("gRPC on loopback…");
-        grpc_section(&o, &mut rows, &mut tables);
+        section("grpc", &mut rows, &mut tables, &mut |rows, tables| {
+            grpc_section(&o, rows, tables)
+        });
     }
     if wants("sql") {
         eprintln!("SQL stores…");
-        sql_section(&o, &mut rows, &mut tables);
+        section("sql", &mut rows, &mut tables, &mut |rows, tables| {
+            sql_section(&o, rows, tables)
+        });
     }
     if wants("redis") {
         eprintln!("Redis store…");
-        redis_section(&o, &mut rows, &mut tables);
+        section("redis", &mut rows, &mut tables, &mut |rows, tables| {
+            redis_section(&o, rows, tables)
+        });
     }
     if wants("redis-acks") {
         eprintln!("Redis store with replica acknowledgements…");
-        redis_acks_section(&o, &mut rows, &mut tables);
+        section("redis-acks", &mut rows, &mut tables, &mut |rows, tables| {
+            redis_acks_section(&o, rows, tables)
+        });
     }
     if wants("scale") {
         eprintln!("memory store scale…");
-        rows.push(scale::run(&sibling("mem-scale"), 1_000_000));
+        let records = o.mode.pick(1_000_000, 1_000_000, 10_000);
+        section("scale", &mut rows, &mut tables, &mut |rows, _| {
+            rows.push(scale::run(&sibling("mem-scale"), records))
+        });
     }
     if wants("scale") || wants("purge") {
         eprintln!("purge of expired PostgreSQL rows…");
-        #[cfg(feature = "sql")]
-        rows.extend(benches::sql::purge_scale(
-            &o.postgres_url,
-            if o.quick {
-                benches::sql::Settings::quick()
-            } else {
-                benches::sql::Settings::full()
-            },
-            wants("scale"),
-        ));
+        section("purge", &mut rows, &mut tables, &mut |_rows, _| {
+            #[cfg(feature = "sql")]
+            _rows.extend(benches::sql::purge_scale(
+                &o.postgres_url,
+                sql_settings(o.mode),
+                wants("scale"),
+            ));
+        });
     }
 
     let mut out = format!(
         "## Results ({}, {} mode, {} cores)\n\n",
         date(),
-        if o.quick { "quick" } else { "full" },
+        o.mode.name(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     out.push_str(&report::summary("Summary against SPEC section 9", &rows).to_markdown());
@@ -1168,4 +1284,113 @@ fn main() {
     if let Some(path) = &o.out {
         std::fs::write(path, &out).expect("write --out");
     }
+    if o.mode == Mode::Smoke {
+        let problems = smoke_problems(&ran, &rows, &tables);
+        if !problems.is_empty() {
+            eprintln!("\nsmoke: {} problem(s):", problems.len());
+            for problem in &problems {
+                eprintln!("  - {problem}");
+            }
+            std::process::exit(1);
+        }
+        eprintln!(
+            "smoke: ok ({} sections, {} rows, {} tables; every figure present and finite)",
+            ran.len(),
+            rows.len(),
+            tables.len()
+        );
+    }
+}
+
+/// What one section added to the rows and tables.
+struct Ran {
+    section: &'static str,
+    rows: std::ops::Range<usize>,
+    tables: std::ops::Range<usize>,
+}
+
+/// The tables each section produces, by the start of their titles.
+fn expected_tables(section: &str) -> &'static [&'static str] {
+    match section {
+        "http" => &[
+            "HTTP on loopback",
+            "SQLite, first execution under concurrency",
+        ],
+        "grpc" => &["gRPC on loopback"],
+        "sql" => &["SQL stores: one operation at a time"],
+        "redis" => &["Redis store: one operation at a time"],
+        "redis-acks" => &["Redis store on a primary with one replica"],
+        _ => &[],
+    }
+}
+
+/// Whether every number written in `text` is finite (Rust writes `NaN` and `inf`).
+fn finite(text: &str) -> bool {
+    !text
+        .split(|c: char| !c.is_alphanumeric())
+        .any(|word| word == "NaN" || word == "inf")
+}
+
+/// What `--smoke` fails on: a section that produced nothing or lacks one of its tables,
+/// a skipped row (a service, a binary or a run that failed), a figure that is missing or
+/// not finite, a table without rows, and a load run that saw errors.
+fn smoke_problems(ran: &[Ran], rows: &[Row], tables: &[Table]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for r in ran {
+        if r.rows.is_empty() && r.tables.is_empty() {
+            problems.push(format!("{}: no rows and no tables", r.section));
+        }
+        for title in expected_tables(r.section) {
+            if !tables[r.tables.clone()]
+                .iter()
+                .any(|t| t.title.starts_with(title))
+            {
+                problems.push(format!("{}: no table \"{title}…\"", r.section));
+            }
+        }
+    }
+    for row in rows {
+        if row.verdict == Verdict::Skipped {
+            problems.push(format!("skipped: {}: {}", row.name, row.measured));
+        } else if row.measured.is_empty() {
+            problems.push(format!("{}: no figure", row.name));
+        } else if ![&row.measured, &row.baseline, &row.ratio]
+            .iter()
+            .all(|figure| finite(figure))
+        {
+            problems.push(format!(
+                "{}: a figure is not finite: {} | {} | {}",
+                row.name, row.measured, row.baseline, row.ratio
+            ));
+        }
+    }
+    for table in tables {
+        if table.rows.is_empty() {
+            problems.push(format!("table \"{}\": no rows", table.title));
+        }
+        let errors = table.columns.iter().position(|c| c == "errors");
+        for cells in &table.rows {
+            let bad: Vec<&String> = cells
+                .iter()
+                .filter(|cell| cell.is_empty() || *cell == "–" || !finite(cell))
+                .collect();
+            if cells.len() != table.columns.len() || !bad.is_empty() {
+                problems.push(format!(
+                    "table \"{}\": a figure is missing or not finite: {}",
+                    table.title,
+                    cells.join(" | ")
+                ));
+            }
+            if let Some(i) = errors
+                && cells.get(i).is_some_and(|errors| errors != "0")
+            {
+                problems.push(format!(
+                    "table \"{}\": runs with errors: {}",
+                    table.title,
+                    cells.join(" | ")
+                ));
+            }
+        }
+    }
+    problems
 }

@@ -16,18 +16,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use idempotency_core::{
-    Binding, FencingToken, RecordId, Reservation, ScopeQuota, StoreError, StoredResponse,
-};
+use idempotency_core::{Binding, FencingToken, RecordId, Reservation, ScopeQuota, StoreError};
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{Connection, FromRow, Row};
 use tokio::sync::{Mutex as AsyncMutex, mpsc, oneshot};
 
 use super::{SqliteQuery, Statements};
 use crate::common::{
-    MAX_ATTEMPTS, RawRecord, ScopeUsage, backend, millis, new_token, too_many_races,
-    trailers_column,
+    EncodedAnswer, MAX_ATTEMPTS, RawRecord, ScopeUsage, backend, millis, new_token, too_many_races,
 };
 
 /// The most writes committed in one transaction. Every write in a batch waits for the
@@ -103,32 +99,53 @@ impl Written {
     }
 }
 
-/// A stored response as the finalize statement binds it.
-pub(super) struct EncodedAnswer {
-    status: i32,
-    headers: Vec<u8>,
-    body: Bytes,
-    trailers: Option<Vec<u8>>,
+/// The finalize statement with its parameters: the record id, the token, and the answer
+/// (its parameters 4 to 7).
+pub(super) fn finalize_query<'q>(
+    sql: &'q Statements,
+    id: &'q RecordId,
+    token: FencingToken,
+    answer: &'q EncodedAnswer,
+) -> SqliteQuery<'q> {
+    owned_query(&sql.finalize, id, token)
+        .bind(answer.status)
+        .bind(&answer.headers[..])
+        .bind(&answer.body[..])
+        .bind(answer.trailers.as_deref())
 }
 
-impl EncodedAnswer {
-    pub(super) fn new(response: &StoredResponse) -> Self {
-        Self {
-            status: i32::from(response.status),
-            headers: response.encode_headers(),
-            body: response.body.clone(),
-            trailers: trailers_column(response),
-        }
-    }
+/// The reserve statement with its parameters.
+pub(super) fn reserve_query<'q>(
+    sql: &'q Statements,
+    id: &'q RecordId,
+    binding: &'q Binding,
+    token: FencingToken,
+    lease: Duration,
+    lifetime: Duration,
+) -> SqliteQuery<'q> {
+    record_query(&sql.reserve, id, binding, token, lease, lifetime)
+}
 
-    /// Binds the answer as the finalize statement's parameters 4 to 7.
-    pub(super) fn bind<'q>(&'q self, query: SqliteQuery<'q>) -> SqliteQuery<'q> {
-        query
-            .bind(self.status)
-            .bind(&self.headers[..])
-            .bind(&self.body[..])
-            .bind(self.trailers.as_deref())
-    }
+/// A statement that reserves (the reserve, or the replacement of an expired record) with
+/// its parameters: scope, key, method, path, body hash, token, lease, lifetime.
+fn record_query<'q>(
+    sql: &'q str,
+    id: &'q RecordId,
+    binding: &'q Binding,
+    token: FencingToken,
+    lease: Duration,
+    lifetime: Duration,
+) -> SqliteQuery<'q> {
+    sqlx::query(sql)
+        .bind(&id.scope)
+        .bind(&id.key)
+        .bind(&binding.method)
+        .bind(&binding.path)
+        .bind(&binding.body_sha256[..])
+        .bind(token.0)
+        .bind(millis(lease))
+        // In flight under a live lease, a record never expires.
+        .bind(millis(lifetime.max(lease)))
 }
 
 /// A statement whose first three parameters are the record id and a token.
@@ -364,9 +381,7 @@ impl Write {
             Write::Renew { id, token, lease } => {
                 owned_query(&sql.renew, id, *token).bind(millis(*lease))
             }
-            Write::Finalize { id, token, answer } => {
-                answer.bind(owned_query(&sql.finalize, id, *token))
-            }
+            Write::Finalize { id, token, answer } => finalize_query(sql, id, *token, answer),
             Write::Release { id, token } => owned_query(&sql.release, id, *token),
             Write::TakeOver {
                 id,
@@ -426,19 +441,7 @@ async fn reserve(
 ) -> Result<Reservation, StoreError> {
     for _ in 0..MAX_ATTEMPTS {
         let token = new_token();
-        let bind = |sql| {
-            sqlx::query(sql)
-                .bind(&id.scope)
-                .bind(&id.key)
-                .bind(&binding.method)
-                .bind(&binding.path)
-                .bind(&binding.body_sha256[..])
-                .bind(token.0)
-                .bind(millis(lease))
-                // In flight under a live lease, a record never expires.
-                .bind(millis(lifetime.max(lease)))
-        };
-        let row = bind(&sql.reserve)
+        let row = reserve_query(sql, id, binding, token, lease, lifetime)
             .fetch_one(&mut *connection)
             .await
             .map_err(backend)?;
@@ -450,7 +453,7 @@ async fn reserve(
         if expires_at_ms > raw.now_ms {
             return Ok(Reservation::Exists(raw.into_record()?));
         }
-        let replaced = bind(&sql.replace_expired)
+        let replaced = record_query(&sql.replace_expired, id, binding, token, lease, lifetime)
             .execute(&mut *connection)
             .await
             .map_err(backend)?;
