@@ -296,7 +296,7 @@ pub use idempotency_core::config::SynchronousReplication;
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
-pub use one_commit::{OneCommitStore, WriteTransaction};
+pub use one_commit::{OneCommitStore, Reservations, WriteTransaction};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use record_database::RecordDatabase;

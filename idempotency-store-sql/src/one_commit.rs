@@ -161,11 +161,38 @@ pub struct OneCommitStore<DB: RecordDatabase> {
     open: Arc<Semaphore>,
     /// How long a write transaction waits for room (the pool's acquire timeout).
     open_wait: Duration,
+    /// What a reservation is: the handler's open transaction, or a committed record.
+    reservations: Reservations,
     /// The bound on each scope's records, if any.
     quota: Option<ScopeQuota>,
     /// Held from a quota check until the reservation it allowed is registered, so that
     /// reservations of this store are counted one after the other.
     quota_check: tokio::sync::Mutex<()>,
+}
+
+/// What a reservation of a [`OneCommitStore`] is, set with
+/// [`with_reservations`](OneCommitStore::with_reservations). Either way a handler writes
+/// through [`Tx`](crate::Tx), a crash at any instant leaves its write and its record both
+/// or neither, and duplicates wait and then replay.
+///
+/// | | `Uncommitted` (default) | `Leased` |
+/// | --- | --- | --- |
+/// | what holds the key while the handler runs | its open transaction (PostgreSQL: the key's advisory lock; MySQL/MariaDB: the uncommitted record; SQLite: this process's claim) | a committed in-flight record whose lease the layer renews |
+/// | commits per keyed first execution | 1: record, write and answer together | 2: the reservation's, then the handler's write with its answer |
+/// | a pooled connection is held | from the reservation to the handler's commit | only while the handler's transaction is open |
+/// | a handler that runs past its lease | cannot be taken over (there is no lease) | is taken over by a retry, and its late commit is refused |
+/// | use it when | the handler writes through `Tx` and runs briefly | the handler runs for minutes, or writes outside `Tx` first |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reservations {
+    /// The key is held by the handler's open transaction, and the record is written in
+    /// it: one commit per keyed first execution.
+    #[default]
+    Uncommitted,
+    /// The key is held by a committed in-flight record with a lease, as the typed store
+    /// the [`OneCommitStore`] is built on writes it; the handler's `Tx` writes the answer
+    /// into it with the change.
+    Leased,
 }
 
 /// The statements of the one-commit path, in one dialect.
@@ -668,11 +695,45 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                     &*sql.insert_in_flight
                 )
             }),
+            reservations: Reservations::default(),
             quota: None,
             quota_check: tokio::sync::Mutex::new(()),
             sql,
             claims: Arc::default(),
         })
+    }
+
+    /// What a reservation is (see [`Reservations`]; by default
+    /// [`Reservations::Uncommitted`]). The handler's code is the same either way.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # async fn demo(records: std::sync::Arc<dyn idempotency_core::FullStore>, pool: sqlx::PgPool)
+    /// # -> Result<(), idempotency_core::StoreError> {
+    /// use idempotency_store_sql::{OneCommitStore, Reservations, TableName};
+    ///
+    /// // Handlers that run for minutes: a committed record with a lease, renewed while
+    /// // they run, rather than a transaction and a pooled connection held all along.
+    /// let store = OneCommitStore::new(records, pool, &TableName::default())
+    ///     .await?
+    ///     .with_reservations(Reservations::Leased);
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub fn with_reservations(mut self, reservations: Reservations) -> Self {
+        self.reservations = reservations;
+        // PostgreSQL: duplicates of a leased reservation listen for its record's answer
+        // (the typed store's `wait`), so the answer written in the handler's transaction
+        // is announced, as the typed store's own finalize announces it.
+        #[cfg(feature = "postgres")]
+        if self.dialect == Dialect::Postgres {
+            self.sql.finalize = match reservations {
+                Reservations::Leased => crate::postgres::finalize_statement(&self.table),
+                Reservations::Uncommitted => {
+                    crate::postgres::finalize_quietly_statement(&self.table)
+                }
+            };
+        }
+        self
     }
 
     /// Bounds the live records of each scope (see [`ScopeQuota`]); past it, a new key is
@@ -1322,6 +1383,9 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
             None => None,
         };
         let token = new_token();
+        if self.reservations == Reservations::Leased {
+            return self.records.reserve(id, binding, lease, lifetime).await;
+        }
         let terms = Terms {
             binding: binding.clone(),
             lease,

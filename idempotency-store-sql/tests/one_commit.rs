@@ -32,7 +32,9 @@ use idempotency_core::{
     FullStore, IdempotencyLayer, Outcome, OutcomeUnknown, RejectionKind, ReservationHandle,
     ScopeQuota,
 };
-use idempotency_store_sql::{OneCommitStore, PoolSettings, RecordDatabase, TableName, Tx, TxError};
+use idempotency_store_sql::{
+    OneCommitStore, PoolSettings, RecordDatabase, Reservations, TableName, Tx, TxError,
+};
 use sqlx::{AnyPool, Executor, IntoArguments};
 use tower::ServiceExt;
 
@@ -771,6 +773,36 @@ async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend)
     database.drop_tables().await;
 }
 
+/// With leased reservations (`Reservations::Leased`) the store is the typed store it is
+/// built on, plus the handler's transaction: every check of the contract applies, the
+/// lease-bound ones included, and nothing outlives its request.
+async fn every_check_with_leased_reservations<DB: RecordDatabase>(backend: Backend) {
+    use idempotency_core::conformance::Suite;
+    let Some(database) = Database::<DB>::open(backend).await else {
+        return;
+    };
+    let store = OneCommitStore::new(
+        database.store.records().clone(),
+        database.leftovers.pool.clone(),
+        &TableName::new(&database.table).unwrap(),
+    )
+    .await
+    .unwrap()
+    .with_reservations(Reservations::Leased);
+    let store: Arc<dyn FullStore> = Arc::new(store);
+    let report = Suite::full(store)
+        .with_leftovers(database.leftovers.clone())
+        .run()
+        .await;
+    assert!(report.skipped.is_empty(), "{report}");
+    assert!(
+        report.ran.contains(&"expired_reservation_fences_its_owner")
+            && report.ran.contains(&"nothing_outlives_its_request"),
+        "{report}"
+    );
+    database.drop_tables().await;
+}
+
 /// `POST /effects` on a replica that keeps its records with the typed store (two
 /// commits) on the same table: its handler counts its runs and answers 201.
 fn typed_replica<DB: RecordDatabase>(database: &Database<DB>, runs: Arc<AtomicUsize>) -> Router {
@@ -913,6 +945,11 @@ macro_rules! on {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_conformance_checks_that_apply() {
                 super::the_conformance_checks_that_apply::<$database>($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn every_check_with_leased_reservations() {
+                super::every_check_with_leased_reservations::<$database>($backend).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,7 +29,7 @@ use http_body_util::BodyExt;
 use idempotency_core::{FullStore, IdempotencyLayer, Outcome};
 use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, RecordsElsewhere,
-    SqliteStore, TableName, Transactions, Tx, TxError,
+    Reservations, SqliteStore, TableName, Transactions, Tx, TxError,
 };
 use sqlx::{AnyPool, Database, Executor, IntoArguments, Pool};
 use tower::ServiceExt;
@@ -293,38 +293,51 @@ async fn one_commit_store<DB: RecordDatabase>(
     Arc::new(OneCommitStore::new(typed, pool, &table).await.unwrap())
 }
 
+/// The store with leased reservations (`Reservations::Leased`): the reservation commits
+/// on its own, the handler's `Tx` commits the write with the answer (two commits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_postgres_store() {
+async fn leased_reservations_on_a_pg_pool() {
     let Some((observer, table)) = observer(&postgres_url(), "IDEMPOTENCY_TEST_POSTGRES_URL").await
     else {
         return;
     };
     let records = common::unique_table();
-    let store = postgres_store(&records).await;
-    let layer = IdempotencyLayer::new(store.clone());
+    let typed = postgres_store(&records).await;
+    let pool: sqlx::PgPool = typed.pool().clone();
+    let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
     checked(store, layer, &observer, &table, records, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_mariadb_store() {
+async fn leased_reservations_on_a_mysql_pool() {
     let Some((observer, table)) = observer(&mysql_url(), "IDEMPOTENCY_TEST_MYSQL_URL").await else {
         return;
     };
     let records = common::unique_table();
-    let store = mariadb_store(&records).await;
-    let layer = IdempotencyLayer::new(store.clone());
+    let typed = mariadb_store(&records).await;
+    let pool: sqlx::MySqlPool = typed.pool().clone();
+    let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
     checked(store, layer, &observer, &table, records, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_typed_sqlite_store() {
+async fn leased_reservations_on_a_sqlite_pool() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
     let (observer, table) = observer(&url, "-").await.unwrap();
     let records = common::unique_table();
-    let store = sqlite_store(&url, &records).await;
-    let layer = IdempotencyLayer::new(store.clone());
+    let typed = sqlite_store(&url, &records).await;
+    let pool: sqlx::SqlitePool = typed.pool().clone();
+    let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
     checked(store, layer, &observer, &table, records, Commits::Two).await;
+}
+
+fn leased<DB: RecordDatabase>(store: Arc<OneCommitStore<DB>>) -> Arc<OneCommitStore<DB>> {
+    let store = Arc::into_inner(store).expect("not shared yet");
+    Arc::new(store.with_reservations(Reservations::Leased))
 }
 
 /// The one-commit store on a typed pool: the typed store's own (`PgPool`).
