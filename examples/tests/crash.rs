@@ -3,10 +3,9 @@
 //! running a keyed request is killed with SIGKILL at a chosen instant, and the retry goes
 //! to another process.
 //!
-//! The server writes its side effect and finalizes the key in one transaction
-//! (`finalize_in`), so a kill at any instant leaves both or neither: the retry replays
+//! The server writes its side effect and its answer in one transaction (its `Tx`), so a kill at any instant leaves both or neither: the retry replays
 //! or runs once. Every instant is tested on both paths: the key reserved in a commit of
-//! its own first (a typed store: the retry takes the dead owner's lapsed reservation
+//! its own first (`Reservations::Leased`: the retry takes the dead owner's lapsed reservation
 //! over), and reserved in the side effect's own transaction (`OneCommitStore`, one commit
 //! for the record, the side effect and the answer: a dead owner leaves no reservation,
 //! and the retry runs at once). One test pins what is left for a handler that does not (its side effect
@@ -452,8 +451,8 @@ async fn killed_inside_the_transaction_the_retry_takes_over_and_runs_once(
     database.drop_tables().await;
 }
 
-/// What is left for a handler that does not finalize in its transaction (its side
-/// effect lives elsewhere, or it does not use `finalize_in`): the side effect committed,
+/// What is left for a handler that does not record its answer in its transaction (its
+/// side effect lives elsewhere, or it does not commit through its `Tx`): the side effect committed,
 /// then the owner died before the layer could finalize. The layer alone cannot know the
 /// mutation happened; after the lease lapses the retry takes over and runs it again.
 /// This pins that behaviour, as the README's Guarantees state it.
@@ -489,7 +488,7 @@ async fn a_handler_that_leaves_the_finalize_to_the_layer_still_runs_again(commit
     database.drop_tables().await;
 }
 
-// Each instant on both paths: two commits (a typed store) and one (`OneCommitStore`).
+// Each instant on both paths: two commits (leased reservations) and one (the default).
 
 macro_rules! on_both_paths {
     ($($test:ident => $run:expr;)*) => {

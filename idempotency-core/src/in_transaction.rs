@@ -16,7 +16,7 @@
 //!   those rules: the result, a [`PreparedAnswer`], holds what the layer would store
 //!   ([`PreparedAnswer::stored`]) and the response the caller gets.
 //! - A store writes [`stored`](PreparedAnswer::stored) with a fenced statement in the
-//!   handler's transaction (the SQL stores' `finalize_in` does all of this), and hands
+//!   handler's transaction (the SQL store's `Tx::commit` does all of this), and hands
 //!   back [`PreparedAnswer::into_finalized`]: the response, marked.
 //! - The layer sees the mark, does not finalize again, and sends the marked answer as
 //!   it was prepared, whatever happened to the response on its way out.

@@ -59,15 +59,15 @@
 //!
 //! One window is left open by the layer alone: a mutation that committed and then lost
 //! its finalize (the process died between the two) runs again once its lease lapses.
-//! A handler whose state lives in the store's database closes it by finalizing inside
-//! its own transaction (next section).
+//! A handler whose state lives in the store's database closes it by recording its answer
+//! inside its own transaction (next section).
 //!
-//! # Exactly once: finalize in your own transaction
+//! # Exactly once: the answer recorded in the handler's transaction
 //!
 //! Every keyed request carries a [`ReservationHandle`] extension. A handler that writes
-//! its mutation to the store's database hands its answer and its open transaction to
-//! the store (the SQL stores' `finalize_in`), which writes the answer into the record in
-//! that transaction, fenced by the handle's token. The mutation and its record then
+//! its mutation to the store's database hands its answer to its transaction (the SQL
+//! store's `Tx::commit`), which writes the answer into the record in that transaction,
+//! fenced by the handle's token. The mutation and its record then
 //! commit together or not at all, so a crash at any instant leaves either nothing (the
 //! retry runs once) or both (the retry is replayed). The layer sees that the answer was
 //! finalized and does not finalize again, and the caller gets exactly the answer that

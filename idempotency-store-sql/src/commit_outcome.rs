@@ -19,8 +19,7 @@
 //! Where the records live in the same database as the change, the record itself tells:
 //! the layer's release is fenced on the record still being in flight, so a committed
 //! answer stays and is replayed. The question matters when they live elsewhere (Redis,
-//! say), which is when [`WriteTransaction::begin_on`](crate::WriteTransaction::begin_on)
-//! is given the request's reservation.
+//! say): a keyed `Tx` on [`RecordsElsewhere`](crate::RecordsElsewhere).
 
 use std::time::Duration;
 

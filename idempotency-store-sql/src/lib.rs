@@ -44,71 +44,29 @@
 //! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig)) opens its store
 //! with [`open`].
 //!
-//! # One path for handlers: `Tx`
+//! # Commit your write with its record: `Tx`
 //!
-//! A handler whose state lives in SQL writes it in a `Tx` (any backend feature), the
-//! transaction its request's write belongs in, and hands its answer to `Tx::commit`,
-//! which records the answer with the write and commits once. The handler's code is the
-//! same whatever the pool — a typed store's (`PostgresStore`, `MySqlStore`,
-//! `SqliteStore`), the one-commit store's (on a typed pool or sqlx `Any`), or `RecordsElsewhere` for a
-//! database that does not hold the records (they are in Redis, say) — and with the
-//! `axum` feature `Tx<T>` is an extractor, so domain code takes a transaction and never
-//! sees a reservation. What each kind of pool does underneath is the `Transactions`
-//! trait's table; the sections below are the pieces it is made of.
+//! A handler whose state lives in the records' database writes it through a [`Tx`], the
+//! transaction its request's write belongs in, and hands its answer to [`Tx::commit`],
+//! which records the answer with the write and commits once. The store behind it is a
+//! [`OneCommitStore`] on the pool the service already has (`PgPool`, `MySqlPool`,
+//! `SqlitePool`, or an `AnyPool` with the `any` feature); with the `axum` feature `Tx<T>` is
+//! an extractor, and [`Tx::begin`] is the same for hyper and tonic handlers. The handler
+//! never sees a reservation.
 //!
-//! # Exactly once: finalize in your own transaction
+//! What a reservation is, is the store's setting ([`Reservations`]): by default the
+//! handler's own open transaction holds the key, and a keyed first execution commits
+//! once, as the same request without a key does; with [`Reservations::Leased`] a
+//! committed record with a lease holds it (two commits), for handlers that run for
+//! minutes. Either way the write and its record commit together or not at all: a crash at
+//! any instant leaves either nothing (the retry runs the request once) or both (the retry
+//! is replayed); a handler whose leased reservation was taken over before it committed
+//! gets [`TxError::NotRecorded`] and nothing of it commits.
 //!
-//! With the layer alone, one window stays open: a mutation that committed, and then lost
-//! its finalize (the process died between the two), runs again on the retry once its
-//! lease lapses. A handler whose state lives in the store's database closes it with
-//! `finalize_in` ([`PostgresStore::finalize_in`], [`MySqlStore::finalize_in`],
-//! [`SqliteStore::finalize_in`], and [`AnyFinalizer`] for sqlx `Any` connections): it
-//! writes the answer into the request's record **inside the handler's transaction**,
-//! fenced by the request's token, and returns the answer to send after the commit:
-//!
-//! ```no_run
-//! # #[cfg(feature = "postgres")]
-//! # async fn handler(
-//! #     store: idempotency_store_sql::PostgresStore,
-//! #     reservation: Option<axum::Extension<idempotency_core::ReservationHandle>>,
-//! # ) -> Result<axum::response::Response, Box<dyn std::error::Error>> {
-//! # use axum::response::IntoResponse;
-//! let mut tx = store.pool().begin().await?;
-//! sqlx::query("INSERT INTO orders (item) VALUES ($1)").bind("book").execute(&mut *tx).await?;
-//! let answer = (http::StatusCode::CREATED, "order placed").into_response();
-//! let answer = store.finalize_in(&mut tx, reservation.as_deref(), answer).await?; // error: roll back
-//! tx.commit().await?;
-//! Ok(answer)
-//! # }
-//! ```
-//!
-//! The mutation and its record then commit together or not at all: a crash at any
-//! instant leaves either nothing (the retry runs the request once) or both (the retry
-//! is replayed). While the transaction is open, the fenced `UPDATE` holds the record's
-//! row lock (SQLite: the database's write lock), so a replica that finds the lease lapsed
-//! and tries to take the record over waits for the transaction, and then finds the
-//! record finalized (commit: it replays) or still in flight (rollback: it takes over and
-//! runs the request). A handler whose reservation was taken over before it finalized
-//! gets [`FinalizeError::TakenOver`] and must roll back. The layer sees the returned
-//! answer marked, does not finalize again, and sends exactly that answer, so what the
-//! caller receives is what the record holds (less what the profile keeps out of the
-//! store, e.g. Iceberg's vended credentials).
-//!
-//! # One commit: the reservation in the handler's transaction
-//!
-//! `OneCommitStore` (on a `PgPool`, `MySqlPool` or `SqlitePool` with the backend's
-//! feature; on an `AnyPool` with `any` too) goes one step further: the reservation itself is
-//! written in the handler's transaction, so a keyed first execution commits once, as the
-//! same request without a key does (two commits otherwise: the reservation's, then the
-//! handler's). The handler begins its transaction with `OneCommitStore::begin`, writes,
-//! `finalize_in`, and commits; the store's own documentation says what it holds while
-//! the handler runs, and how duplicates wait, on each database.
-//!
-//! A `COMMIT` whose answer is lost (the connection dropped after it was sent) never lets
-//! a retry run the change again: with the record in the same database, the layer's
-//! release leaves a committed record alone; with the record elsewhere (Redis, say),
-//! `WriteTransaction::commit` asks PostgreSQL what happened, and says `CommitError::Unknown`
-//! where it cannot tell, for the handler to mark its answer
+//! For a database that does not hold the records (they are in Redis, say),
+//! [`RecordsElsewhere`] gives the same `Tx`; there a `COMMIT` whose answer is lost is asked
+//! about (PostgreSQL's `txid_status`), and where the database cannot tell, `Tx::commit`
+//! answers [`TxError::Unknown`], for the handler to mark its answer
 //! [`OutcomeUnknown`](idempotency_core::OutcomeUnknown).
 //!
 //! sqlx is 0.8 on purpose: iceberg-rust's SQL catalog pins sqlx 0.8, and two sqlx
@@ -206,9 +164,9 @@
 //!
 //! # Round trips
 //!
-//! The store never holds a transaction open while the handler runs; every operation is
-//! autocommit, except `finalize_in`, which is one statement in the handler's own
-//! transaction, and SQLite's writes under concurrency: a write that finds another of the
+//! The typed stores (`PostgresStore`, `MySqlStore`, `SqliteStore`) never hold a
+//! transaction open while the handler runs; every operation is autocommit (the answer a
+//! `Tx` records is one statement in the handler's own transaction), except SQLite's writes under concurrency: a write that finds another of the
 //! store's writes running queues, and the store's writer task commits every queued write
 //! in one `BEGIN IMMEDIATE … COMMIT` (group commit: one disk flush for all of them; each
 //! caller is answered after that commit).
@@ -241,12 +199,11 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
-//! | `any` | off | sqlx's `Any` driver: `Tx`, [`OneCommitStore`], `WriteTransaction` and `RecordsElsewhere` on an `AnyPool` (on any of the backends compiled in), and [`AnyFinalizer`]: `finalize_in` on a transaction of `Any` |
+//! | `any` | off | sqlx's `Any` driver: `Tx`, [`OneCommitStore`] and `RecordsElsewhere` on an `AnyPool` (on any of the backends compiled in) |
 //! | `axum` | off | `Tx<T>` and `LazyTx<T>` as axum extractors |
 //!
-//! `Tx`, `Transactions`, [`OneCommitStore`] (the reservation in the handler's own
-//! transaction, one commit per keyed change) and `WriteTransaction` come with every
-//! backend feature, on that backend's typed pool.
+//! `Tx`, `Transactions` and [`OneCommitStore`] come with every backend feature, on that
+//! backend's typed pool.
 //!
 //! `idempotency-store-sql = { version = "0.1", default-features = false, features = ["postgres"] }`
 //! builds the PostgreSQL store alone.
@@ -259,8 +216,6 @@
     allow(dead_code, unused_variables, unreachable_code, unused_mut)
 )]
 
-#[cfg(feature = "any")]
-mod any;
 mod commit_outcome;
 mod common;
 mod config;
@@ -283,8 +238,6 @@ mod synchronous;
 mod table;
 mod transactions;
 
-#[cfg(feature = "any")]
-pub use any::AnyFinalizer;
 pub use commit_outcome::{CommitError, OUTCOME_CHECK_FOR};
 pub use common::{Operation, PoolSettings};
 // For the benchmarks, which bind the stores' statements through the stores' own

@@ -4,13 +4,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Response;
-use http_body::Body;
 use idempotency_core::{
-    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
-    ReservationHandle, ScopeQuota, StoreError, StoredResponse, async_trait,
+    ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
 use sqlx::{Connection, Row};
@@ -21,7 +18,6 @@ use crate::common::{
     backend, evict_verdict, millis, new_token, new_token_other_than, ownership, row_bytes,
     too_many_races,
 };
-use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
 
 type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;
@@ -626,50 +622,6 @@ impl MySqlStore {
             // In flight under a live lease, a record never expires.
             .bind(millis(lifetime.max(lease)))
             .bind(millis(lease))
-    }
-
-    /// Finalizes the request's reservation **inside your transaction**, with the answer
-    /// you are about to send, and returns the response to send once the transaction
-    /// commits: your mutation and its idempotency record commit together or not at
-    /// all. Everything [`PostgresStore::finalize_in`](crate::PostgresStore::finalize_in)
-    /// says holds here too, with InnoDB's locks: the fenced `UPDATE` takes the record's
-    /// row lock (an exclusive record lock) until your transaction ends, and a replica's
-    /// takeover, whose `UPDATE` reads the latest committed row once it gets the lock,
-    /// waits and then finds the record finalized (commit) or still in flight (rollback).
-    ///
-    /// Unlike the store's own statements, this one is not retried when InnoDB picks it
-    /// as a deadlock victim, since InnoDB then rolls back your whole transaction: you get
-    /// [`FinalizeError::Database`] and may run the transaction again.
-    ///
-    /// ```no_run
-    /// # async fn handler(store: idempotency_store_sql::MySqlStore, reservation: Option<&idempotency_core::ReservationHandle>) -> Result<axum::response::Response, Box<dyn std::error::Error>> {
-    /// use axum::response::IntoResponse;
-    ///
-    /// let mut tx = store.pool().begin().await?;
-    /// sqlx::query("INSERT INTO orders (item) VALUES (?)").bind("book").execute(&mut *tx).await?;
-    /// let answer = (http::StatusCode::CREATED, "order placed").into_response();
-    /// let answer = store.finalize_in(&mut tx, reservation, answer).await?; // on error: rolled back on drop
-    /// tx.commit().await?;
-    /// Ok(answer)
-    /// # }
-    /// ```
-    pub async fn finalize_in<B>(
-        &self,
-        transaction: &mut sqlx::MySqlConnection,
-        reservation: Option<&ReservationHandle>,
-        response: Response<B>,
-    ) -> Result<Response<B>, FinalizeError>
-    where
-        B: Body<Data = Bytes> + From<Bytes>,
-        B::Error: Into<BoxError>,
-    {
-        in_transaction::finalize_with::<sqlx::MySql, B>(
-            transaction,
-            &self.sql.finalize,
-            reservation,
-            response,
-        )
-        .await
     }
 }
 

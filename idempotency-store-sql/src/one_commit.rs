@@ -30,18 +30,20 @@ const MYSQL_RESERVE_LOCK_WAIT_SECS: u64 = 1;
 /// Deadlocks (InnoDB picks a victim among duplicates waiting on one row) tried again.
 const MAX_DEADLOCK_RETRIES: usize = 3;
 
-/// A store whose reservations ride in the handler's own transaction, so that a first
-/// execution commits **once**: the in-flight record, the mutation and the stored answer
-/// together.
+/// The store for handlers that write through [`Tx`](crate::Tx): by default its
+/// reservations ride in the handler's own transaction, so that a first execution commits
+/// **once** (the in-flight record, the mutation and the stored answer together); with
+/// [`Reservations::Leased`] a reservation is a committed record with a lease, and the
+/// handler's `Tx` writes the answer into it with the change (two commits).
 ///
-/// # How it works
+/// # How it works (uncommitted reservations, the default)
 ///
 /// The layer's reservation opens a transaction on the pool the handler writes with (a
 /// `PgPool`, `MySqlPool` or `SqlitePool`, or an `AnyPool` on any of them: see
 /// [`RecordDatabase`]) and holds the key in it: on PostgreSQL it takes the key's
 /// transaction-scoped advisory lock (after finding no record under the key), on
 /// MySQL/MariaDB it inserts the in-flight record, uncommitted. The handler takes that
-/// transaction ([`begin`]), writes its mutation, hands its answer over ([`finalize_in`]:
+/// transaction (its `Tx`), writes its mutation, hands its answer over (`Tx::commit`:
 /// PostgreSQL inserts the record finished, once — one row, as the mutation's own;
 /// MySQL/MariaDB writes the answer into the in-flight record) and commits. If it does
 /// not take the transaction (it writes nothing, or fails before it writes), the layer
@@ -56,11 +58,13 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// it), and the record is inserted finished in the transaction the handler begins:
 /// the write lock is held from there to the commit only, as without a key.
 ///
-/// [`begin`]: Self::begin
-/// [`finalize_in`]: Self::finalize_in
+/// With leased reservations the answer is one fenced `UPDATE` of the record in the
+/// handler's transaction, which holds the record's row lock (SQLite: the database's write
+/// lock) until it ends: a replica that meanwhile finds the lease lapsed and tries to take
+/// the record over waits, and then finds it finished (commit: it replays) or still in
+/// flight (rollback: it takes over and runs the request).
 ///
-/// Every guarantee of the two-commit path (a typed store plus `finalize_in` in the
-/// handler's transaction) holds:
+/// Every guarantee of leased reservations holds for uncommitted ones too:
 ///
 /// - **A crash at any instant leaves nothing or both**: until the one commit, the record
 ///   exists only in the open transaction, which the database rolls back when the process
@@ -91,7 +95,7 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// On PostgreSQL and MySQL/MariaDB a keyed request holds a transaction, and with it a
 /// pooled connection, from its reservation until its commit, i.e. while the handler runs
 /// — the handler uses that connection instead of acquiring one — and duplicates wait on
-/// the owner's locks. Write transactions (keyed or not, begun with [`begin`]) take at
+/// the owner's locks. Write transactions (keyed or not, each a `Tx`) take at
 /// most half the pool, so that their handlers always find a connection to read with: size
 /// the pool for it. On SQLite write transactions queue for the one writer's place in the
 /// process, so that waiting writers hold no pooled connections.
@@ -218,14 +222,10 @@ struct Statements {
     scope_usage: String,
 }
 
-/// A handler's write transaction from [`OneCommitStore::begin`]: the one its request's
-/// record was reserved in, or a new one. Use it as a `sqlx::Transaction`, then
-/// [`commit`](Self::commit) it (or [`rollback`](Self::rollback); dropping it rolls back
-/// too). It holds the store's room for one open write transaction until it ends.
-///
-/// A service that has no one-commit store (idempotency off, or records elsewhere) begins
-/// its transactions with [`begin_on`](Self::begin_on), or wraps its own with `From`, so
-/// that its code has one transaction type.
+/// The transaction inside a [`Tx`](crate::Tx) on a [`OneCommitStore`] or
+/// [`RecordsElsewhere`](crate::RecordsElsewhere): the one its request's record was
+/// reserved in, or a new one. It holds the store's room for one open write transaction
+/// until it ends; dropped, it rolls back.
 ///
 /// A `COMMIT` whose answer is lost never lets a retry run the change twice:
 /// [`commit`](Self::commit) tells a change that did not commit from one whose outcome is
@@ -240,17 +240,6 @@ pub struct WriteTransaction<DB: RecordDatabase> {
     /// A keyed request whose record is kept elsewhere: the pool to ask, after a `COMMIT`
     /// whose answer was lost, whether it committed.
     asks_after_lost_commit: Option<Pool<DB>>,
-}
-
-impl<DB: RecordDatabase> From<Transaction<'static, DB>> for WriteTransaction<DB> {
-    fn from(transaction: Transaction<'static, DB>) -> Self {
-        Self {
-            transaction: Some(transaction),
-            room: None,
-            claim: None,
-            asks_after_lost_commit: None,
-        }
-    }
 }
 
 /// A transaction on `pool`; on SQLite, one that takes the write lock at once.
@@ -288,19 +277,26 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
     /// commit then asks the database what happened before it answers (PostgreSQL; see
     /// [`CommitError`]), which costs one more statement before `COMMIT`. A request without
     /// a key, or whose record is in this database, needs no question: pass `None`.
-    pub async fn begin_on(
+    pub(crate) async fn begin_on(
         pool: &Pool<DB>,
         reservation: Option<&ReservationHandle>,
     ) -> Result<Self, sqlx::Error> {
-        let mut transaction = Self::from(begin_on(pool).await?);
+        let mut transaction = Self::open(begin_on(pool).await?, None);
         transaction.asks_after_lost_commit = reservation.map(|_| pool.clone());
         Ok(transaction)
     }
 
     fn new(transaction: Transaction<'static, DB>, room: OwnedSemaphorePermit) -> Self {
-        let mut new = Self::from(transaction);
-        new.room = Some(room);
-        new
+        Self::open(transaction, Some(room))
+    }
+
+    fn open(transaction: Transaction<'static, DB>, room: Option<OwnedSemaphorePermit>) -> Self {
+        Self {
+            transaction: Some(transaction),
+            room,
+            claim: None,
+            asks_after_lost_commit: None,
+        }
     }
 
     fn holding(mut self, claim: ClaimGuard<DB>) -> Self {
@@ -313,8 +309,8 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
     ///
     /// A failed commit says whether anything of it may be in the database
     /// ([`CommitError::Unknown`]) or not ([`CommitError::NotCommitted`]). When the answer
-    /// to `COMMIT` was lost and the transaction was begun for a keyed request (see
-    /// [`begin_on`](Self::begin_on)), it asks the database first, for up to
+    /// to `COMMIT` was lost and the transaction belongs to a keyed request whose records are
+    /// elsewhere ([`RecordsElsewhere`](crate::RecordsElsewhere)), it asks the database first, for up to
     /// [`OUTCOME_CHECK_FOR`](crate::OUTCOME_CHECK_FOR), and is `Ok` if it committed after
     /// all.
     pub async fn commit(mut self) -> Result<(), CommitError> {
@@ -783,7 +779,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// Write transactions, keyed or not, take at most half the pool's connections at once
     /// (SQLite: one, the database's single writer), so that a handler that holds one always
     /// finds a connection to read with; past the pool's acquire timeout, this fails.
-    pub async fn begin(
+    pub(crate) async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
     ) -> Result<WriteTransaction<DB>, StoreError> {
@@ -931,7 +927,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// answer to send once it commits, as [`AnyFinalizer::finalize_in`](crate::AnyFinalizer::finalize_in) does; a request
     /// without a key gets its response back untouched. On an error, roll the transaction
     /// back.
-    pub async fn finalize_in<B>(
+    pub(crate) async fn finalize_in<B>(
         &self,
         transaction: &mut DB::Connection,
         reservation: Option<&ReservationHandle>,

@@ -3,14 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Response;
-use http_body::Body;
 use idempotency_core::{
-    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
-    ReservationHandle, ScopeQuota, StoreError, StoredResponse, Waited, async_trait,
-    wait_by_polling,
+    ScopeQuota, StoreError, StoredResponse, Waited, async_trait, wait_by_polling,
 };
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgRow};
@@ -23,7 +19,6 @@ use crate::common::{
     RawRecord, ScopeUsage, backend, evict_verdict, hex, millis, new_token, new_token_other_than,
     notice_for, ownership, row_bytes, too_many_races,
 };
-use crate::in_transaction::{self, FinalizeError};
 use crate::synchronous;
 use crate::table::{InvalidTableName, TableName};
 use idempotency_core::config::SynchronousReplication;
@@ -308,8 +303,8 @@ impl Statements {
     }
 }
 
-/// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
-#[cfg(feature = "any")]
+/// The finalize statement for records in `table`, announced to the waiters of every
+/// replica: for the answers written in a handler's transaction under a leased reservation.
 pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
@@ -695,82 +690,6 @@ impl PostgresStore {
             .bind(&answer.body[..])
             .bind(notice_for(id))
             .bind(answer.trailers.as_deref())
-    }
-
-    /// Finalizes the request's reservation **inside your transaction**, with the answer
-    /// you are about to send, and returns the response to send once the transaction
-    /// commits. Your mutation and its idempotency record then commit together or not at
-    /// all: a crash at any instant leaves either nothing (the client's retry runs the
-    /// request once) or both (the retry gets this answer), so the request runs exactly
-    /// once, across crashes and replicas.
-    ///
-    /// - `transaction` is your open transaction on the store's database (`&mut tx`).
-    /// - `reservation` is the request's [`ReservationHandle`] extension; `None` (a
-    ///   request without a key) gives `response` back untouched.
-    /// - `response` is read whole and goes through the layer's rules, as the layer
-    ///   would apply them after your handler: what is stored is what the layer stores
-    ///   (the layer's `KeepAnswer` applied, e.g. Iceberg's vended credentials cut out),
-    ///   and an answer the layer does not keep (5xx, 401, 429, …, or one over the size
-    ///   limit) is not written: it comes back unmarked, and the layer handles it after
-    ///   your handler as usual.
-    ///
-    /// The write is one fenced `UPDATE` (the store's own finalize statement, see
-    /// [`sql`](Self::sql)). It holds the record's row lock until your transaction ends,
-    /// so a replica that meanwhile finds the lease lapsed and tries to take the record
-    /// over waits, and then sees the record finalized (commit: it replays) or still in
-    /// flight (rollback: it takes over and runs the request). The waiters of every
-    /// replica are notified when the transaction commits.
-    ///
-    /// The returned response is marked, so the layer does not finalize again; it sends
-    /// exactly this answer, which is what every retry is replayed. Send it only after
-    /// `commit` succeeded. On an error ([`FinalizeError`]), roll back and answer with a
-    /// 5xx: the request no longer owns its key (another took it over and runs the
-    /// mutation), or the database failed.
-    ///
-    /// ```no_run
-    /// use axum::extract::State;
-    /// use axum::response::{IntoResponse, Response};
-    /// use axum::{Extension, http::StatusCode};
-    /// use idempotency_core::ReservationHandle;
-    /// use idempotency_store_sql::{FinalizeError, PostgresStore};
-    ///
-    /// async fn place_order(
-    ///     State(store): State<PostgresStore>,
-    ///     reservation: Option<Extension<ReservationHandle>>,
-    /// ) -> Result<Response, StatusCode> {
-    ///     let failed = |_| StatusCode::SERVICE_UNAVAILABLE; // a 5xx: the layer releases the key
-    ///     let mut tx = store.pool().begin().await.map_err(failed)?;
-    ///     sqlx::query("INSERT INTO orders (item) VALUES ('book')")
-    ///         .execute(&mut *tx)
-    ///         .await
-    ///         .map_err(failed)?;
-    ///     let answer = (StatusCode::CREATED, "order placed").into_response();
-    ///     let answer = store
-    ///         .finalize_in(&mut tx, reservation.as_deref(), answer)
-    ///         .await
-    ///         .map_err(|_: FinalizeError| StatusCode::SERVICE_UNAVAILABLE)?; // tx rolls back on drop
-    ///     tx.commit().await.map_err(failed)?;
-    ///     Ok(answer)
-    /// }
-    /// # let _ = place_order;
-    /// ```
-    pub async fn finalize_in<B>(
-        &self,
-        transaction: &mut sqlx::PgConnection,
-        reservation: Option<&ReservationHandle>,
-        response: Response<B>,
-    ) -> Result<Response<B>, FinalizeError>
-    where
-        B: Body<Data = Bytes> + From<Bytes>,
-        B::Error: Into<BoxError>,
-    {
-        in_transaction::finalize_with::<sqlx::Postgres, B>(
-            transaction,
-            &self.sql.finalize,
-            reservation,
-            response,
-        )
-        .await
     }
 }
 

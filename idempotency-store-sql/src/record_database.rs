@@ -69,16 +69,6 @@ impl Dialect {
             _ => None,
         }
     }
-
-    /// This crate's cargo feature for the dialect.
-    #[cfg(feature = "any")]
-    pub(crate) fn feature(self) -> &'static str {
-        match self {
-            Self::Postgres => "postgres",
-            Self::MySql => "mysql",
-            Self::Sqlite => "sqlite",
-        }
-    }
 }
 
 mod sealed {

@@ -4,13 +4,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Response;
-use http_body::Body;
 use idempotency_core::{
-    Binding, BoxError, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
-    ReservationHandle, ScopeQuota, StoreError, StoredResponse, async_trait,
+    ScopeQuota, StoreError, StoredResponse, async_trait,
 };
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
@@ -18,7 +15,6 @@ use crate::common::{
     EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection,
     RawRecord, backend, evict_verdict, new_token_other_than, ownership, row_bytes, too_many_races,
 };
-use crate::in_transaction::{self, FinalizeError};
 use crate::table::{InvalidTableName, TableName};
 
 mod writer;
@@ -417,83 +413,6 @@ impl SqliteStore {
     /// Runs a fenced write: the token held the record iff it changed one row.
     async fn fenced(&self, write: Write) -> Result<Ownership, StoreError> {
         Ok(ownership(self.write(write).await?.rows()))
-    }
-
-    /// Finalizes the request's reservation **inside your transaction**, with the answer
-    /// you are about to send, and returns the response to send once the transaction
-    /// commits: your mutation and its idempotency record commit together or not at
-    /// all. Everything [`PostgresStore::finalize_in`](crate::PostgresStore::finalize_in)
-    /// says holds here too, with SQLite's one writer at a time: from its first write,
-    /// your transaction holds the database's write lock until it ends, so another
-    /// process's takeover waits (up to its busy timeout) and then finds the record
-    /// finalized (commit) or still in flight (rollback).
-    ///
-    /// Begin the transaction with `BEGIN IMMEDIATE` (`pool.begin_with("BEGIN
-    /// IMMEDIATE")`) if it reads before it writes: a deferred transaction that read
-    /// while another connection wrote cannot start writing (`SQLITE_BUSY`), and every
-    /// keyed request writes to the same file.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use axum::extract::State;
-    /// use axum::response::{IntoResponse, Response};
-    /// use axum::{Extension, Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use idempotency_core::{IdempotencyLayer, ReservationHandle};
-    /// use idempotency_store_sql::{PoolSettings, SqliteStore};
-    /// use tower::ServiceExt;
-    ///
-    /// async fn place_order(
-    ///     State(store): State<SqliteStore>,
-    ///     reservation: Option<Extension<ReservationHandle>>,
-    /// ) -> Result<Response, StatusCode> {
-    ///     let failed = |_| StatusCode::SERVICE_UNAVAILABLE; // a 5xx: the layer releases the key
-    ///     let mut tx = store.pool().begin_with("BEGIN IMMEDIATE").await.map_err(failed)?;
-    ///     sqlx::query("INSERT INTO orders (item) VALUES ('book')")
-    ///         .execute(&mut *tx)
-    ///         .await
-    ///         .map_err(failed)?;
-    ///     let answer = (StatusCode::CREATED, "order placed").into_response();
-    ///     let answer = store
-    ///         .finalize_in(&mut tx, reservation.as_deref(), answer)
-    ///         .await
-    ///         .map_err(|_| StatusCode::SERVICE_UNAVAILABLE)?; // tx rolls back on drop
-    ///     tx.commit().await.map_err(failed)?;
-    ///     Ok(answer)
-    /// }
-    ///
-    /// let store = SqliteStore::connect("sqlite::memory:", &PoolSettings::default()).await?.migrate().await?;
-    /// sqlx::query("CREATE TABLE orders (item TEXT)").execute(store.pool()).await?;
-    /// let app = Router::new()
-    ///     .route("/orders", post(place_order))
-    ///     .with_state(store.clone())
-    ///     .layer(IdempotencyLayer::new(store.clone()));
-    ///
-    /// let order = || Request::post("/orders").header("idempotency-key", "k1").body(Body::empty()).unwrap();
-    /// assert_eq!(app.clone().oneshot(order()).await?.status(), StatusCode::CREATED);
-    /// let retry = app.oneshot(order()).await?;
-    /// assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    /// let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(store.pool()).await?;
-    /// assert_eq!(orders, 1);
-    /// # Ok(()) }
-    /// ```
-    pub async fn finalize_in<B>(
-        &self,
-        transaction: &mut sqlx::SqliteConnection,
-        reservation: Option<&ReservationHandle>,
-        response: Response<B>,
-    ) -> Result<Response<B>, FinalizeError>
-    where
-        B: Body<Data = Bytes> + From<Bytes>,
-        B::Error: Into<BoxError>,
-    {
-        in_transaction::finalize_with::<sqlx::Sqlite, B>(
-            transaction,
-            &self.sql.finalize,
-            reservation,
-            response,
-        )
-        .await
     }
 }
 

@@ -1,6 +1,6 @@
 //! One transactional path for handlers, whatever the pool: [`Tx`], the transaction a
 //! request's write belongs in, and [`Transactions`], where it comes from. The crate docs
-//! ("One path for handlers") tell the story.
+//! ("Commit your write with its record") tell the story.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,8 +18,7 @@ use crate::record_database::{Dialect, RecordDatabase};
 ///
 /// | implementation | the transaction | the answer |
 /// | --- | --- | --- |
-/// | `PostgresStore`, `MySqlStore`, `SqliteStore` | a new one on the store's pool (SQLite: `BEGIN IMMEDIATE`) | written into the record the layer reserved (two commits: the reservation's, then this one) |
-/// | `Arc<OneCommitStore<DB>>` (a `PgPool`, `MySqlPool`, `SqlitePool` or `AnyPool`) | the one the record was reserved in (a new one without a key) | written in it: the record, the write and the answer commit once |
+/// | `Arc<OneCommitStore<DB>>` (a `PgPool`, `MySqlPool`, `SqlitePool` or `AnyPool`) | the one the record was reserved in (a new one without a key, or with [`Reservations::Leased`](crate::Reservations::Leased)) | written in it: the record, the write and the answer commit once (with leased reservations, the reservation committed first) |
 /// | [`RecordsElsewhere`] | a new one on a pool whose database does not hold the records | recorded by the layer after the handler; a lost `COMMIT` is asked about |
 ///
 /// A store of your own implements it the same way.
@@ -115,7 +114,7 @@ impl<DB: RecordDatabase> OpenTransaction for crate::WriteTransaction<DB> {
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
 /// # async fn handler(
-/// #     store: idempotency_store_sql::SqliteStore,
+/// #     store: std::sync::Arc<idempotency_store_sql::OneCommitStore<sqlx::Sqlite>>,
 /// #     reservation: Option<axum::Extension<idempotency_core::ReservationHandle>>,
 /// # ) -> axum::response::Response {
 /// use axum::response::IntoResponse;
@@ -294,56 +293,6 @@ impl TxError {
         response
     }
 }
-
-/// The typed stores: a transaction on the store's pool, the answer written into the
-/// record the layer reserved (two commits: the reservation's, then this one).
-#[allow(unused_macros)] // with no typed backend built
-macro_rules! typed_transactions {
-    ($store:ty, $database:ty, |$this:ident| $begin:expr) => {
-        impl Transactions for $store {
-            type Database = $database;
-            type Transaction = sqlx::Transaction<'static, $database>;
-
-            fn records_in_transaction(&self) -> bool {
-                true
-            }
-
-            async fn begin(
-                &self,
-                _reservation: Option<&ReservationHandle>,
-            ) -> Result<Self::Transaction, StoreError> {
-                let $this = self;
-                $begin.await.map_err(StoreError::backend)
-            }
-
-            async fn finalize_in<B>(
-                &self,
-                transaction: &mut Self::Transaction,
-                reservation: Option<&ReservationHandle>,
-                answer: Response<B>,
-            ) -> Result<Response<B>, FinalizeError>
-            where
-                B: Body<Data = Bytes> + From<Bytes> + Send,
-                B::Error: Into<BoxError>,
-            {
-                <$store>::finalize_in(self, transaction, reservation, answer).await
-            }
-        }
-    };
-}
-
-#[cfg(feature = "postgres")]
-typed_transactions!(crate::PostgresStore, sqlx::Postgres, |store| store
-    .pool()
-    .begin());
-#[cfg(feature = "mysql")]
-typed_transactions!(crate::MySqlStore, sqlx::MySql, |store| store.pool().begin());
-// On SQLite the write lock is taken at once: a deferred transaction that read first
-// could not start writing once another connection wrote meanwhile.
-#[cfg(feature = "sqlite")]
-typed_transactions!(crate::SqliteStore, sqlx::Sqlite, |store| store
-    .pool()
-    .begin_with("BEGIN IMMEDIATE"));
 
 /// The one-commit store, on any of the [`RecordDatabase`]s: the transaction the request's
 /// record was reserved in, and the record, the write and the answer committed once.

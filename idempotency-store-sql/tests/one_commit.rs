@@ -33,7 +33,8 @@ use idempotency_core::{
     ScopeQuota,
 };
 use idempotency_store_sql::{
-    OneCommitStore, PoolSettings, RecordDatabase, Reservations, TableName, Tx, TxError,
+    OneCommitStore, PoolSettings, RecordDatabase, Reservations, TableName, Transactions, Tx,
+    TxError,
 };
 use sqlx::{AnyPool, Executor, IntoArguments};
 use tower::ServiceExt;
@@ -553,7 +554,7 @@ where
     }
     for round in 0..20_u64 {
         let abandoned = async {
-            let tx = database.store.begin(None).await.unwrap();
+            let tx = Transactions::begin(&database.store, None).await.unwrap();
             tx.commit().await.unwrap();
         };
         // Cut off at every point: before, during and after BEGIN and COMMIT.
@@ -564,7 +565,7 @@ where
     }
     drop(holder);
     let fresh = tokio::time::timeout(Duration::from_secs(3), async {
-        let mut tx = database.store.begin(None).await.unwrap();
+        let mut tx = Transactions::begin(&database.store, None).await.unwrap();
         sqlx::query(&format!(
             "INSERT INTO {}_side_effects (name) VALUES ('after')",
             database.table
@@ -869,7 +870,9 @@ where
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
         for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     {
-        let mut tx = app.store.begin(reservation.as_deref()).await.unwrap();
+        let mut tx = Transactions::begin(&app.store, reservation.as_deref())
+            .await
+            .unwrap();
         sqlx::query(&format!(
             "INSERT INTO {} (name) VALUES ('effect')",
             app.side_effects

@@ -439,13 +439,21 @@ struct Tenant(String);
 
 /// The README's order of layers with authentication in front: two tenants who send the
 /// same key each get their own write and answer, and each retry is replayed its own —
-/// on a typed store (two commits) and on the one-commit store on its `SqlitePool`.
+/// with leased reservations (two commits) and uncommitted ones (one), on a `SqlitePool`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_one_key_each_get_their_own_answer() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/orders.db?mode=rwc", dir.path().display());
-    let typed = sqlite_store(&url, &common::unique_table()).await;
-    two_tenants(typed.clone(), IdempotencyLayer::new(typed), &url).await;
+    let records = common::unique_table();
+    let typed = sqlite_store(&url, &records).await;
+    let pool: sqlx::SqlitePool = typed.pool().clone();
+    let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
+    two_tenants(
+        store.clone(),
+        IdempotencyLayer::from_shared_store(store),
+        &url,
+    )
+    .await;
 
     let records = common::unique_table();
     let typed = sqlite_store(&url, &records).await;

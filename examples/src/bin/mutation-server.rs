@@ -15,7 +15,7 @@
 //! `--commits one` reserves each key in the transaction the side effect is written in
 //! (`OneCommitStore` on the typed store's own pool: `PgPool`, `MySqlPool` or
 //! `SqlitePool`): the record, the side effect and the answer commit once; the default,
-//! `--commits two`, reserves it in a commit of its own first (the typed store alone).
+//! `--commits two`, reserves it in a commit of its own first (`Reservations::Leased`).
 //!
 //! Request headers steer the handler, so that a test can kill the process at a chosen
 //! instant:
@@ -44,8 +44,8 @@ use axum::routing::{get, post};
 use idempotency_core::{IdempotencyLayer, Outcome, ReservationHandle};
 use idempotency_store_sql::sqlx::{self, Database as _, Executor, IntoArguments};
 use idempotency_store_sql::{
-    LazyTx, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, SqliteStore, TableName,
-    Transactions,
+    LazyTx, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, Reservations, SqliteStore,
+    TableName, Transactions,
 };
 
 struct Flags {
@@ -163,21 +163,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let side_effects = format!("{}_side_effects", flags.table);
     database.create_side_effects(&side_effects).await?;
     let table = TableName::new(&flags.table)?;
-    // One commit: a one-commit store on the typed store's own pool, the typed store
-    // keeping what is committed.
-    macro_rules! one_commit {
+    // The store on the typed store's own pool, the typed store keeping what is committed:
+    // one commit per keyed write, or (without `--one-commit`) a committed leased
+    // reservation first.
+    let reservations = if flags.one_commit {
+        Reservations::Uncommitted
+    } else {
+        Reservations::Leased
+    };
+    macro_rules! store {
         ($store:expr) => {{
             let pool = $store.pool().clone();
-            Arc::new(OneCommitStore::new(Arc::new($store), pool, &table).await?)
+            Arc::new(
+                OneCommitStore::new(Arc::new($store), pool, &table)
+                    .await?
+                    .with_reservations(reservations),
+            )
         }};
     }
-    match (database, flags.one_commit) {
-        (Database::Postgres(store), false) => serve(store, &flags, side_effects).await,
-        (Database::MySql(store), false) => serve(store, &flags, side_effects).await,
-        (Database::Sqlite(store), false) => serve(store, &flags, side_effects).await,
-        (Database::Postgres(store), true) => serve(one_commit!(store), &flags, side_effects).await,
-        (Database::MySql(store), true) => serve(one_commit!(store), &flags, side_effects).await,
-        (Database::Sqlite(store), true) => serve(one_commit!(store), &flags, side_effects).await,
+    match database {
+        Database::Postgres(store) => serve(store!(store), &flags, side_effects).await,
+        Database::MySql(store) => serve(store!(store), &flags, side_effects).await,
+        Database::Sqlite(store) => serve(store!(store), &flags, side_effects).await,
     }
 }
 

@@ -37,7 +37,7 @@ use idempotency_core::config::IdempotencyConfig;
 use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
-use idempotency_store_sql::{OneCommitStore, TableName};
+use idempotency_store_sql::{OneCommitStore, Reservations, TableName};
 use sqlx::Pool;
 
 use crate::catalog::{CatalogDatabase, Writes};
@@ -118,23 +118,20 @@ async fn records_layer<DB: CatalogDatabase>(
             ])?;
             let typed = idempotency_store_sql::open(&config).await?;
             config.spawn_purge_task(typed.clone());
-            if commits == Commits::Two {
-                return Ok((
-                    config.iceberg_layer(typed.clone()).with_scope(SingleScope),
-                    typed,
-                    Some(Writes::TwoCommits {
-                        pool: pool.clone(),
-                        records: DB::typed_store(pool.clone()),
-                    }),
-                ));
-            }
-            // `open` keeps the records in the default table.
-            let store =
-                Arc::new(OneCommitStore::new(typed, pool.clone(), &TableName::default()).await?);
+            // `open` keeps the records in the default table. `--two-commit`: each
+            // reservation committed on its own first, with a lease.
+            let reservations = match commits {
+                Commits::One => Reservations::Uncommitted,
+                Commits::Two => Reservations::Leased,
+            };
+            let store = OneCommitStore::new(typed, pool.clone(), &TableName::default())
+                .await?
+                .with_reservations(reservations);
+            let store = Arc::new(store);
             Ok((
                 config.iceberg_layer(store.clone()).with_scope(SingleScope),
                 store.clone(),
-                Some(Writes::OneCommit(store)),
+                Some(Writes::Here(store)),
             ))
         }
         Records::Redis(url) => {

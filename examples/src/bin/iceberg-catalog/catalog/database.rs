@@ -9,7 +9,7 @@
 use std::future::Future;
 
 use iceberg::TableIdent;
-use idempotency_store_sql::{MySqlStore, PostgresStore, RecordDatabase, SqliteStore, Transactions};
+use idempotency_store_sql::RecordDatabase;
 use sqlx::pool::PoolOptions;
 use sqlx::{Pool, Row};
 
@@ -56,13 +56,6 @@ pub(crate) trait CatalogDatabase: RecordDatabase {
     /// Which database this is.
     const BACKEND: Backend;
 
-    /// The typed idempotency store on this database, whose `finalize_in` writes an answer
-    /// into a record it reserved in a commit of its own (`--two-commit`).
-    type TypedStore: Transactions<Database = Self, Transaction = sqlx::Transaction<'static, Self>>;
-
-    /// That store on `pool` (whose records table `open` has created).
-    fn typed_store(pool: Pool<Self>) -> Self::TypedStore;
-
     /// Runs a write; the number of rows it touched.
     fn execute(
         connection: &mut Self::Connection,
@@ -79,14 +72,9 @@ pub(crate) trait CatalogDatabase: RecordDatabase {
 }
 
 macro_rules! catalog_database {
-    ($database:ty, $backend:expr, $store:ident) => {
+    ($database:ty, $backend:expr) => {
         impl CatalogDatabase for $database {
             const BACKEND: Backend = $backend;
-            type TypedStore = $store;
-
-            fn typed_store(pool: Pool<Self>) -> $store {
-                $store::new(pool)
-            }
 
             async fn execute(
                 connection: &mut Self::Connection,
@@ -118,9 +106,9 @@ macro_rules! catalog_database {
     };
 }
 
-catalog_database!(sqlx::Postgres, Backend::Postgres, PostgresStore);
-catalog_database!(sqlx::MySql, Backend::MySql, MySqlStore);
-catalog_database!(sqlx::Sqlite, Backend::Sqlite, SqliteStore);
+catalog_database!(sqlx::Postgres, Backend::Postgres);
+catalog_database!(sqlx::MySql, Backend::MySql);
+catalog_database!(sqlx::Sqlite, Backend::Sqlite);
 
 /// The connection pool of the catalog's database.
 pub(super) struct Database<DB: CatalogDatabase> {

@@ -35,8 +35,7 @@
 //! delete files the committed snapshot needs); one killed before it leaves nothing, not
 //! even the reservation, and the retry runs once. A keyed change costs one durable
 //! commit, as the same change without a key does. (`--two-commit` reserves the record in
-//! a commit of its own first, and writes the answer with the typed store's `finalize_in`:
-//! for comparison.)
+//! a commit of its own first, with a lease: `Reservations::Leased`, for comparison.)
 //!
 //! Metadata files are written before their transaction (they are not in the database):
 //! if it rolls back, or the process dies before it commits, the file it wrote is left

@@ -12,8 +12,6 @@ use idempotency_store_sql::{
     FinalizeError, LazyTx, OneCommitStore, RecordsElsewhere, Transactions, WriteTransaction,
 };
 
-use sqlx::Pool;
-
 use super::database::CatalogDatabase;
 
 /// A change's transaction, still to begin: the extractor every mutating route takes.
@@ -21,15 +19,9 @@ pub(crate) type CatalogTx<DB> = LazyTx<Writes<DB>>;
 
 /// Where the idempotency records are, as the catalog's changes write them.
 pub(crate) enum Writes<DB: CatalogDatabase> {
-    /// In the catalog's database, reserved in the change's own transaction: the record,
-    /// the change and the answer commit once.
-    OneCommit(Arc<OneCommitStore<DB>>),
-    /// In the catalog's database, reserved in a commit of their own; the change writes
-    /// the answer into it in its transaction (`--two-commit`).
-    TwoCommits {
-        pool: Pool<DB>,
-        records: DB::TypedStore,
-    },
+    /// In the catalog's database: the record, the change and the answer commit once (or,
+    /// with `--two-commit`, the reservation is committed first, with a lease).
+    Here(Arc<OneCommitStore<DB>>),
     /// Elsewhere (Redis), or nowhere (`--no-idempotency`): the layer records the answer.
     Elsewhere(RecordsElsewhere<DB>),
 }
@@ -37,11 +29,7 @@ pub(crate) enum Writes<DB: CatalogDatabase> {
 impl<DB: CatalogDatabase> Clone for Writes<DB> {
     fn clone(&self) -> Self {
         match self {
-            Self::OneCommit(store) => Self::OneCommit(store.clone()),
-            Self::TwoCommits { pool, records } => Self::TwoCommits {
-                pool: pool.clone(),
-                records: records.clone(),
-            },
+            Self::Here(store) => Self::Here(store.clone()),
             Self::Elsewhere(elsewhere) => Self::Elsewhere(elsewhere.clone()),
         }
     }
@@ -52,20 +40,15 @@ impl<DB: CatalogDatabase> Transactions for Writes<DB> {
     type Transaction = WriteTransaction<DB>;
 
     fn records_in_transaction(&self) -> bool {
-        !matches!(self, Self::Elsewhere(_))
+        matches!(self, Self::Here(_))
     }
 
-    /// On SQLite every transaction takes the write lock at once (`BEGIN IMMEDIATE`): a
-    /// deferred one that read first could not start writing once another connection wrote.
     async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
     ) -> Result<WriteTransaction<DB>, StoreError> {
         match self {
-            Self::OneCommit(store) => store.begin(reservation).await,
-            Self::TwoCommits { pool, .. } => WriteTransaction::begin_on(pool, None)
-                .await
-                .map_err(StoreError::backend),
+            Self::Here(store) => store.begin(reservation).await,
             Self::Elsewhere(elsewhere) => elsewhere.begin(reservation).await,
         }
     }
@@ -81,13 +64,12 @@ impl<DB: CatalogDatabase> Transactions for Writes<DB> {
         B::Error: Into<BoxError>,
     {
         match self {
-            Self::OneCommit(store) => store.finalize_in(transaction, reservation, answer).await,
-            Self::TwoCommits { records, .. } => {
-                records
-                    .finalize_in(&mut *transaction, reservation, answer)
+            Self::Here(store) => store.finalize_in(transaction, reservation, answer).await,
+            Self::Elsewhere(elsewhere) => {
+                elsewhere
+                    .finalize_in(transaction, reservation, answer)
                     .await
             }
-            Self::Elsewhere(_) => Ok(answer),
         }
     }
 }

@@ -1,9 +1,11 @@
-//! `finalize_in`: a handler writes its mutation and finalizes its key in one transaction,
-//! on PostgreSQL, MariaDB and SQLite, through the typed stores and through
-//! `AnyFinalizer`. The mutation and the record commit together or not at all; a
-//! reservation taken over is refused; and a takeover on another node while the
-//! transaction is open waits for it, then finds the record finalized (commit) or still in
-//! flight (rollback): the mutation never runs twice.
+//! Leased reservations (`Reservations::Leased`): a handler writes its mutation and its
+//! answer through its `Tx`, on PostgreSQL, MariaDB and SQLite. The mutation and the
+//! record commit together or not at all; a reservation taken over is refused; and a
+//! takeover on another node while the transaction is open waits for it, then finds the
+//! record finalized (commit) or still in flight (rollback): the mutation never runs twice.
+//!
+//! The test steers the handler's transaction between its answer's write and its `COMMIT`
+//! through a `Transactions` of its own around the store's, as any user could write one.
 #![cfg(all(
     feature = "postgres",
     feature = "mysql",
@@ -31,8 +33,10 @@ use idempotency_core::{
     ReservationHandle, StoreError, StoredResponse,
 };
 use idempotency_store_sql::{
-    AnyFinalizer, FinalizeError, MySqlStore, PoolSettings, PostgresStore, SqliteStore,
+    CommitError, FinalizeError, MySqlStore, OneCommitStore, OpenTransaction, PoolSettings,
+    PostgresStore, Reservations, SqliteStore, TableName, Transactions, Tx,
 };
+use sqlx::{Any, AnyConnection};
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
@@ -144,7 +148,7 @@ impl Database {
     async fn any_pool(&self) -> sqlx::AnyPool {
         sqlx::any::install_default_drivers();
         sqlx::any::AnyPoolOptions::new()
-            .max_connections(2)
+            .max_connections(4)
             .connect(&self.url)
             .await
             .unwrap()
@@ -262,149 +266,191 @@ impl PurgeExpired for Counting {
 }
 
 /// How the test steers the handler's transaction: pauses before it and after the
-/// finalize, and whether it then commits.
+/// answer's write, and whether it then commits.
 #[derive(Default)]
 struct Script {
     /// Told when the handler runs, then awaited before its transaction begins.
     before_transaction: Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>,
-    /// Told the finalize's outcome, then awaited for commit (`true`) or rollback.
+    /// Told the answer's write's outcome, then awaited for commit (`true`) or rollback.
     after_finalize: Option<(oneshot::Sender<FinalizeOutcome>, oneshot::Receiver<bool>)>,
     /// Awaited after a rollback, before the handler answers.
     after_rollback: Option<oneshot::Receiver<()>>,
 }
 
-/// What the handler's `finalize_in` returned: `Ok`, or the error's message.
+/// What writing the answer in the transaction gave: `Ok`, or the error's message.
 type FinalizeOutcome = Result<(), String>;
 
+type Leased = Arc<OneCommitStore<Any>>;
+
+/// The store's transactions, paused as the script says between the answer's write and
+/// the `COMMIT`.
 #[derive(Clone)]
-struct App {
-    store: Store,
-    orders: String,
-    /// Finalize through sqlx `Any` instead of the typed store.
-    any: Option<(sqlx::AnyPool, AnyFinalizer)>,
+struct Scripted {
+    store: Leased,
     script: Arc<Mutex<Script>>,
 }
 
-/// `POST /orders`: inserts an order and finalizes the key in the same transaction, as
-/// the script says.
+/// The store's transaction, and the decision the script awaits before its `COMMIT`.
+struct Paused {
+    transaction: <Leased as Transactions>::Transaction,
+    decision: Option<oneshot::Receiver<bool>>,
+}
+
+impl OpenTransaction for Paused {
+    type Connection = AnyConnection;
+
+    fn connection(&mut self) -> &mut AnyConnection {
+        self.transaction.connection()
+    }
+
+    fn connection_ref(&self) -> &AnyConnection {
+        self.transaction.connection_ref()
+    }
+
+    async fn commit(self) -> Result<(), CommitError> {
+        let commit = match self.decision {
+            Some(decision) => decision.await.unwrap(),
+            None => true,
+        };
+        if commit {
+            OpenTransaction::commit(self.transaction).await
+        } else {
+            self.transaction.rollback().await.unwrap();
+            Err(CommitError::NotCommitted(sqlx::Error::Protocol(
+                "rolled back by the test".into(),
+            )))
+        }
+    }
+}
+
+impl Transactions for Scripted {
+    type Database = Any;
+    type Transaction = Paused;
+
+    fn records_in_transaction(&self) -> bool {
+        true
+    }
+
+    async fn begin(&self, reservation: Option<&ReservationHandle>) -> Result<Paused, StoreError> {
+        Ok(Paused {
+            transaction: self.store.begin(reservation).await?,
+            decision: None,
+        })
+    }
+
+    async fn finalize_in<B>(
+        &self,
+        transaction: &mut Paused,
+        reservation: Option<&ReservationHandle>,
+        answer: Response<B>,
+    ) -> Result<Response<B>, FinalizeError>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + From<bytes::Bytes> + Send,
+        B::Error: Into<idempotency_core::BoxError>,
+    {
+        let finalized = self
+            .store
+            .finalize_in(&mut transaction.transaction, reservation, answer)
+            .await;
+        let after_finalize = self.script.lock().unwrap().after_finalize.take();
+        if let Some((told, decision)) = after_finalize {
+            // (A response body is not `Sync`: no reference to it lives across an await.)
+            let outcome = finalized.as_ref().map(drop).map_err(ToString::to_string);
+            told.send(outcome).unwrap();
+            transaction.decision = Some(decision);
+        }
+        finalized
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    transactions: Scripted,
+    orders: String,
+}
+
+/// `POST /orders`: inserts an order and commits it with its answer in the request's `Tx`,
+/// as the script says.
 async fn place_order(
     State(app): State<App>,
     reservation: Option<Extension<ReservationHandle>>,
 ) -> Response {
-    let script = std::mem::take(&mut *app.script.lock().unwrap());
+    let before_transaction = app
+        .transactions
+        .script
+        .lock()
+        .unwrap()
+        .before_transaction
+        .take();
+    if let Some((running, go_on)) = before_transaction {
+        running.send(()).unwrap();
+        go_on.await.unwrap();
+    }
     let answer = (
         StatusCode::CREATED,
         [("content-type", "application/json")],
         format!(r#"{{"order":"{}"}}"#, uuid::Uuid::new_v4()),
     )
         .into_response();
-    let reservation = reservation.as_deref();
-    if let Some((running, go_on)) = script.before_transaction {
-        running.send(()).unwrap();
-        go_on.await.unwrap();
-    }
-    // Begin, insert the order, finalize with `$finalize` (on the connection `$conn`),
-    // then commit or roll back as the script says.
-    macro_rules! in_transaction {
-        ($tx:expr, $insert:expr, |$conn:ident| $finalize:expr) => {{
-            let mut tx = $tx;
-            sqlx::query(&$insert).execute(&mut *tx).await.unwrap();
-            let finalized: Result<Response, FinalizeError> = {
-                let $conn = &mut *tx;
-                $finalize.await
-            };
-            // (A response body is not `Sync`: no reference to it lives across an await.)
-            let outcome = finalized.as_ref().map(drop).map_err(ToString::to_string);
-            let commit = match script.after_finalize {
-                Some((told, decision)) => {
-                    told.send(outcome).unwrap();
-                    decision.await.unwrap()
-                }
-                None => outcome.is_ok(),
-            };
-            match finalized {
-                Ok(answer) if commit => {
-                    tx.commit().await.unwrap();
-                    answer
-                }
-                Ok(_) => {
-                    tx.rollback().await.unwrap();
-                    if let Some(answer_now) = script.after_rollback {
-                        answer_now.await.unwrap();
-                    }
-                    (StatusCode::SERVICE_UNAVAILABLE, "rolled back").into_response()
-                }
-                Err(error) => {
-                    tx.rollback().await.unwrap();
-                    (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response()
-                }
-            }
-        }};
-    }
+    let mut tx = Tx::begin(&app.transactions, reservation.as_deref())
+        .await
+        .unwrap();
     let insert = format!("INSERT INTO {} (item) VALUES ('book')", app.orders);
-    if let Some((pool, finalizer)) = &app.any {
-        let sqlite = matches!(app.store, Store::Sqlite(_));
-        let tx = if sqlite {
-            pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
-        } else {
-            pool.begin().await.unwrap()
-        };
-        return in_transaction!(tx, insert, |tx| finalizer.finalize_in(
-            tx,
-            reservation,
-            answer
-        ));
-    }
-    match &app.store {
-        Store::Postgres(store) => {
-            let tx = store.pool().begin().await.unwrap();
-            in_transaction!(tx, insert, |tx| store.finalize_in(tx, reservation, answer))
-        }
-        Store::MariaDb(store) => {
-            let tx = store.pool().begin().await.unwrap();
-            in_transaction!(tx, insert, |tx| store.finalize_in(tx, reservation, answer))
-        }
-        Store::Sqlite(store) => {
-            let tx = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
-            in_transaction!(tx, insert, |tx| store.finalize_in(tx, reservation, answer))
+    sqlx::query(&insert).execute(&mut *tx).await.unwrap();
+    match tx.commit(answer).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            let after_rollback = app
+                .transactions
+                .script
+                .lock()
+                .unwrap()
+                .after_rollback
+                .take();
+            if let Some(answer_now) = after_rollback {
+                answer_now.await.unwrap();
+            }
+            (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response()
         }
     }
 }
 
-/// A node's app: the handler over `store`, behind a layer with a short lease.
-fn app(
-    database: &Database,
-    store: &Store,
-    counting: Arc<Counting>,
-) -> (Router, Arc<Mutex<Script>>) {
+/// A node's app: the handler, behind a layer with a short lease, over the store with
+/// leased reservations built on `store` (the typed store of the node); the store as the
+/// layer sees it, counting its finalizes.
+async fn app(database: &Database, store: &Store) -> (Router, Arc<Mutex<Script>>, Arc<Counting>) {
+    let table = TableName::new(&database.table).unwrap();
+    let leased = OneCommitStore::new(store.shared(), database.any_pool().await, &table)
+        .await
+        .unwrap()
+        .with_reservations(Reservations::Leased);
+    let leased = Arc::new(leased);
+    let counting = Arc::new(Counting {
+        inner: leased.clone(),
+        finalizes: AtomicUsize::new(0),
+    });
     let script = Arc::new(Mutex::new(Script::default()));
     let state = App {
-        store: store.clone(),
+        transactions: Scripted {
+            store: leased,
+            script: script.clone(),
+        },
         orders: database.orders(),
-        any: None,
-        script: script.clone(),
     };
     let router = Router::new()
         .route("/orders", post(place_order))
         .with_state(state)
         .layer(
-            IdempotencyLayer::from_shared_store(counting)
+            IdempotencyLayer::from_shared_store(counting.clone())
                 .with_lease(LEASE)
                 // Renewals stop early, so a test can let the lease lapse while the
-                // handler waits; the finalize in the transaction stops them too.
+                // handler waits; the answer's write in the transaction stops them too.
                 .with_max_run_time(Duration::from_millis(50)),
         );
-    (router, script)
+    (router, script, counting)
 }
 
 const LEASE: Duration = Duration::from_millis(300);
-
-fn counting(store: &Store) -> Arc<Counting> {
-    Arc::new(Counting {
-        inner: store.shared(),
-        finalizes: AtomicUsize::new(0),
-    })
-}
 
 fn order(key: &str) -> Request<Body> {
     Request::post("/orders")
@@ -454,30 +500,12 @@ async fn lapsed_token(store: &Store, key: &str) -> FencingToken {
     }
 }
 
-async fn a_commit_stores_the_answer_with_the_mutation(backend: Backend, through_any: bool) {
+async fn a_commit_stores_the_answer_with_the_mutation(backend: Backend) {
     let database = Database::new(backend);
     let Some(store) = database.node().await else {
         return;
     };
-    let counting = counting(&store);
-    let script = Arc::new(Mutex::new(Script::default()));
-    let any = if through_any {
-        let finalizer =
-            AnyFinalizer::new(&idempotency_store_sql::TableName::new(&database.table).unwrap());
-        Some((database.any_pool().await, finalizer))
-    } else {
-        None
-    };
-    let state = App {
-        store: store.clone(),
-        orders: database.orders(),
-        any,
-        script,
-    };
-    let app = Router::new()
-        .route("/orders", post(place_order))
-        .with_state(state)
-        .layer(IdempotencyLayer::from_shared_store(counting.clone()));
+    let (app, _, counting) = app(&database, &store).await;
     let key = uuid::Uuid::new_v4().to_string();
 
     let (status, body, outcome) = send(&app, order(&key)).await;
@@ -521,7 +549,7 @@ async fn a_rollback_takes_the_record_with_it(backend: Backend) {
     let Some(store) = database.node().await else {
         return;
     };
-    let (app, script) = app(&database, &store, counting(&store));
+    let (app, script, _) = app(&database, &store).await;
     let key = uuid::Uuid::new_v4().to_string();
     let (told, outcome_of_finalize) = oneshot::channel();
     let (decide, decision) = oneshot::channel();
@@ -562,7 +590,7 @@ async fn a_reservation_taken_over_is_refused(backend: Backend) {
     let Some(other_node) = database.node().await else {
         return;
     };
-    let (app, script) = app(&database, &store, counting(&store));
+    let (app, script, _) = app(&database, &store).await;
     let key = uuid::Uuid::new_v4().to_string();
     let (running, handler_running) = oneshot::channel();
     let (go_on, begin_now) = oneshot::channel();
@@ -620,7 +648,7 @@ async fn a_concurrent_takeover_waits_for_the_transaction(backend: Backend, commi
     let Some(other_node) = database.node().await else {
         return;
     };
-    let (app, script) = app(&database, &store, counting(&store));
+    let (app, script, _) = app(&database, &store).await;
     let key = uuid::Uuid::new_v4().to_string();
     let (told, outcome_of_finalize) = oneshot::channel();
     let (decide, decision) = oneshot::channel();
@@ -698,7 +726,7 @@ async fn a_request_without_a_key_is_left_alone(backend: Backend) {
     let Some(store) = database.node().await else {
         return;
     };
-    let (app, _) = app(&database, &store, counting(&store));
+    let (app, _, _) = app(&database, &store).await;
     let (status, _, outcome) =
         send(&app, Request::post("/orders").body(Body::empty()).unwrap()).await;
     assert_eq!((status, outcome), (StatusCode::CREATED, None));
@@ -714,12 +742,7 @@ macro_rules! backend_tests {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_commit_stores_the_answer_with_the_mutation() {
-                super::a_commit_stores_the_answer_with_the_mutation($backend, false).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_commit_stores_the_answer_with_the_mutation_through_any() {
-                super::a_commit_stores_the_answer_with_the_mutation($backend, true).await;
+                super::a_commit_stores_the_answer_with_the_mutation($backend).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
