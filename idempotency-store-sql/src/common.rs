@@ -1,13 +1,14 @@
 //! Helpers every backend shares: the row shape all three return, durations as
 //! milliseconds, fencing tokens, error mapping and pool settings.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use idempotency_core::config::SynchronousReplication;
 use idempotency_core::{
-    Binding, FencingToken, IdempotencyRecord, InspectedRecord, InspectedState, RecordState,
-    StoreError, StoredResponse,
+    Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, InspectedRecord,
+    InspectedState, RecordState, StoreError, StoredResponse,
 };
 
 /// Durations are clamped to this many milliseconds (about 100 years) so that
@@ -197,20 +198,33 @@ impl RawInspection {
     }
 }
 
-/// What `evict` does with a record it read: keep it (refused, in flight) or delete it as
-/// read. Every backend runs the same loop: read with `inspect`, decide, then delete only
-/// the row as it was read (same fencing token, same in-flight-ness, still live), and read
-/// again if the delete found nothing, because the record was finalized, released or
-/// reserved anew in between.
-pub(crate) fn evict_verdict(
-    raw: &RawInspection,
-    in_flight: idempotency_core::EvictInFlight,
-) -> Result<Result<InspectedRecord, idempotency_core::Eviction>, StoreError> {
-    let inspected = raw.to_inspected()?;
-    if raw.in_flight() && in_flight == idempotency_core::EvictInFlight::Refuse {
-        return Ok(Err(idempotency_core::Eviction::InFlight(inspected)));
+/// The operators' `evict`, the same on every backend: read the record with `inspect`,
+/// keep it if it is in flight and `in_flight` refuses that, else delete it as read with
+/// `delete` (given the token and in-flight-ness it read; it deletes only a row still so,
+/// and says whether it did), and read again if the delete found nothing, because the
+/// record was finalized, released or reserved anew in between.
+pub(crate) async fn evict_as_read<Inspect, Delete>(
+    inspect: impl Fn() -> Inspect,
+    delete: impl Fn(FencingToken, bool) -> Delete,
+    in_flight: EvictInFlight,
+) -> Result<Eviction, StoreError>
+where
+    Inspect: Future<Output = Result<Option<RawInspection>, StoreError>>,
+    Delete: Future<Output = Result<bool, StoreError>>,
+{
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(raw) = inspect().await? else {
+            return Ok(Eviction::NotFound);
+        };
+        let inspected = raw.to_inspected()?;
+        if raw.in_flight() && in_flight == EvictInFlight::Refuse {
+            return Ok(Eviction::InFlight(inspected));
+        }
+        if delete(FencingToken(raw.fencing_token), raw.in_flight()).await? {
+            return Ok(Eviction::Evicted(inspected));
+        }
     }
-    Ok(Ok(inspected))
+    Err(too_many_races("evict"))
 }
 
 /// An epoch-millisecond column as a wall-clock time.

@@ -12,8 +12,8 @@ use idempotency_core::{
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
 use crate::common::{
-    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection,
-    RawRecord, backend, evict_verdict, new_token_other_than, ownership, row_bytes, too_many_races,
+    EncodedAnswer, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord,
+    backend, evict_as_read, new_token_other_than, ownership, row_bytes,
 };
 use crate::table::{InvalidTableName, TableName};
 
@@ -516,24 +516,16 @@ impl RecordAdmin for SqliteStore {
     }
 
     async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let Some(raw) = self.inspect_raw(id).await? else {
-                return Ok(Eviction::NotFound);
-            };
-            let inspected = match evict_verdict(&raw, in_flight)? {
-                Ok(inspected) => inspected,
-                Err(refused) => return Ok(refused),
-            };
+        let inspect = || self.inspect_raw(id);
+        let delete = |token: FencingToken, in_flight: bool| async move {
             let evict = Write::Evict {
                 id: id.clone(),
-                token: FencingToken(raw.fencing_token),
-                in_flight: raw.in_flight(),
+                token,
+                in_flight,
             };
-            if self.fenced(evict).await? == Ownership::Held {
-                return Ok(Eviction::Evicted(inspected));
-            }
-        }
-        Err(too_many_races("evict"))
+            Ok(self.fenced(evict).await? == Ownership::Held)
+        };
+        evict_as_read(inspect, delete, in_flight).await
     }
 }
 

@@ -8,20 +8,30 @@ use idempotency_core::{
     InspectedRecord, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, Reservation,
     ScopeQuota, StoreError, StoredResponse, Waited, async_trait, wait_by_polling,
 };
-use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgRow};
 use sqlx::{FromRow, Row};
 use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
 use crate::common::{
-    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection,
-    RawRecord, ScopeUsage, backend, evict_verdict, hex, millis, new_token, new_token_other_than,
-    notice_for, ownership, row_bytes, too_many_races,
+    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage,
+    backend, evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership,
+    too_many_races,
 };
 use crate::synchronous;
 use crate::table::{InvalidTableName, TableName};
 use idempotency_core::config::SynchronousReplication;
+
+mod notices;
+mod statements;
+
+use notices::{Notices, SAFETY_POLL};
+use statements::Statements;
+pub(crate) use statements::{
+    finalize_quietly_statement, finalize_statement, insert_completed_statement,
+    insert_in_flight_statement, record_of_key_statement, reserve_lock_statement,
+    scope_usage_statement,
+};
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
@@ -47,9 +57,6 @@ fn record_query<'q>(
         .bind(millis(lifetime.max(lease)))
 }
 
-/// "Now" by the database clock, in epoch milliseconds.
-const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
-
 /// An [`IdempotencyStore`] on PostgreSQL (12 or later). Cheap to clone: clones share the
 /// pool.
 ///
@@ -72,321 +79,6 @@ pub struct PostgresStore {
     /// Started by the first `wait`; `None` inside when LISTEN is not available.
     notices: Arc<OnceCell<Option<Notices>>>,
     quota: Option<ScopeQuota>,
-}
-
-/// How often a waiter looks at its record although no notice came: a lapsed lease is
-/// not announced, and a notice can be lost while the listening connection reconnects.
-const SAFETY_POLL: Duration = Duration::from_secs(1);
-
-/// The announcements of settled records (finalized or released), heard on one
-/// connection per store and handed to every waiter of this process.
-#[derive(Debug)]
-struct Notices {
-    sender: broadcast::Sender<Arc<str>>,
-    _listening: AbortOnDrop,
-}
-
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl Notices {
-    async fn start(pool: &PgPool, channel: &str) -> Result<Self, sqlx::Error> {
-        let mut listener = PgListener::connect_with(pool).await?;
-        listener.listen(channel).await?;
-        let (sender, _) = broadcast::channel(1024);
-        let announce = sender.clone();
-        let listening = tokio::spawn(async move {
-            loop {
-                match listener.recv().await {
-                    Ok(notice) => {
-                        let _ = announce.send(Arc::from(notice.payload()));
-                    }
-                    // The listener reconnects on the next `recv`; waiters meanwhile
-                    // fall back on their safety poll.
-                    Err(error) => {
-                        tracing::warn!(%error, "idempotency: listening for settled records failed; retrying");
-                        tokio::time::sleep(SAFETY_POLL).await;
-                    }
-                }
-            }
-        });
-        Ok(Self {
-            sender,
-            _listening: AbortOnDrop(listening),
-        })
-    }
-}
-
-#[derive(Debug)]
-struct Statements {
-    /// The channel finalize and release notify, derived from the table name.
-    channel: String,
-    /// What a scope holds, read under the scope's lock when a quota is set.
-    scope_usage: String,
-    migrate: String,
-    reserve: String,
-    replace_expired: String,
-    load: String,
-    renew: String,
-    finalize: String,
-    /// `finalize` without its announcement, bound the same way ($7 is read and unused).
-    finalize_quietly: String,
-    release: String,
-    take_over: String,
-    purge: String,
-    inspect: String,
-    evict: String,
-}
-
-impl Statements {
-    fn new(table: &TableName) -> Self {
-        let t = format!("\"{table}\"");
-        let index = table.expiry_index_name();
-        let owned = format!(
-            "scope = $1 AND idempotency_key = $2 AND fencing_token = $3 \
-             AND response_status IS NULL AND expires_at_ms > {NOW_MS}"
-        );
-        let channel = format!("idempotency_{}", hex(&Sha256::digest(table.as_str())[..8]));
-        // The fenced write of the answer, then `announce` (a text expression) for each row
-        // written.
-        let finalize = |announce: &str| {
-            format!(
-                "WITH done AS (
-                     UPDATE {t}
-                     SET response_status = $4, response_headers = $5, response_body = $6,
-                         response_trailers = $8
-                     WHERE {owned}
-                     RETURNING 1)
-                 SELECT 1 AS held FROM done WHERE {announce} IS NOT NULL"
-            )
-        };
-        Self {
-            migrate: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    scope               TEXT    NOT NULL,
-                    idempotency_key     TEXT    NOT NULL,
-                    method              TEXT    NOT NULL,
-                    path                TEXT    NOT NULL,
-                    body_sha256         BYTEA   NOT NULL,
-                    fencing_token       BIGINT  NOT NULL,
-                    created_at_ms       BIGINT  NOT NULL,
-                    expires_at_ms       BIGINT  NOT NULL,
-                    lease_expires_at_ms BIGINT  NOT NULL,
-                    response_status     INTEGER NULL,
-                    response_headers    BYTEA   NULL,
-                    response_body       BYTEA   NULL,
-                    response_trailers   BYTEA   NULL,
-                    PRIMARY KEY (scope, idempotency_key)
-                );
-                CREATE INDEX IF NOT EXISTS \"{index}\" ON {t} (expires_at_ms);
-                ALTER TABLE {t} ADD COLUMN IF NOT EXISTS response_trailers BYTEA NULL;"
-            ),
-            // DO NOTHING, not DO UPDATE: a conflicting live row is then neither locked nor
-            // written, so a replay is a read. An expired row comes back flagged and is
-            // replaced by `replace_expired`. A key without a row is inserted only if its
-            // advisory lock ($9) is free: a one-commit owner holds it while its record is
-            // not written yet (see `reserve_lock_statement`); the answer is then one row
-            // flagged `busy`.
-            reserve: format!(
-                "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms),
-                free AS MATERIALIZED (
-                    SELECT CASE WHEN EXISTS (SELECT 1 FROM {t}
-                                             WHERE scope = $1 AND idempotency_key = $2)
-                                THEN TRUE ELSE pg_try_advisory_xact_lock($9::bigint) END AS free
-                ),
-                ins AS (
-                    INSERT INTO {t}
-                        (scope, idempotency_key, method, path, body_sha256, fencing_token,
-                         created_at_ms, expires_at_ms, lease_expires_at_ms,
-                         response_status, response_headers, response_body)
-                    SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
-                           now_ms, now_ms + $8::bigint, now_ms + $7::bigint, NULL, NULL, NULL
-                    FROM clock, free
-                    WHERE free.free
-                    ON CONFLICT (scope, idempotency_key) DO NOTHING
-                    RETURNING fencing_token
-                )
-                SELECT FALSE AS busy, TRUE AS reserved, FALSE AS expired, NULL::text AS method,
-                       NULL::text AS path, NULL::bytea AS body_sha256, fencing_token,
-                       NULL::bigint AS lease_expires_at_ms, NULL::bigint AS now_ms,
-                       NULL::integer AS response_status, NULL::bytea AS response_headers,
-                       NULL::bytea AS response_body, NULL::bytea AS response_trailers
-                FROM ins
-                UNION ALL
-                SELECT FALSE, FALSE, e.expires_at_ms <= clock.now_ms, e.method, e.path,
-                       e.body_sha256, e.fencing_token, e.lease_expires_at_ms, clock.now_ms,
-                       e.response_status, e.response_headers, e.response_body,
-                       e.response_trailers
-                FROM {t} AS e, clock
-                WHERE e.scope = $1 AND e.idempotency_key = $2
-                  AND NOT EXISTS (SELECT 1 FROM ins)
-                UNION ALL
-                SELECT TRUE, FALSE, FALSE, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                       NULL, NULL
-                FROM free WHERE NOT free.free"
-            ),
-            replace_expired: format!(
-                "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms)
-                 UPDATE {t} AS r SET
-                     method = $3, path = $4, body_sha256 = $5, fencing_token = $6,
-                     created_at_ms = clock.now_ms,
-                     expires_at_ms = clock.now_ms + $8::bigint,
-                     lease_expires_at_ms = clock.now_ms + $7::bigint,
-                     response_status = NULL, response_headers = NULL, response_body = NULL,
-                     response_trailers = NULL
-                 FROM clock
-                 WHERE r.scope = $1 AND r.idempotency_key = $2
-                   AND r.expires_at_ms <= clock.now_ms"
-            ),
-            load: format!(
-                "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.lease_expires_at_ms,
-                        clock.now_ms, r.response_status, r.response_headers, r.response_body,
-                        r.response_trailers
-                 FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
-                 WHERE r.scope = $1 AND r.idempotency_key = $2
-                   AND r.expires_at_ms > clock.now_ms"
-            ),
-            // The expiry moves with the lease, so a record in flight under a live lease
-            // never expires; one clock reading serves both.
-            renew: format!(
-                "UPDATE {t} SET lease_expires_at_ms = clock.now_ms + $4::bigint,
-                     expires_at_ms = GREATEST(expires_at_ms, clock.now_ms + $4::bigint)
-                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
-                 WHERE {owned}"
-            ),
-            // Finalize and release announce the settled record to waiters (on every
-            // node) in the same statement; the notice is sent when it commits (inside a
-            // handler's transaction too). Finalize returns an integer, not pg_notify's
-            // void, which sqlx's `Any` driver cannot read.
-            finalize: finalize(&format!("pg_notify('{channel}', $7)")),
-            finalize_quietly: finalize("$7::text"),
-            release: format!(
-                "WITH done AS (DELETE FROM {t} WHERE {owned} RETURNING 1)
-                 SELECT pg_notify('{channel}', $4) FROM done"
-            ),
-            take_over: format!(
-                "UPDATE {t}
-                 SET fencing_token = $4, lease_expires_at_ms = clock.now_ms + $5::bigint,
-                     expires_at_ms = GREATEST(expires_at_ms, clock.now_ms + $5::bigint)
-                 FROM (SELECT {NOW_MS} AS now_ms) AS clock
-                 WHERE {owned} AND lease_expires_at_ms <= clock.now_ms"
-            ),
-            channel,
-            scope_usage: scope_usage_statement(table),
-            purge: format!(
-                "DELETE FROM {t} AS d
-                 USING (SELECT scope, idempotency_key FROM {t}
-                        WHERE expires_at_ms <= {NOW_MS}
-                        LIMIT $1
-                        FOR UPDATE SKIP LOCKED) AS x
-                 WHERE d.scope = x.scope AND d.idempotency_key = x.idempotency_key"
-            ),
-            inspect: format!(
-                "SELECT r.method, r.path, r.body_sha256, r.fencing_token, r.created_at_ms,
-                        r.expires_at_ms, r.lease_expires_at_ms, clock.now_ms, r.response_status
-                 FROM {t} AS r, (SELECT {NOW_MS} AS now_ms) AS clock
-                 WHERE r.scope = $1 AND r.idempotency_key = $2
-                   AND r.expires_at_ms > clock.now_ms"
-            ),
-            evict: format!(
-                "DELETE FROM {t}
-                 WHERE scope = $1 AND idempotency_key = $2 AND fencing_token = $3
-                   AND (response_status IS NULL) = $4::boolean AND expires_at_ms > {NOW_MS}"
-            ),
-        }
-    }
-}
-
-/// The finalize statement for records in `table`, announced to the waiters of every
-/// replica: for the answers written in a handler's transaction under a leased reservation.
-pub(crate) fn finalize_statement(table: &TableName) -> String {
-    Statements::new(table).finalize
-}
-
-/// The finalize statement without its announcement, for the one-commit path, whose
-/// duplicates wait on the record's advisory lock rather than listen: a transaction that
-/// notifies takes PostgreSQL's global notification lock at its commit, which serializes
-/// the commits of every such transaction. Bound as [`finalize_statement`] is.
-pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
-    Statements::new(table).finalize_quietly
-}
-
-/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): takes
-/// the key's advisory lock for the transaction, unless a record holds the key. Nothing is
-/// written: the record is inserted once, finished, by [`insert_completed_statement`] in
-/// the same transaction. `committed`: a record (live or expired) holds the key; `locked`:
-/// the lock is this transaction's (not: another transaction holds it, a duplicate of a
-/// running request). A replay never takes the lock, so replays never wait on each other.
-/// Parameters: scope, key, the record's lock.
-pub(crate) fn reserve_lock_statement(table: &TableName) -> String {
-    format!(
-        "WITH existing AS MATERIALIZED (
-             SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text
-         )
-         SELECT EXISTS (SELECT 1 FROM existing) AS committed,
-                CASE WHEN EXISTS (SELECT 1 FROM existing) THEN FALSE
-                     ELSE pg_try_advisory_xact_lock($3::bigint) END AS locked"
-    )
-}
-
-/// The one-commit path's second look at a key, once [`reserve_lock_statement`] took its
-/// lock: in PostgreSQL's default isolation a statement sees the table as it was when the
-/// statement began, so a record committed by the lock's previous holder while the lock
-/// statement ran is only seen by a later statement. Parameters: scope, key.
-pub(crate) fn record_of_key_statement(table: &TableName) -> String {
-    format!("SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text")
-}
-
-/// The one-commit path's record, inserted finished in the handler's transaction under the
-/// key's advisory lock (see [`reserve_lock_statement`]); an expired record is replaced,
-/// and a live one (committed by another store since the lock was taken) is left alone:
-/// no row inserted. Bound as the SQLite statement of the same name is.
-pub(crate) fn insert_completed_statement(table: &TableName) -> String {
-    format!(
-        "INSERT INTO \"{table}\" AS r
-             (scope, idempotency_key, method, path, body_sha256, fencing_token,
-              created_at_ms, expires_at_ms, lease_expires_at_ms,
-              response_status, response_headers, response_body, response_trailers)
-         SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
-                n, n + $7::bigint, n + $8::bigint,
-                $9::integer, $10::bytea, $11::bytea, $12::bytea
-         FROM (SELECT {NOW_MS} AS n) AS clock
-         ON CONFLICT (scope, idempotency_key) DO UPDATE SET {REPLACE_WITH_EXCLUDED}
-         WHERE r.expires_at_ms <= excluded.created_at_ms"
-    )
-}
-
-/// The one-commit path's in-flight record, for a handler that commits the reservation's
-/// transaction without its answer (the layer writes the answer afterwards): inserted
-/// just before that `COMMIT`, so that the key stays held. It inserts only if no record
-/// holds the key and the key's advisory lock is free or already this transaction's
-/// (`committed`: a record holds the key; `inserted`: this one went in). Parameters:
-/// scope, key, method, path, body_sha256, token, lifetime, lease, the record's lock.
-pub(crate) fn insert_in_flight_statement(table: &TableName) -> String {
-    format!(
-        "WITH existing AS MATERIALIZED (
-             SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text
-         ),
-         ins AS (
-             INSERT INTO \"{table}\"
-                 (scope, idempotency_key, method, path, body_sha256, fencing_token,
-                  created_at_ms, expires_at_ms, lease_expires_at_ms)
-             SELECT $1::text, $2::text, $3::text, $4::text, $5::bytea, $6::bigint,
-                    n, n + $7::bigint, n + $8::bigint
-             FROM (SELECT {NOW_MS} AS n) AS clock
-             WHERE CASE WHEN EXISTS (SELECT 1 FROM existing) THEN FALSE
-                        ELSE pg_try_advisory_xact_lock($9::bigint) END
-             RETURNING 1
-         )
-         SELECT (SELECT count(*) FROM existing) AS committed,
-                (SELECT count(*) FROM ins) AS inserted"
-    )
 }
 
 impl PostgresStore {
@@ -642,25 +334,6 @@ impl PostgresStore {
         Ok(ownership(u64::from(row.is_some())))
     }
 
-    /// Hears the announcements of settled records, starting the listener on first use;
-    /// `None` when the database does not let us LISTEN (e.g. behind a pooler in
-    /// transaction mode), and waiters then poll.
-    async fn notices(&self) -> Option<broadcast::Receiver<Arc<str>>> {
-        let notices = self
-            .notices
-            .get_or_init(|| async {
-                match Notices::start(&self.pool, &self.sql.channel).await {
-                    Ok(notices) => Some(notices),
-                    Err(error) => {
-                        tracing::warn!(%error, "idempotency: cannot LISTEN for settled records; duplicates will poll instead");
-                        None
-                    }
-                }
-            })
-            .await;
-        notices.as_ref().map(|notices| notices.sender.subscribe())
-    }
-
     /// Runs a fenced UPDATE or DELETE: the token held the record iff one row matched.
     async fn fenced(&self, query: PgQuery<'_>) -> Result<Ownership, StoreError> {
         let done = query.execute(&self.pool).await.map_err(backend)?;
@@ -847,27 +520,19 @@ impl RecordAdmin for PostgresStore {
     }
 
     async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
-        for _ in 0..MAX_ATTEMPTS {
-            let Some(raw) = self.inspect_raw(id).await? else {
-                return Ok(Eviction::NotFound);
-            };
-            let inspected = match evict_verdict(&raw, in_flight)? {
-                Ok(inspected) => inspected,
-                Err(refused) => return Ok(refused),
-            };
+        let inspect = || self.inspect_raw(id);
+        let delete = |token: FencingToken, in_flight: bool| async move {
             let done = sqlx::query(&self.sql.evict)
                 .bind(&id.scope)
                 .bind(&id.key)
-                .bind(raw.fencing_token)
-                .bind(raw.in_flight())
+                .bind(token.0)
+                .bind(in_flight)
                 .execute(&self.pool)
                 .await
                 .map_err(backend)?;
-            if done.rows_affected() == 1 {
-                return Ok(Eviction::Evicted(inspected));
-            }
-        }
-        Err(too_many_races("evict"))
+            Ok(done.rows_affected() == 1)
+        };
+        evict_as_read(inspect, delete, in_flight).await
     }
 }
 
@@ -893,22 +558,4 @@ impl PostgresStore {
             .await
             .map_err(backend)
     }
-}
-
-/// What a scope holds, for its quota (`ScopeUsage`): whether the reserving key is live,
-/// the scope's live records, their bytes, and when the next of them expires.
-pub(crate) fn scope_usage_statement(table: &TableName) -> String {
-    let t = format!("\"{table}\"");
-    format!(
-        "SELECT EXISTS (SELECT 1 FROM {t} AS k
-                        WHERE k.scope = $1 AND k.idempotency_key = $2
-                          AND k.expires_at_ms > clock.now_ms) AS key_live,
-                count(r.scope) AS records,
-                COALESCE(sum({bytes}), 0)::bigint AS bytes,
-                min(r.expires_at_ms) - clock.now_ms AS next_expiry_in_ms
-         FROM (SELECT {NOW_MS} AS now_ms) AS clock
-         LEFT JOIN {t} AS r ON r.scope = $1 AND r.expires_at_ms > clock.now_ms
-         GROUP BY clock.now_ms",
-        bytes = row_bytes("octet_length", "r"),
-    )
 }

@@ -1,0 +1,358 @@
+//! How [`OneCommitStore`] reserves a key in the handler's transaction and waits for a
+//! duplicate's owner, in each dialect.
+
+use std::time::Duration;
+
+use idempotency_core::{Binding, FencingToken, RecordId, Reservation, ScopeQuota, StoreError};
+use sqlx::Transaction;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::common::backend;
+use crate::record_database::{Dialect, NewRecord, RecordDatabase, wait_for_key_lock};
+
+use super::claims::{Pending, PendingState, Terms};
+use super::transaction::{WriteTransaction, begin_on};
+use super::{MAX_DEADLOCK_RETRIES, MYSQL_RESERVE_LOCK_WAIT_SECS, OneCommitStore};
+
+impl<DB: RecordDatabase> OneCommitStore<DB> {
+    /// Refuses a new record in `id`'s scope past `quota`: the scope's committed records
+    /// and this process's reservations of it not committed yet. The returned guard keeps
+    /// the next check waiting until the reservation it allowed is registered.
+    pub(super) async fn within_quota(
+        &self,
+        quota: &ScopeQuota,
+        id: &RecordId,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, StoreError> {
+        let checking = self.quota_check.lock().await;
+        let mut connection = self.pool.acquire().await.map_err(backend)?;
+        let (key_live, records, bytes, next_expiry_in_ms) =
+            DB::scope_usage(&mut connection, &self.sql.scope_usage, id)
+                .await
+                .map_err(backend)?;
+        drop(connection);
+        let (key_pending, pending, pending_bytes) = self.claims.pending_in_scope(id);
+        let usage = crate::common::ScopeUsage {
+            key_live: key_live || key_pending,
+            records: records + pending,
+            bytes: bytes + pending_bytes,
+            next_expiry_in_ms,
+        };
+        match usage.refusal(quota) {
+            Some(refusal) => Err(refusal),
+            None => Ok(checking),
+        }
+    }
+
+    /// PostgreSQL, MySQL/MariaDB: opens a transaction and reserves the key in it, without
+    /// waiting for a duplicate's owner (PostgreSQL: takes the key's advisory lock, the
+    /// record is inserted finished at `finalize_in`) or for at most
+    /// [`MYSQL_RESERVE_LOCK_WAIT_SECS`] (MySQL/MariaDB: inserts the in-flight record).
+    pub(super) async fn reserve_in_transaction(
+        &self,
+        id: &RecordId,
+        binding: &Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<Attempt<DB>, StoreError> {
+        let room = self.room().await?;
+        for _ in 0..MAX_DEADLOCK_RETRIES {
+            let mut transaction = self.begin_raw().await.map_err(backend)?;
+            let session_lock_wait =
+                self.dialect == Dialect::MySql && self.bounded_reserve.is_none();
+            if session_lock_wait {
+                set_lock_wait::<DB>(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
+            }
+            let inserted = match self.dialect {
+                Dialect::Postgres => {
+                    let lock = self.table.record_lock_key(id);
+                    let statement = self
+                        .sql
+                        .lock_key
+                        .as_deref()
+                        .expect("PostgreSQL's statements take the key's lock");
+                    match DB::lock_key(&mut transaction, statement, id, lock).await {
+                        // The lookup saw the table as the statement began: a transaction
+                        // that committed the key's record and let go of its lock while the
+                        // statement ran is not in it. Under the lock, a statement of its
+                        // own sees that record (found by the simulation: a duplicate ran
+                        // beside a record committed a moment before).
+                        Ok((false, true)) => {
+                            let lookup = self
+                                .sql
+                                .lookup_after_lock
+                                .as_deref()
+                                .expect("PostgreSQL's statements look the key up again");
+                            DB::rows_of_key(&mut transaction, lookup, id)
+                                .await
+                                .map(|rows| if rows > 0 { (1, 0) } else { (0, 1) })
+                        }
+                        other => other
+                            .map(|(committed, locked)| (i64::from(committed), i64::from(locked))),
+                    }
+                }
+                Dialect::MySql | Dialect::Sqlite => {
+                    self.insert_in_flight(&mut transaction, id, binding, token, lease, lifetime)
+                        .await
+                }
+            };
+            if session_lock_wait {
+                // The handler's statements (and the pool's next user) wait as long as usual.
+                set_lock_wait::<DB>(&mut transaction, None).await?;
+            }
+            match inserted {
+                Ok((_, 1)) => {
+                    return Ok(Attempt::Held(WriteTransaction::new(transaction, room)));
+                }
+                Ok((committed, _)) => {
+                    let _ = transaction.rollback().await;
+                    // PostgreSQL: a record holds the key, or its lock is held by the
+                    // transaction of the owner running it.
+                    return Ok(if committed > 0 {
+                        Attempt::Committed
+                    } else {
+                        Attempt::Busy
+                    });
+                }
+                Err(error) => {
+                    // A failed statement may have ended the transaction; a rollback that
+                    // fails changes nothing here.
+                    let _ = transaction.rollback().await;
+                    match conflict(&error) {
+                        Conflict::Duplicate => return Ok(Attempt::Committed),
+                        Conflict::Busy => return Ok(Attempt::Busy),
+                        Conflict::Deadlock => continue,
+                        Conflict::Other => return Err(backend(error)),
+                    }
+                }
+            }
+        }
+        Ok(Attempt::Busy)
+    }
+
+    /// MySQL/MariaDB: inserts the in-flight record in `transaction`: `(committed, inserted)` (see
+    /// [`RecordDatabase::insert_in_flight`]).
+    pub(super) async fn insert_in_flight(
+        &self,
+        transaction: &mut DB::Connection,
+        id: &RecordId,
+        binding: &Binding,
+        token: FencingToken,
+        lease: Duration,
+        lifetime: Duration,
+    ) -> Result<(i64, i64), sqlx::Error> {
+        let statement = self
+            .bounded_reserve
+            .as_deref()
+            .unwrap_or(&self.sql.insert_in_flight);
+        DB::insert_in_flight(
+            transaction,
+            statement,
+            &NewRecord::new(id, binding, token, lease, lifetime),
+            None,
+        )
+        .await
+    }
+
+    /// Waits up to `timeout` for the transaction that holds the key to end: `true` if it
+    /// ended (or none held it), `false` if it still runs.
+    pub(super) async fn wait_for_owner(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        match self.dialect {
+            Dialect::Postgres => {
+                let lock = self.table.record_lock_key(id);
+                wait_for_key_lock(&self.pool, lock, timeout)
+                    .await
+                    .map_err(backend)
+            }
+            Dialect::MySql => self.wait_on_owners_row(id, timeout).await,
+            // SQLite's duplicates wait for the owner's claim instead.
+            Dialect::Sqlite => Ok(false),
+        }
+    }
+
+    /// MySQL/MariaDB: waits up to `timeout` on the owner's uncommitted row with a locking
+    /// read of the key's row, which waits for the transaction that inserted it; true
+    /// once that transaction ended (committed or rolled back), false if it still runs.
+    pub(super) async fn wait_on_owners_row(
+        &self,
+        id: &RecordId,
+        timeout: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut transaction = self.begin_raw().await.map_err(backend)?;
+        let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+        set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
+        let statement = self
+            .sql
+            .owners_row
+            .as_deref()
+            .expect("MySQL's statements have the owner's row's locking read");
+        let read = DB::rows_of_key(&mut transaction, statement, id).await;
+        set_lock_wait::<DB>(&mut transaction, None).await?;
+        let _ = transaction.rollback().await;
+        match read {
+            Ok(_) => Ok(true),
+            Err(error) => match conflict(&error) {
+                Conflict::Deadlock => Ok(true),
+                Conflict::Busy => Ok(false),
+                Conflict::Duplicate | Conflict::Other => Err(backend(error)),
+            },
+        }
+    }
+
+    /// Room for one more open write transaction.
+    pub(super) async fn room(&self) -> Result<OwnedSemaphorePermit, StoreError> {
+        match tokio::time::timeout(self.open_wait, self.open.clone().acquire_owned()).await {
+            Ok(Ok(room)) => Ok(room),
+            _ => Err(StoreError::backend(format!(
+                "no room for another write transaction within {:?}: each holds a pooled \
+                 connection, and at most half the pool's are used for them (SQLite: one); \
+                 raise the pool's size, or shorten the handlers' transactions",
+                self.open_wait
+            ))),
+        }
+    }
+
+    /// A transaction on the pool; on SQLite, one that takes the write lock at once.
+    pub(super) async fn begin_raw(&self) -> Result<Transaction<'static, DB>, sqlx::Error> {
+        begin_on(&self.pool).await
+    }
+}
+
+/// Sets (or, `None`, resets) how long InnoDB statements of this session wait for a row
+/// lock.
+pub(super) async fn set_lock_wait<DB: RecordDatabase>(
+    connection: &mut DB::Connection,
+    seconds: Option<u64>,
+) -> Result<(), StoreError> {
+    let value = seconds.map_or("DEFAULT".to_owned(), |s| s.to_string());
+    let statement = format!("SET SESSION innodb_lock_wait_timeout = {value}");
+    DB::run(connection, &statement).await.map_err(backend)?;
+    Ok(())
+}
+
+/// How a statement on a contended key failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Conflict {
+    /// A committed record holds the key.
+    Duplicate,
+    /// The wait for another transaction's lock ended first.
+    Busy,
+    /// A deadlock victim: try again.
+    Deadlock,
+    /// Anything else.
+    Other,
+}
+
+pub(super) fn conflict(error: &sqlx::Error) -> Conflict {
+    let Some(database) = error.as_database_error() else {
+        return Conflict::Other;
+    };
+    if database.kind() == sqlx::error::ErrorKind::UniqueViolation {
+        return Conflict::Duplicate;
+    }
+    match database.code().as_deref() {
+        // PostgreSQL: lock_not_available (lock_timeout), deadlock_detected.
+        Some("55P03") => return Conflict::Busy,
+        Some("40P01") => return Conflict::Deadlock,
+        _ => {}
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(mysql) = database.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return match mysql.number() {
+            1205 => Conflict::Busy,     // ER_LOCK_WAIT_TIMEOUT
+            1213 => Conflict::Deadlock, // ER_LOCK_DEADLOCK
+            _ => Conflict::Other,
+        };
+    }
+    #[cfg(feature = "sqlite")]
+    if database
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+    {
+        // SQLITE_BUSY and its extended codes: the write lock stayed taken.
+        let busy = database
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .is_some_and(|code| code & 0xff == 5);
+        if busy {
+            return Conflict::Busy;
+        }
+    }
+    Conflict::Other
+}
+
+/// What an attempt to reserve a key in a transaction found.
+pub(super) enum Attempt<DB: RecordDatabase> {
+    /// Reserved in this open transaction.
+    Held(WriteTransaction<DB>),
+    /// A committed record holds the key.
+    Committed,
+    /// Another transaction holds the key (its owner runs), still when the wait ended.
+    Busy,
+}
+
+impl<DB: RecordDatabase> OneCommitStore<DB> {
+    /// SQLite: claims the key in this process, unless a request in it holds it.
+    pub(super) fn claim(&self, id: &RecordId, token: FencingToken, terms: Terms) -> bool {
+        let mut pending = self.claims.lock();
+        if pending.contains_key(id) {
+            return false;
+        }
+        let state = PendingState::Claimed;
+        pending.insert(
+            id.clone(),
+            Pending {
+                token,
+                state,
+                terms,
+            },
+        );
+        true
+    }
+
+    /// SQLite: waits up to `timeout` for this process's claim on `id` to go: `true` once
+    /// it went, `false` if it is still held.
+    pub(super) async fn wait_for_claim(&self, id: &RecordId, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let settled = self.claims.settled.notified();
+            let mut settled = std::pin::pin!(settled);
+            settled.as_mut().enable();
+            let held = self.claims.lock().contains_key(id);
+            if !held {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// SQLite's reservation: the record committed under the key, if any (replays and
+    /// reused keys are answered from it), else this process's claim on the key. One read:
+    /// it comes after the claim, so a record that an owner in this process committed
+    /// before it let its claim go is seen. A replay whose claim is taken (by another
+    /// replay of the key, reading) is answered from the read all the same: replays never
+    /// wait for each other.
+    pub(super) async fn claim_and_read(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+        terms: Terms,
+    ) -> Result<Reservation, StoreError> {
+        let claimed = self.claim(id, token, terms);
+        let read = self.records.load(id).await;
+        if claimed && !matches!(read, Ok(None)) {
+            self.forget(id, token);
+        }
+        match read? {
+            Some(record) => Ok(Reservation::Exists(record)),
+            None if claimed => Ok(Reservation::ReservedUncommitted(token)),
+            None => Ok(Reservation::Busy),
+        }
+    }
+}
