@@ -4,7 +4,8 @@
 Runs the example catalog (debug or release build, whichever `CATALOG` names; the release
 build by default) with its database behind a counting TCP proxy, sends warm-up requests
 (so that every pooled connection has its statements prepared), then N unkeyed and N keyed
-`createNamespace` requests one at a time, and prints per request, as a Markdown table:
+`createNamespace` requests one at a time, and N retries of the keyed ones (replays), and
+prints per request, as a Markdown table:
 
 - PostgreSQL: statements (`Q` simple queries + `E` executes) and round trips (`Q` + `S`
   syncs), and of those the ones that only prepare a statement (parse and describe) and
@@ -194,19 +195,31 @@ async def measure(database, records):
                 break
             except OSError:
                 await asyncio.sleep(0.1)
-        run = lambda key: loop.run_in_executor(None, post, base, {"namespace": [f"c{uuid.uuid4().hex}"]}, key)
+        sent = []
+
+        def run(key, body=None):
+            body = body or {"namespace": [f"c{uuid.uuid4().hex}"]}
+            if key:
+                sent.append((key, body))
+            return loop.run_in_executor(None, post, base, body, key)
+
         for _ in range(WARM_UP):
             await run(None)
             await run(str(uuid.uuid4()))
         rows = []
-        for keyed in (False, True):
+        for request in ("unkeyed", "keyed", "replayed"):
+            # The replays are retries of the keyed requests just sent: same keys, same bodies.
+            first_executions = sent[-N:]
             counts.reset()
             commands = redis_commands()
-            for _ in range(N):
-                await run(str(uuid.uuid4()) if keyed else None)
+            for i in range(N):
+                if request == "replayed":
+                    await run(*first_executions[i])
+                else:
+                    await run(str(uuid.uuid4()) if request == "keyed" else None)
             await asyncio.sleep(0.2)
             redis = (redis_commands() - commands) / N if records == "redis" else None
-            rows.append((keyed, counts.statements / N, counts.round_trips / N, counts.prepares / N, counts.health_checks / N, redis))
+            rows.append((request, counts.statements / N, counts.round_trips / N, counts.prepares / N, counts.health_checks / N, redis))
         return rows
     finally:
         catalog.terminate()
@@ -220,8 +233,7 @@ async def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for database in databases:
         for records in RECORDS:
-            for keyed, statements, round_trips, prepares, checks, redis in await measure(database, records):
-                request = "keyed" if keyed else "unkeyed"
+            for request, statements, round_trips, prepares, checks, redis in await measure(database, records):
                 redis = "" if redis is None else f"{redis:.1f}"
                 print(f"| {database} | {records} | {request} | {statements:.1f} | {round_trips:.1f} | {prepares:.1f} | {checks:.1f} | {redis} |", flush=True)
 
