@@ -203,8 +203,18 @@ pub(crate) async fn wait_for_key_lock<DB: RecordDatabase>(
     lock_key: i64,
     timeout: Duration,
 ) -> Result<bool, sqlx::Error> {
-    let mut transaction = pool.begin().await?;
+    // The whole wait is bounded by `timeout`, the wait for a pooled connection included:
+    // a pool whose connections the handlers hold would otherwise keep a duplicate waiting
+    // past the layer's in-flight wait (found by the simulation: leased reservations on
+    // PostgreSQL, seed 100, a 150 ms wait answered after 610 ms).
+    let deadline = tokio::time::Instant::now() + timeout;
+    let Ok(connection) = tokio::time::timeout_at(deadline, pool.acquire()).await else {
+        return Ok(false);
+    };
+    let mut connection = connection?;
+    let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
     // `lock_timeout` 0 would mean "forever".
+    let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
     DB::run(&mut transaction, &format!("SET LOCAL lock_timeout = {ms}")).await?;
     let waited = DB::run_with(

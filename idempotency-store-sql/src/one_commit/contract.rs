@@ -75,6 +75,12 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
     /// or none (it rolled back). An owner still running when the wait ends has no record
     /// to show.
     async fn wait(&self, id: &RecordId, timeout: Duration) -> Result<Waited, StoreError> {
+        // A leased reservation is a committed record, whose owner the typed store waits
+        // for (and, on PostgreSQL, for a one-commit owner's lock on another replica) on
+        // its own pool: nothing of the handlers' pool is taken from their writes.
+        if self.reservations == Reservations::Leased {
+            return self.records.wait(id, timeout).await;
+        }
         let deadline = tokio::time::Instant::now() + timeout;
         let ended = match self.dialect {
             Dialect::Sqlite => self.wait_for_claim(id, timeout).await,

@@ -182,7 +182,13 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         id: &RecordId,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        let mut transaction = self.begin_raw().await.map_err(backend)?;
+        // Bounded, the wait for a pooled connection included (`begin_raw` lets go of a
+        // transaction begun for a caller that went away).
+        let Ok(begun) = tokio::time::timeout(timeout, self.begin_raw()).await else {
+            return Ok(false);
+        };
+        let mut transaction = begun.map_err(backend)?;
+        // InnoDB counts whole seconds.
         let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
         set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
         let statement = self
