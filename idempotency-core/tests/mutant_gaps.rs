@@ -14,14 +14,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{HeaderMap, Request, Response, StatusCode};
 use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyLayer, IdempotencyRecord,
-    IdempotencyStore, InspectedRecord, InspectedState, Outcome, Ownership, PurgeExpired, Purged,
-    RecordAdmin, RecordId, RecordState, Reservation, ScopeQuota, StoreError, StoredResponse,
-    Waited,
+    IdempotencyStore, InspectedRecord, InspectedState, KeepAnswer, MAX_KEPT_PATH, Outcome,
+    Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation, ScopeQuota,
+    StoreError, StoredResponse, Waited,
 };
 use idempotency_store_memory::MemoryStore;
 use tokio::sync::Notify;
@@ -71,6 +71,9 @@ impl Switched {
     }
 }
 
+/// Far more loads than any check here makes.
+const MAX_LOADS: usize = 1000;
+
 fn backend_down() -> StoreError {
     StoreError::backend(std::io::Error::other("connection refused"))
 }
@@ -102,6 +105,12 @@ impl IdempotencyStore for Switched {
     }
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         self.log("load");
+        // On a paused clock a waiter that stops pausing never lets time pass: fail it
+        // instead of spinning for ever.
+        assert!(
+            self.count("load") <= MAX_LOADS,
+            "a waiter polled without pausing"
+        );
         self.inner.load(id).await
     }
     async fn renew(
@@ -638,4 +647,222 @@ async fn the_default_inspect_reads_the_record_and_the_default_evict_refuses() {
 fn a_record_id_shows_its_scope_and_key() {
     assert_eq!(RecordId::new("", "k-1").to_string(), "k-1");
     assert_eq!(RecordId::new("tenant", "k-1").to_string(), "tenant/k-1");
+}
+
+/// A request path is bound as it is up to `MAX_KEPT_PATH` bytes, and as its hash past
+/// that.
+#[tokio::test]
+async fn a_path_is_kept_up_to_its_limit_and_hashed_past_it() {
+    let store = MemoryStore::new();
+    let app = Router::new()
+        .fallback(|| async { StatusCode::CREATED })
+        .layer(IdempotencyLayer::new(store.clone()));
+    for length in [MAX_KEPT_PATH, MAX_KEPT_PATH + 1] {
+        let path = format!("/{}", "a".repeat(length - 1));
+        let key = length.to_string();
+        let request = Request::post(&path)
+            .header("idempotency-key", &key)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(send(&app, request).await.0, StatusCode::CREATED);
+        let record = store.load(&RecordId::new("", key)).await.unwrap().unwrap();
+        if length == MAX_KEPT_PATH {
+            assert_eq!(record.binding.path, path);
+        } else {
+            assert!(
+                record.binding.path.starts_with("sha256:") && record.binding.path.len() < 100,
+                "{}",
+                record.binding.path
+            );
+        }
+    }
+}
+
+/// A request body that declares exactly the limit is read; one that declares a byte
+/// more is refused before it is read.
+#[tokio::test]
+async fn a_body_that_declares_the_limit_is_read_and_one_byte_more_is_refused() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_request_body(1024);
+    let app = app(layer, runs.clone(), Arc::default());
+    for (length, expected) in [
+        (1024, StatusCode::CREATED),
+        (1025, StatusCode::PAYLOAD_TOO_LARGE),
+    ] {
+        let request = with_header(
+            order(&format!("k-{length}"), &"x".repeat(length)),
+            "content-length",
+            &length.to_string(),
+        );
+        assert_eq!(send(&app, request).await.0, expected, "{length} bytes");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Refreshes every replay from `GET /fresh`, whose answer then replaces the stored body.
+struct FreshOnReplay;
+
+impl KeepAnswer for FreshOnReplay {
+    fn refresh(&self, _retry: &Request<Bytes>, _stored: &StoredResponse) -> Option<Request<Bytes>> {
+        Some(Request::get("/fresh").body(Bytes::new()).unwrap())
+    }
+
+    fn replay(
+        &self,
+        mut stored: StoredResponse,
+        refreshed: Option<Response<Bytes>>,
+    ) -> StoredResponse {
+        if let Some(fresh) = refreshed {
+            stored.body = fresh.into_body();
+        }
+        stored
+    }
+}
+
+/// A replay takes the refreshing load's answer only when the load succeeded and its
+/// answer fits the response limit; otherwise the stored answer is replayed as it is.
+#[tokio::test]
+async fn a_replay_is_refreshed_only_by_a_successful_load_within_the_limit() {
+    let fresh = Arc::new(Mutex::new((StatusCode::OK, 0)));
+    let answers = fresh.clone();
+    let load = move || {
+        let (status, length) = *answers.lock().unwrap();
+        async move { (status, "f".repeat(length)) }
+    };
+    let routes = Router::new()
+        .route(
+            "/orders",
+            post(|| async { (StatusCode::CREATED, "stored") }),
+        )
+        .route("/fresh", axum::routing::get(load));
+    // Around the whole router (`Router::layer` wraps each route on its own), so that the
+    // refreshing load reaches `/fresh`.
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .with_answer_keeper(FreshOnReplay)
+        .with_max_response_body(64);
+    let app = Router::new().fallback_service(tower::Layer::layer(&layer, routes));
+    for (status, length, refreshed) in [
+        (StatusCode::OK, 64, true),
+        (StatusCode::OK, 65, false),
+        (StatusCode::NOT_FOUND, 8, false),
+    ] {
+        *fresh.lock().unwrap() = (status, length);
+        let key = format!("{status}-{length}");
+        let (first, body, _) = send(&app, order(&key, "a")).await;
+        assert_eq!((first, body.as_str()), (StatusCode::CREATED, "stored"));
+        let (again, body, outcome) = send(&app, order(&key, "a")).await;
+        assert_eq!(
+            (again, outcome),
+            (StatusCode::CREATED, Some(Outcome::Replayed))
+        );
+        let expected = if refreshed {
+            "f".repeat(length)
+        } else {
+            "stored".to_owned()
+        };
+        assert_eq!(
+            body, expected,
+            "a load that answered {status} with {length} bytes"
+        );
+    }
+}
+
+/// A memory store record expires at its deadline, not after it (the rule: `now >=
+/// deadline` has expired).
+#[tokio::test(start_paused = true)]
+async fn a_memory_store_record_expires_at_its_deadline() {
+    let store = MemoryStore::new();
+    let id = RecordId::new("tenant", "k");
+    let deadline = Duration::from_millis(100);
+    store
+        .reserve(&id, &binding(), deadline, deadline)
+        .await
+        .unwrap();
+    tokio::time::sleep(deadline - Duration::from_millis(1)).await;
+    assert!(store.load(&id).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(store.load(&id).await.unwrap(), None);
+}
+
+/// A renewal that pushes a record's expiry later is purged at its new expiry: the purge
+/// that comes at the old one finds it live and must not lose track of it.
+#[tokio::test(start_paused = true)]
+async fn a_memory_store_record_renewed_past_its_lifetime_is_purged_when_it_expires() {
+    let store = MemoryStore::new();
+    let id = RecordId::new("tenant", "k");
+    let (lease, lifetime) = (Duration::from_millis(50), Duration::from_millis(100));
+    let Reservation::Reserved(token) = store
+        .reserve(&id, &binding(), lease, lifetime)
+        .await
+        .unwrap()
+    else {
+        panic!("a free key");
+    };
+    let longer = Duration::from_millis(500);
+    assert_eq!(
+        store.renew(&id, token, longer).await.unwrap(),
+        Ownership::Held
+    );
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.purge_expired(100).await.unwrap(), Purged::Deleted(0));
+    assert_eq!(store.len(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.purge_expired(100).await.unwrap(), Purged::Deleted(1));
+    assert_eq!(store.len(), 0);
+}
+
+/// A memory store takes records up to exactly its byte bound, and refuses past it.
+#[tokio::test]
+async fn a_memory_store_fills_to_exactly_its_byte_bound() {
+    let store = MemoryStore::new().with_max_bytes(1024);
+    let minute = Duration::from_secs(60);
+    let binding = binding();
+    let unkeyed = RecordId::new("", "").reserved_bytes(&binding);
+    let filling = RecordId::new("", "k".repeat((1024 - unkeyed) as usize));
+    assert_eq!(filling.reserved_bytes(&binding), 1024);
+    let reserved = store.reserve(&filling, &binding, minute, minute).await;
+    assert!(
+        matches!(reserved, Ok(Reservation::Reserved(_))),
+        "{reserved:?}"
+    );
+    let refused = store
+        .reserve(&RecordId::new("", "one-more"), &binding, minute, minute)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Full { .. })),
+        "{refused:?}"
+    );
+}
+
+/// A scope's record quota counts what the scope still holds after one of its records is
+/// released: room for one more, not a fresh start.
+#[tokio::test]
+async fn a_released_record_gives_its_scope_room_for_one_record() {
+    let store = MemoryStore::new().with_scope_quota(ScopeQuota::default().with_max_records(2));
+    let minute = Duration::from_secs(60);
+    let binding = binding();
+    let mut tokens = Vec::new();
+    for key in ["a", "b"] {
+        let id = RecordId::new("tenant", key);
+        let Reservation::Reserved(token) =
+            store.reserve(&id, &binding, minute, minute).await.unwrap()
+        else {
+            panic!("room for {key}");
+        };
+        tokens.push((id, token));
+    }
+    let (id, token) = &tokens[0];
+    assert_eq!(store.release(id, *token).await.unwrap(), Ownership::Held);
+    let third = store
+        .reserve(&RecordId::new("tenant", "c"), &binding, minute, minute)
+        .await;
+    assert!(matches!(third, Ok(Reservation::Reserved(_))), "{third:?}");
+    let fourth = store
+        .reserve(&RecordId::new("tenant", "d"), &binding, minute, minute)
+        .await;
+    assert!(
+        matches!(fourth, Err(StoreError::QuotaExceeded { ref bound, .. }) if bound == "2 records"),
+        "{fourth:?}"
+    );
 }
