@@ -866,3 +866,18 @@ async fn a_released_record_gives_its_scope_room_for_one_record() {
         "{fourth:?}"
     );
 }
+
+/// A memory store waiter whose record expires while it waits is told the key is gone,
+/// never handed the expired record.
+#[tokio::test(start_paused = true)]
+async fn a_memory_store_waiter_finds_an_expired_record_gone() {
+    let store = MemoryStore::new();
+    let id = RecordId::new("tenant", "k");
+    let lifetime = Duration::from_millis(100);
+    store
+        .reserve(&id, &binding(), lifetime, lifetime)
+        .await
+        .unwrap();
+    let waited = store.wait(&id, Duration::from_secs(1)).await.unwrap();
+    assert!(matches!(waited, Waited::Gone), "{waited:?}");
+}
