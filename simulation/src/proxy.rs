@@ -2,7 +2,8 @@
 //! `COMMIT`: it passes the statement on to the server (which commits), then drops the
 //! client's connection without a word, as a network failure or a failover right after the
 //! `COMMIT` does. Armed for the next `COMMIT` (a test that picks its moment), or for a
-//! seeded share of them (the simulation).
+//! seeded share of them (the simulation). It can also cut a seeded share of connections
+//! just before a statement, which the server then never sees.
 //!
 //! It reads the client's side of each connection by the protocol's framing, to find a
 //! simple-query `COMMIT` (PostgreSQL's `Q` message, MySQL's `COM_QUERY`); the server's
@@ -44,6 +45,11 @@ struct Shared {
     lost: AtomicU32,
     /// Lose each `COMMIT`'s answer with this probability, drawn from this generator.
     at_random: Mutex<Option<(f64, StdRng)>>,
+    /// Cut the connection before a statement with this probability, drawn from this
+    /// generator.
+    cut_at_random: Mutex<Option<(f64, StdRng)>>,
+    /// How many connections were cut before a statement.
+    cuts: AtomicU32,
 }
 
 impl Shared {
@@ -53,6 +59,14 @@ impl Shared {
             return true;
         }
         let mut at_random = self.at_random.lock().expect("the proxy's generator");
+        at_random
+            .as_mut()
+            .is_some_and(|(probability, rng)| rng.random::<f64>() < *probability)
+    }
+
+    /// Whether to cut the connection before the statement passing now.
+    fn cut(&self) -> bool {
+        let mut at_random = self.cut_at_random.lock().expect("the proxy's generator");
         at_random
             .as_mut()
             .is_some_and(|(probability, rng)| rng.random::<f64>() < *probability)
@@ -70,6 +84,8 @@ impl CommitProxy {
             armed: AtomicBool::new(false),
             lost: AtomicU32::new(0),
             at_random: Mutex::new(None),
+            cut_at_random: Mutex::new(None),
+            cuts: AtomicU32::new(0),
         });
         let accepting = tokio::spawn({
             let shared = shared.clone();
@@ -102,9 +118,30 @@ impl CommitProxy {
             Some((probability, StdRng::seed_from_u64(seed)));
     }
 
-    /// Stops losing answers at random.
+    /// Cuts the connection before each statement with `probability`, the draws seeded
+    /// by `seed`: the server never sees the statement, the client sees its connection
+    /// closed.
+    pub fn cut_connections(&self, probability: f64, seed: u64) {
+        *self
+            .shared
+            .cut_at_random
+            .lock()
+            .expect("the proxy's generator") = Some((probability, StdRng::seed_from_u64(seed)));
+    }
+
+    /// Stops losing answers and cutting connections at random.
     pub fn stop_losing(&self) {
         *self.shared.at_random.lock().expect("the proxy's generator") = None;
+        *self
+            .shared
+            .cut_at_random
+            .lock()
+            .expect("the proxy's generator") = None;
+    }
+
+    /// How many connections were cut before a statement so far.
+    pub fn cuts(&self) -> u32 {
+        self.shared.cuts.load(Ordering::SeqCst)
     }
 
     /// How many `COMMIT` answers were lost so far.
@@ -167,9 +204,19 @@ async fn requests(
             Wire::Postgres => read_postgres(&mut from, &mut untyped).await,
             Wire::MySql => read_mysql(&mut from).await,
         };
-        let Some((message, is_commit)) = message else {
+        let Some(Message {
+            bytes: message,
+            is_statement,
+            is_commit,
+        }) = message
+        else {
             return;
         };
+        if is_statement && shared.cut() {
+            cut.store(true, Ordering::SeqCst);
+            shared.cuts.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
         let lose = is_commit && shared.lose();
         if lose {
             // Set first: the answer must not slip through.
@@ -185,8 +232,18 @@ async fn requests(
     }
 }
 
-/// A PostgreSQL frontend message, whole, and whether it is the simple query `COMMIT`.
-async fn read_postgres(from: &mut OwnedReadHalf, untyped: &mut bool) -> Option<(Vec<u8>, bool)> {
+/// A client's message, whole, and what it is.
+struct Message {
+    bytes: Vec<u8>,
+    /// A statement for the server to run (PostgreSQL: a simple query or an execute;
+    /// MySQL: a text query or a prepared statement's execution).
+    is_statement: bool,
+    /// The text query `COMMIT`.
+    is_commit: bool,
+}
+
+/// A PostgreSQL frontend message.
+async fn read_postgres(from: &mut OwnedReadHalf, untyped: &mut bool) -> Option<Message> {
     let mut message = Vec::new();
     let mut kind = 0_u8;
     if !*untyped {
@@ -206,11 +263,15 @@ async fn read_postgres(from: &mut OwnedReadHalf, untyped: &mut bool) -> Option<(
     }
     let is_commit = kind == b'Q' && body.strip_suffix(&[0]).is_some_and(is_commit_text);
     message.extend_from_slice(&body);
-    Some((message, is_commit))
+    Some(Message {
+        bytes: message,
+        is_statement: kind == b'Q' || kind == b'E',
+        is_commit,
+    })
 }
 
-/// A MySQL client packet, whole, and whether it is the text query `COMMIT`.
-async fn read_mysql(from: &mut OwnedReadHalf) -> Option<(Vec<u8>, bool)> {
+/// A MySQL client packet.
+async fn read_mysql(from: &mut OwnedReadHalf) -> Option<Message> {
     let mut header = [0_u8; 4];
     from.read_exact(&mut header).await.ok()?;
     let length = u32::from_le_bytes([header[0], header[1], header[2], 0]) as usize;
@@ -221,9 +282,16 @@ async fn read_mysql(from: &mut OwnedReadHalf) -> Option<(Vec<u8>, bool)> {
     let is_commit = payload.first() == Some(&0x03)
         && payload.len() <= 16
         && (is_commit_text(&payload[1..]) || payload.get(3..).is_some_and(is_commit_text));
+    // A command starts a new exchange (sequence 0); the handshake's packets do not.
+    // COM_QUERY (0x03) and COM_STMT_EXECUTE (0x17) run a statement.
+    let is_statement = header[3] == 0 && matches!(payload.first(), Some(0x03 | 0x17));
     let mut message = header.to_vec();
     message.extend_from_slice(&payload);
-    Some((message, is_commit))
+    Some(Message {
+        bytes: message,
+        is_statement,
+        is_commit,
+    })
 }
 
 fn is_commit_text(text: &[u8]) -> bool {

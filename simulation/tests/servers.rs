@@ -51,18 +51,21 @@ fn unreachable(what: &str, error: impl std::fmt::Display) {
     eprintln!("SKIPPED: {message}");
 }
 
-/// Some `COMMIT` answers were lost.
+/// Some `COMMIT` answers were lost, and some connections cut.
 fn assert_lost_commits(proxy: &CommitProxy) {
     assert!(proxy.lost() > 0, "no COMMIT answer was lost");
+    assert!(proxy.cuts() > 0, "no connection was cut before a statement");
 }
 
 /// `proxy` loses the answer to the first `COMMIT` of a run and to a seeded share of the
-/// others, until the run is quiet.
+/// others, and cuts a seeded share of connections before a statement, until the run is
+/// quiet.
 fn lost_commits(proxy: Arc<CommitProxy>) -> Arc<dyn Fn(Option<u64>) + Send + Sync> {
     Arc::new(move |seed| match seed {
         Some(seed) => {
             proxy.lose_next_commit_answer();
             proxy.lose_commit_answers(LOST_COMMITS, seed);
+            proxy.cut_connections(CUT_CONNECTIONS, seed.rotate_left(32));
         }
         None => proxy.stop_losing(),
     })
@@ -70,6 +73,10 @@ fn lost_commits(proxy: Arc<CommitProxy>) -> Arc<dyn Fn(Option<u64>) + Send + Syn
 
 /// What share of the handlers' `COMMIT`s lose their answer (through a [`CommitProxy`]).
 const LOST_COMMITS: f64 = 0.1;
+
+/// What share of the statements sent through a [`CommitProxy`] find their connection
+/// cut first.
+const CUT_CONNECTIONS: f64 = 0.02;
 
 /// A proxy in front of the server of `url` (see [`lost_commits`]), and `url` pointed at
 /// it.
