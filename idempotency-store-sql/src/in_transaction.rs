@@ -1,8 +1,6 @@
-//! Finalizing a reservation inside the handler's own transaction: what every backend's
-//! `finalize_in` shares (its error, its first and last steps). [`AnyFinalizer`], for
-//! services on sqlx's `Any` driver, is `any.rs`, above the backends.
-//!
-//! [`AnyFinalizer`]: crate::AnyFinalizer
+//! Recording a request's answer inside the handler's own transaction (what `Tx::commit`
+//! does through the store): its error, its first and last steps, and the fenced write of
+//! the answer into a record in flight.
 
 use bytes::Bytes;
 use http::Response;

@@ -185,7 +185,7 @@ impl Statements {
     }
 }
 
-/// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
+/// The finalize statement for records in `table`, for the answers a `Tx` writes.
 pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }

@@ -42,7 +42,8 @@ pub trait Transactions: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
 
     /// Writes `answer` into the request's record inside `transaction` and returns the
-    /// answer to send once it commits (see `PostgresStore::finalize_in`).
+    /// answer to send once it commits, marked so that the layer does not record it again;
+    /// an answer the layer does not keep (5xx, 401, …) comes back unmarked.
     fn finalize_in<B>(
         &self,
         transaction: &mut Self::Transaction,

@@ -186,7 +186,7 @@ pub(crate) fn owners_row_statement(table: &TableName) -> String {
     format!("SELECT 1 FROM `{table}` WHERE scope = ? AND idempotency_key = ? LOCK IN SHARE MODE")
 }
 
-/// The finalize statement for records in `table`, for [`AnyFinalizer`](crate::AnyFinalizer).
+/// The finalize statement for records in `table`, for the answers a `Tx` writes.
 pub(crate) fn finalize_statement(table: &TableName) -> String {
     Statements::new(table).finalize
 }
