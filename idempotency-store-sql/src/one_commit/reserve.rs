@@ -10,7 +10,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::common::backend;
 use crate::record_database::{Dialect, NewRecord, RecordDatabase, wait_for_key_lock};
 
-use super::claims::{Pending, PendingState, Terms};
+use super::claims::{Claims, Pending, PendingState, Terms};
 use super::transaction::{WriteTransaction, begin_on};
 use super::{MAX_DEADLOCK_RETRIES, MYSQL_RESERVE_LOCK_WAIT_SECS, OneCommitStore};
 
@@ -291,6 +291,19 @@ pub(super) fn conflict(error: &sqlx::Error) -> Conflict {
     Conflict::Other
 }
 
+/// Lets go of a claim when dropped: the claim of a reservation that is not made.
+struct Unclaim<'a, T> {
+    claims: &'a Claims<T>,
+    id: &'a RecordId,
+    token: FencingToken,
+}
+
+impl<T> Drop for Unclaim<'_, T> {
+    fn drop(&mut self) {
+        self.claims.forget(self.id, self.token);
+    }
+}
+
 /// What an attempt to reserve a key in a transaction found.
 pub(super) enum Attempt<DB: RecordDatabase> {
     /// Reserved in this open transaction.
@@ -351,9 +364,18 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         terms: Terms,
     ) -> Result<Reservation, StoreError> {
         let claimed = self.claim(id, token, terms);
+        // A caller that goes away during the read leaves no claim behind: nobody would
+        // settle it, and the key would answer "busy" for as long as the process lives.
+        let unclaim = claimed.then(|| Unclaim {
+            claims: &self.claims,
+            id,
+            token,
+        });
         let read = self.records.load(id).await;
-        if claimed && !matches!(read, Ok(None)) {
-            self.forget(id, token);
+        if matches!(read, Ok(None)) {
+            std::mem::forget(unclaim);
+        } else {
+            drop(unclaim);
         }
         match read? {
             Some(record) => Ok(Reservation::Exists(record)),
