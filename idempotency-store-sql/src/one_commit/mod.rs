@@ -163,7 +163,7 @@ pub struct OneCommitStore<DB: RecordDatabase> {
     sql: Statements,
     /// MariaDB: the reservation's insert, `sql.insert_in_flight` with its own lock wait
     /// bound (`SET STATEMENT … FOR`); elsewhere the session's is set around it.
-    bounded_reserve: Option<String>,
+    bounded_reserve: Option<Arc<str>>,
     /// The reservations whose record is not committed yet.
     claims: Arc<Claims<WriteTransaction<DB>>>,
     /// Room for open write transactions, each holding a pooled connection: half the
@@ -210,13 +210,13 @@ pub enum Reservations {
 struct Statements {
     /// PostgreSQL (only): the reservation, the key's advisory lock taken unless a record
     /// holds the key.
-    lock_key: Option<String>,
+    lock_key: Option<Arc<str>>,
     /// PostgreSQL (only): the key's record looked up again once its lock is taken (see
     /// [`crate::postgres::record_of_key_statement`]).
-    lookup_after_lock: Option<String>,
+    lookup_after_lock: Option<Arc<str>>,
     /// MySQL/MariaDB (only): a duplicate's wait for the owner's uncommitted row (see
     /// `crate::mysql::owners_row_statement`).
-    owners_row: Option<String>,
+    owners_row: Option<Arc<str>>,
     /// The in-flight record under a reservation's token. MySQL/MariaDB: the reservation
     /// itself (also a duplicate's probe). PostgreSQL: the record of a handler that commits
     /// the reservation's transaction without its answer. Every dialect: the record of a
@@ -254,8 +254,8 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "PostgreSQL" => (
                 Dialect::Postgres,
                 Statements {
-                    lock_key: Some(crate::postgres::reserve_lock_statement(table)),
-                    lookup_after_lock: Some(crate::postgres::record_of_key_statement(table)),
+                    lock_key: Some(crate::postgres::reserve_lock_statement(table).into()),
+                    lookup_after_lock: Some(crate::postgres::record_of_key_statement(table).into()),
                     owners_row: None,
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::postgres::insert_completed_statement(table)),
@@ -269,7 +269,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Statements {
                     lock_key: None,
                     lookup_after_lock: None,
-                    owners_row: Some(crate::mysql::owners_row_statement(table)),
+                    owners_row: Some(crate::mysql::owners_row_statement(table).into()),
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: None,
                     finalize: crate::mysql::finalize_statement(table),
@@ -323,6 +323,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                      FOR {}",
                     &*sql.insert_in_flight
                 )
+                .into()
             }),
             reservations: Reservations::default(),
             quota: None,

@@ -1,11 +1,13 @@
 //! How [`OneCommitStore`] reserves a key in the handler's transaction and waits for a
 //! duplicate's owner, in each dialect.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{Binding, FencingToken, RecordId, Reservation, ScopeQuota, StoreError};
-use sqlx::Transaction;
+use sqlx::{Pool, Transaction};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::oneshot;
 
 use crate::common::backend;
 use crate::record_database::{Dialect, NewRecord, RecordDatabase, wait_for_key_lock};
@@ -47,6 +49,11 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// waiting for a duplicate's owner (PostgreSQL: takes the key's advisory lock, the
     /// record is inserted finished at `finalize_in`) or for at most
     /// [`MYSQL_RESERVE_LOCK_WAIT_SECS`] (MySQL/MariaDB: inserts the in-flight record).
+    ///
+    /// Runs on a task of its own, and hands the transaction over: a caller that goes away
+    /// while a statement runs (its client hung up) would otherwise leave the connection
+    /// in the middle of a statement, which sqlx neither ends nor returns to the pool in
+    /// time, and on MariaDB inside a transaction holding the key's row.
     pub(super) async fn reserve_in_transaction(
         &self,
         id: &RecordId,
@@ -56,102 +63,38 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         lifetime: Duration,
     ) -> Result<Attempt<DB>, StoreError> {
         let room = self.room().await?;
-        for _ in 0..MAX_DEADLOCK_RETRIES {
-            let mut transaction = self.begin_raw().await.map_err(backend)?;
-            let session_lock_wait =
-                self.dialect == Dialect::MySql && self.bounded_reserve.is_none();
-            if session_lock_wait {
-                set_lock_wait::<DB>(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
+        let reserving = Reserving {
+            dialect: self.dialect,
+            lock: self
+                .sql
+                .lock_key
+                .clone()
+                .zip(self.sql.lookup_after_lock.clone()),
+            lock_key: self.table.record_lock_key(id),
+            insert: self
+                .bounded_reserve
+                .clone()
+                .unwrap_or_else(|| self.sql.insert_in_flight.clone()),
+            session_lock_wait: self.dialect == Dialect::MySql && self.bounded_reserve.is_none(),
+            id: id.clone(),
+            binding: binding.clone(),
+            token,
+            lease,
+            lifetime,
+        };
+        let pool = self.pool.clone();
+        let (handover, attempted) = oneshot::channel();
+        tokio::spawn(async move {
+            let attempt = reserving.attempt(&pool, room).await;
+            if let Err(Ok(Attempt::Held(abandoned))) = handover.send(attempt) {
+                let _ = abandoned.rollback().await;
             }
-            let inserted = match self.dialect {
-                Dialect::Postgres => {
-                    let lock = self.table.record_lock_key(id);
-                    let statement = self
-                        .sql
-                        .lock_key
-                        .as_deref()
-                        .expect("PostgreSQL's statements take the key's lock");
-                    match DB::lock_key(&mut transaction, statement, id, lock).await {
-                        // The lookup saw the table as the statement began: a transaction
-                        // that committed the key's record and let go of its lock while the
-                        // statement ran is not in it. Under the lock, a statement of its
-                        // own sees that record (found by the simulation: a duplicate ran
-                        // beside a record committed a moment before).
-                        Ok((false, true)) => {
-                            let lookup = self
-                                .sql
-                                .lookup_after_lock
-                                .as_deref()
-                                .expect("PostgreSQL's statements look the key up again");
-                            DB::rows_of_key(&mut transaction, lookup, id)
-                                .await
-                                .map(|rows| if rows > 0 { (1, 0) } else { (0, 1) })
-                        }
-                        other => other
-                            .map(|(committed, locked)| (i64::from(committed), i64::from(locked))),
-                    }
-                }
-                Dialect::MySql | Dialect::Sqlite => {
-                    self.insert_in_flight(&mut transaction, id, binding, token, lease, lifetime)
-                        .await
-                }
-            };
-            if session_lock_wait {
-                // The handler's statements (and the pool's next user) wait as long as usual.
-                set_lock_wait::<DB>(&mut transaction, None).await?;
-            }
-            match inserted {
-                Ok((_, 1)) => {
-                    return Ok(Attempt::Held(WriteTransaction::new(transaction, room)));
-                }
-                Ok((committed, _)) => {
-                    let _ = transaction.rollback().await;
-                    // PostgreSQL: a record holds the key, or its lock is held by the
-                    // transaction of the owner running it.
-                    return Ok(if committed > 0 {
-                        Attempt::Committed
-                    } else {
-                        Attempt::Busy
-                    });
-                }
-                Err(error) => {
-                    // A failed statement may have ended the transaction; a rollback that
-                    // fails changes nothing here.
-                    let _ = transaction.rollback().await;
-                    match conflict(&error) {
-                        Conflict::Duplicate => return Ok(Attempt::Committed),
-                        Conflict::Busy => return Ok(Attempt::Busy),
-                        Conflict::Deadlock => continue,
-                        Conflict::Other => return Err(backend(error)),
-                    }
-                }
-            }
-        }
-        Ok(Attempt::Busy)
-    }
-
-    /// MySQL/MariaDB: inserts the in-flight record in `transaction`: `(committed, inserted)` (see
-    /// [`RecordDatabase::insert_in_flight`]).
-    pub(super) async fn insert_in_flight(
-        &self,
-        transaction: &mut DB::Connection,
-        id: &RecordId,
-        binding: &Binding,
-        token: FencingToken,
-        lease: Duration,
-        lifetime: Duration,
-    ) -> Result<(i64, i64), sqlx::Error> {
-        let statement = self
-            .bounded_reserve
-            .as_deref()
-            .unwrap_or(&self.sql.insert_in_flight);
-        DB::insert_in_flight(
-            transaction,
-            statement,
-            &NewRecord::new(id, binding, token, lease, lifetime),
-            None,
-        )
-        .await
+        });
+        attempted.await.unwrap_or_else(|_| {
+            Err(StoreError::backend(
+                "the reservation's task ended without an answer",
+            ))
+        })
     }
 
     /// Waits up to `timeout` for the transaction that holds the key to end: `true` if it
@@ -182,31 +125,23 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         id: &RecordId,
         timeout: Duration,
     ) -> Result<bool, StoreError> {
-        // Bounded, the wait for a pooled connection included (`begin_raw` lets go of a
-        // transaction begun for a caller that went away).
-        let Ok(begun) = tokio::time::timeout(timeout, self.begin_raw()).await else {
-            return Ok(false);
-        };
-        let mut transaction = begun.map_err(backend)?;
-        // InnoDB counts whole seconds.
-        let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
-        set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
         let statement = self
             .sql
             .owners_row
-            .as_deref()
+            .clone()
             .expect("MySQL's statements have the owner's row's locking read");
-        let read = DB::rows_of_key(&mut transaction, statement, id).await;
-        set_lock_wait::<DB>(&mut transaction, None).await?;
-        let _ = transaction.rollback().await;
-        match read {
-            Ok(_) => Ok(true),
-            Err(error) => match conflict(&error) {
-                Conflict::Deadlock => Ok(true),
-                Conflict::Busy => Ok(false),
-                Conflict::Duplicate | Conflict::Other => Err(backend(error)),
-            },
-        }
+        let (pool, id) = (self.pool.clone(), id.clone());
+        // On a task of its own, as a reservation is: a caller that goes away during the
+        // locking read must not leave the connection inside its transaction.
+        let (handover, waited) = oneshot::channel();
+        tokio::spawn(async move {
+            let _ = handover.send(wait_on_owners_row(&pool, &statement, &id, timeout).await);
+        });
+        waited.await.unwrap_or_else(|_| {
+            Err(StoreError::backend(
+                "the wait's task ended without an answer",
+            ))
+        })
     }
 
     /// Room for one more open write transaction.
@@ -225,6 +160,127 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// A transaction on the pool; on SQLite, one that takes the write lock at once.
     pub(super) async fn begin_raw(&self) -> Result<Transaction<'static, DB>, sqlx::Error> {
         begin_on(&self.pool).await
+    }
+}
+
+/// One reservation in a transaction, with everything it needs owned, so that it runs on
+/// a task of its own.
+struct Reserving {
+    dialect: Dialect,
+    /// PostgreSQL: the reservation (the key's lock unless a record holds the key), and
+    /// the key's record looked up again under the lock.
+    lock: Option<(Arc<str>, Arc<str>)>,
+    /// PostgreSQL: the key's lock.
+    lock_key: i64,
+    /// MySQL/MariaDB: the in-flight record's insert.
+    insert: Arc<str>,
+    /// MySQL: the session's lock wait is set around the insert (MariaDB bounds it in the
+    /// insert itself).
+    session_lock_wait: bool,
+    id: RecordId,
+    binding: Binding,
+    token: FencingToken,
+    lease: Duration,
+    lifetime: Duration,
+}
+
+impl Reserving {
+    /// Reserves the key in a transaction of `pool`, trying again after a deadlock.
+    async fn attempt<DB: RecordDatabase>(
+        self,
+        pool: &Pool<DB>,
+        room: OwnedSemaphorePermit,
+    ) -> Result<Attempt<DB>, StoreError> {
+        for _ in 0..MAX_DEADLOCK_RETRIES {
+            let mut transaction = begin_on(pool).await.map_err(backend)?;
+            if self.session_lock_wait {
+                set_lock_wait::<DB>(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
+            }
+            let inserted = match (&self.lock, self.dialect) {
+                (Some((lock, lookup)), Dialect::Postgres) => {
+                    match DB::lock_key(&mut transaction, lock, &self.id, self.lock_key).await {
+                        // The lookup saw the table as the statement began: a transaction
+                        // that committed the key's record and let go of its lock while the
+                        // statement ran is not in it. Under the lock, a statement of its
+                        // own sees that record (found by the simulation: a duplicate ran
+                        // beside a record committed a moment before).
+                        Ok((false, true)) => DB::rows_of_key(&mut transaction, lookup, &self.id)
+                            .await
+                            .map(|rows| if rows > 0 { (1, 0) } else { (0, 1) }),
+                        other => other
+                            .map(|(committed, locked)| (i64::from(committed), i64::from(locked))),
+                    }
+                }
+                _ => {
+                    let record = NewRecord::new(
+                        &self.id,
+                        &self.binding,
+                        self.token,
+                        self.lease,
+                        self.lifetime,
+                    );
+                    DB::insert_in_flight(&mut transaction, &self.insert, &record, None).await
+                }
+            };
+            if self.session_lock_wait {
+                // The handler's statements (and the pool's next user) wait as long as usual.
+                set_lock_wait::<DB>(&mut transaction, None).await?;
+            }
+            match inserted {
+                Ok((_, 1)) => return Ok(Attempt::Held(WriteTransaction::new(transaction, room))),
+                Ok((committed, _)) => {
+                    let _ = transaction.rollback().await;
+                    // PostgreSQL: a record holds the key, or its lock is held by the
+                    // transaction of the owner running it.
+                    return Ok(if committed > 0 {
+                        Attempt::Committed
+                    } else {
+                        Attempt::Busy
+                    });
+                }
+                Err(error) => {
+                    // A failed statement may have ended the transaction; a rollback that
+                    // fails changes nothing here.
+                    let _ = transaction.rollback().await;
+                    match conflict(&error) {
+                        Conflict::Duplicate => return Ok(Attempt::Committed),
+                        Conflict::Busy => return Ok(Attempt::Busy),
+                        Conflict::Deadlock => continue,
+                        Conflict::Other => return Err(backend(error)),
+                    }
+                }
+            }
+        }
+        Ok(Attempt::Busy)
+    }
+}
+
+/// MySQL/MariaDB: [`OneCommitStore::wait_on_owners_row`], on `pool`.
+async fn wait_on_owners_row<DB: RecordDatabase>(
+    pool: &Pool<DB>,
+    statement: &str,
+    id: &RecordId,
+    timeout: Duration,
+) -> Result<bool, StoreError> {
+    // Bounded, the wait for a pooled connection included (`begin_on` lets go of a
+    // transaction begun for a caller that went away).
+    let Ok(begun) = tokio::time::timeout(timeout, begin_on(pool)).await else {
+        return Ok(false);
+    };
+    let mut transaction = begun.map_err(backend)?;
+    // InnoDB counts whole seconds.
+    let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
+    set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
+    let read = DB::rows_of_key(&mut transaction, statement, id).await;
+    set_lock_wait::<DB>(&mut transaction, None).await?;
+    let _ = transaction.rollback().await;
+    match read {
+        Ok(_) => Ok(true),
+        Err(error) => match conflict(&error) {
+            Conflict::Deadlock => Ok(true),
+            Conflict::Busy => Ok(false),
+            Conflict::Duplicate | Conflict::Other => Err(backend(error)),
+        },
     }
 }
 
