@@ -57,6 +57,8 @@ struct Indexed {
     /// When the reservation each token descends from was asked for: the record cannot
     /// have been created earlier, so it cannot expire before this plus the lifetime.
     chain_start: HashMap<i64, Duration>,
+    /// When the server dropped client connections.
+    dropped: Vec<Duration>,
 }
 
 fn index(events: &[(Duration, Event)]) -> Indexed {
@@ -65,6 +67,7 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
         execs: HashMap::new(),
         calls: Vec::new(),
         chain_start: HashMap::new(),
+        dropped: Vec::new(),
     };
     for (seq, (at, event)) in events.iter().enumerate() {
         match event {
@@ -133,6 +136,7 @@ fn index(events: &[(Duration, Event)]) -> Indexed {
                 }
             }
             Event::Store(call) => indexed.calls.push(call.clone()),
+            Event::ConnectionsDropped => indexed.dropped.push(*at),
             Event::Quiet => {}
         }
     }
@@ -192,6 +196,25 @@ impl Indexed {
                 granted.then(|| grant.started + lease)
             })
             .max()
+    }
+
+    /// Whether a `finalize` of `token` failed while the server dropped connections: the
+    /// statement may have run and committed with its answer lost (an autocommit
+    /// statement whose connection was cut while it ran).
+    fn finalize_may_have_landed(&self, token: i64) -> bool {
+        self.calls_with(token).any(|call| {
+            call.operation == "finalize"
+                && call.result == StoreResult::Error
+                && self
+                    .dropped
+                    .iter()
+                    .any(|&at| call.started <= at && at <= call.ended)
+        })
+    }
+
+    /// The first time after `since` the server dropped client connections.
+    fn dropped_after(&self, since: Duration) -> Option<Duration> {
+        self.dropped.iter().copied().find(|&at| at >= since)
     }
 
     /// The earliest the record of `token` can expire.
@@ -304,7 +327,10 @@ pub(crate) fn check(
                         vec![request.key.clone()],
                     );
                 }
-                if history.held("finalize", exec.token).is_none() && !exec.stored_with_change {
+                if history.held("finalize", exec.token).is_none()
+                    && !history.finalize_may_have_landed(exec.token)
+                    && !exec.stored_with_change
+                {
                     violation(
                         "only stored answers replay",
                         format!(
@@ -409,7 +435,17 @@ pub(crate) fn check(
             {
                 continue;
             }
-            let granted_until = history.granted_until(exec.token, other.started);
+            let mut granted_until = history.granted_until(exec.token, other.started);
+            // An uncommitted reservation lasts as long as its transaction, which ends when
+            // the server drops its connection; an execution whose change committed kept
+            // its transaction to the end.
+            if granted_until == Some(Duration::MAX)
+                && matches!(exec.change, Change::None | Change::NotCommitted)
+                && let Some(reserved) = history.chain_start.get(&exec.token)
+                && let Some(dropped) = history.dropped_after(*reserved)
+            {
+                granted_until = Some(dropped);
+            }
             if let Some(until) = granted_until
                 && other.started + tolerance < until
             {

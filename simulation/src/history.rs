@@ -155,6 +155,9 @@ pub enum Event {
     },
     /// A store call.
     Store(StoreCall),
+    /// The server dropped client connections (a restart, or a connection cut at a
+    /// statement): the transactions open on them ended.
+    ConnectionsDropped,
     /// The quiet phase began: every client has finished.
     Quiet,
 }
@@ -313,6 +316,7 @@ impl History {
                     }
                     line
                 }
+                Event::ConnectionsDropped => "the server dropped connections".to_owned(),
                 Event::Quiet => "every client finished; quiet phase".to_owned(),
             };
             let _ = writeln!(out, "{:>6} ms  {line}", at.as_millis());

@@ -33,8 +33,9 @@
 //!   same scope, key and body.
 //! - **Replays are byte-identical**: status, body and kept headers equal the first
 //!   answer.
-//! - **Only stored answers replay**: a replayed answer is one the store finalized, and
-//!   never a 5xx, a 401 or an unknown outcome.
+//! - **Only stored answers replay**: a replayed answer is one the store finalized (or
+//!   may have: a finalize that failed as the server dropped its connection may have
+//!   committed), and never a 5xx, a 401 or an unknown outcome.
 //! - **At most one execution per key and lifetime**: once an execution's answer is
 //!   stored (or its change committed with its record), or its key held for an unknown
 //!   outcome, no execution of that scope and key
@@ -42,7 +43,9 @@
 //!   asked for, plus the lifetime).
 //! - **One execution at a time**: a second execution of a key starts while one runs only
 //!   once every lease the store granted the first one (reserve, takeover, renew) has
-//!   ended; an uncommitted reservation, which has no lease, never shares its key.
+//!   ended; an uncommitted reservation, which has no lease, never shares its key while
+//!   its transaction lasts (the server ends it when it drops the connection: a restart,
+//!   a cut; an execution whose change committed kept it to the end).
 //! - **A lease is taken over only once it lapsed**, by the same measure.
 //! - **A fenced owner changes nothing**: after a takeover or a release, the store accepts
 //!   no renew, hold, finalize or release of the old token.
@@ -80,7 +83,7 @@ pub use check::Violation;
 pub use faults::Faults;
 pub use history::{Answer, Change, Ending, Event, Fault, History, KeyOf, StoreCall, StoreResult};
 pub use plan::{Behaviour, Settings, Step, plan};
-pub use run::{Effects, Run, Target, simulate};
+pub use run::{Effects, OwnFaults, Run, Target, simulate};
 
 /// The seeds a test runs: `SIM_SEED` alone if set, else `SIM_RUNS` seeds (default
 /// `default_runs`) from `SIM_FIRST_SEED` (default 1, so that CI runs the same seeds every

@@ -3,7 +3,12 @@
 //! client's connection without a word, as a network failure or a failover right after the
 //! `COMMIT` does. Armed for the next `COMMIT` (a test that picks its moment), or for a
 //! seeded share of them (the simulation). It can also cut a seeded share of connections
-//! just before a statement, which the server then never sees.
+//! at a statement: just before it (the server never sees it), or just after passing it on
+//! (the server runs it, with nobody to answer: a cut while the statement runs). And it can
+//! restart the server as its clients see a restart: every connection cut at once, new
+//! ones refused for a while, then served again; what the server committed survives, and
+//! what it had not is rolled back as it sees its clients go (what this does not model is
+//! a server that loses commits it acknowledged, which `fsync` rules out).
 //!
 //! It reads the client's side of each connection by the protocol's framing, to find a
 //! simple-query `COMMIT` (PostgreSQL's `Q` message, MySQL's `COM_QUERY`); the server's
@@ -41,6 +46,8 @@ struct Shared {
     upstream: SocketAddr,
     /// Lose the answer to the next `COMMIT`.
     armed: AtomicBool,
+    /// Cut the connections of the next statements so, one each, in order.
+    armed_cuts: Mutex<std::collections::VecDeque<Cut>>,
     /// How many `COMMIT` answers were lost.
     lost: AtomicU32,
     /// Lose each `COMMIT`'s answer with this probability, drawn from this generator.
@@ -50,6 +57,26 @@ struct Shared {
     cut_at_random: Mutex<Option<(f64, StdRng)>>,
     /// How many connections were cut before a statement.
     cuts: AtomicU32,
+    /// How many connections were cut after passing a statement on.
+    cuts_during: AtomicU32,
+    /// Bumped at each restart: every relayed connection is cut.
+    restarts: tokio::sync::watch::Sender<u32>,
+    /// Until when new connections are refused (the server restarting).
+    down_until: Mutex<Option<tokio::time::Instant>>,
+    /// Told each time connections are dropped (cut, or by a restart).
+    dropped: Mutex<Option<Dropped>>,
+}
+
+/// What the proxy tells when it drops connections.
+pub type Dropped = Arc<dyn Fn() + Send + Sync>;
+
+/// Where a connection is cut at a statement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// Before the statement: the server never sees it.
+    Before,
+    /// After passing it on: the server runs it, and its answer is lost.
+    During,
 }
 
 impl Shared {
@@ -64,12 +91,40 @@ impl Shared {
             .is_some_and(|(probability, rng)| rng.random::<f64>() < *probability)
     }
 
-    /// Whether to cut the connection before the statement passing now.
-    fn cut(&self) -> bool {
+    /// Whether to cut the connection at the statement passing now, and where.
+    fn cut(&self) -> Option<Cut> {
+        if let Some(armed) = self
+            .armed_cuts
+            .lock()
+            .expect("the proxy's cuts")
+            .pop_front()
+        {
+            return Some(armed);
+        }
         let mut at_random = self.cut_at_random.lock().expect("the proxy's generator");
-        at_random
-            .as_mut()
-            .is_some_and(|(probability, rng)| rng.random::<f64>() < *probability)
+        let (probability, rng) = at_random.as_mut()?;
+        if rng.random::<f64>() >= *probability {
+            return None;
+        }
+        Some(if rng.random::<bool>() {
+            Cut::Before
+        } else {
+            Cut::During
+        })
+    }
+
+    /// Tells whoever listens that connections were dropped.
+    fn tell_dropped(&self) {
+        let dropped = self.dropped.lock().expect("the proxy's listener").clone();
+        if let Some(dropped) = dropped {
+            dropped();
+        }
+    }
+
+    /// Whether new connections are refused now (the server restarting).
+    fn down(&self) -> bool {
+        let down_until = self.down_until.lock().expect("the proxy's restart");
+        down_until.is_some_and(|until| tokio::time::Instant::now() < until)
     }
 }
 
@@ -82,10 +137,15 @@ impl CommitProxy {
             wire,
             upstream,
             armed: AtomicBool::new(false),
+            armed_cuts: Mutex::default(),
             lost: AtomicU32::new(0),
             at_random: Mutex::new(None),
             cut_at_random: Mutex::new(None),
             cuts: AtomicU32::new(0),
+            cuts_during: AtomicU32::new(0),
+            restarts: tokio::sync::watch::Sender::new(0),
+            down_until: Mutex::new(None),
+            dropped: Mutex::new(None),
         });
         let accepting = tokio::spawn({
             let shared = shared.clone();
@@ -112,15 +172,26 @@ impl CommitProxy {
         self.shared.armed.store(true, Ordering::SeqCst);
     }
 
+    /// Cuts the connection of the next statement any connection sends (after the ones
+    /// armed before), at `cut`.
+    pub fn cut_next_statement(&self, cut: Cut) {
+        self.shared
+            .armed_cuts
+            .lock()
+            .expect("the proxy's cuts")
+            .push_back(cut);
+    }
+
     /// Loses the answer to each `COMMIT` with `probability`, the draws seeded by `seed`.
     pub fn lose_commit_answers(&self, probability: f64, seed: u64) {
         *self.shared.at_random.lock().expect("the proxy's generator") =
             Some((probability, StdRng::seed_from_u64(seed)));
     }
 
-    /// Cuts the connection before each statement with `probability`, the draws seeded
-    /// by `seed`: the server never sees the statement, the client sees its connection
-    /// closed.
+    /// Cuts the connection at each statement with `probability`, the draws seeded by
+    /// `seed`: half of them before the statement (the server never sees it), half after
+    /// passing it on (the server runs it; its answer is lost). The client sees its
+    /// connection closed either way.
     pub fn cut_connections(&self, probability: f64, seed: u64) {
         *self
             .shared
@@ -129,8 +200,13 @@ impl CommitProxy {
             .expect("the proxy's generator") = Some((probability, StdRng::seed_from_u64(seed)));
     }
 
-    /// Stops losing answers and cutting connections at random.
+    /// Stops losing answers and cutting connections.
     pub fn stop_losing(&self) {
+        self.shared
+            .armed_cuts
+            .lock()
+            .expect("the proxy's cuts")
+            .clear();
         *self.shared.at_random.lock().expect("the proxy's generator") = None;
         *self
             .shared
@@ -142,6 +218,31 @@ impl CommitProxy {
     /// How many connections were cut before a statement so far.
     pub fn cuts(&self) -> u32 {
         self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// How many connections were cut after passing a statement on so far.
+    pub fn cuts_during(&self) -> u32 {
+        self.shared.cuts_during.load(Ordering::SeqCst)
+    }
+
+    /// Restarts the server as its clients see it: cuts every connection now, and refuses
+    /// new ones for `down_for`.
+    pub fn restart(&self, down_for: Duration) {
+        *self.shared.down_until.lock().expect("the proxy's restart") =
+            Some(tokio::time::Instant::now() + down_for);
+        self.shared.tell_dropped();
+        self.shared.restarts.send_modify(|restarts| *restarts += 1);
+    }
+
+    /// Calls `dropped` (until `None` replaces it) each time connections are dropped: a
+    /// restart, or a connection cut at a statement.
+    pub fn on_dropped_connections(&self, dropped: Option<Dropped>) {
+        *self.shared.dropped.lock().expect("the proxy's listener") = dropped;
+    }
+
+    /// How many restarts so far.
+    pub fn restarts(&self) -> u32 {
+        *self.shared.restarts.borrow()
     }
 
     /// How many `COMMIT` answers were lost so far.
@@ -156,8 +257,13 @@ impl Drop for CommitProxy {
     }
 }
 
-/// One client connection, relayed until either side closes, or a `COMMIT` is lost.
+/// One client connection, relayed until either side closes, an answer is lost, or the
+/// server restarts. While the server is down, a new connection is closed at once.
 async fn relay(shared: Arc<Shared>, client: TcpStream) {
+    if shared.down() {
+        return;
+    }
+    let mut restarts = shared.restarts.subscribe();
     let Ok(server) = TcpStream::connect(shared.upstream).await else {
         return;
     };
@@ -165,8 +271,13 @@ async fn relay(shared: Arc<Shared>, client: TcpStream) {
     let (server_read, server_write) = server.into_split();
     let cut = Arc::new(AtomicBool::new(false));
     let answers = tokio::spawn(copy_answers(server_read, client_write, cut.clone()));
-    requests(&shared, client_read, server_write, &cut).await;
-    if cut.load(Ordering::SeqCst) {
+    let restarted = tokio::select! {
+        () = requests(&shared, client_read, server_write, &cut) => false,
+        _ = restarts.changed() => true,
+    };
+    if restarted {
+        cut.store(true, Ordering::SeqCst);
+    } else if cut.load(Ordering::SeqCst) {
         // Give the server time to commit before its side closes too.
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -189,7 +300,7 @@ async fn copy_answers(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, cut: Arc<
 }
 
 /// The client's side, message by message, passed on to the server; returns once either
-/// side closed, or after passing on a `COMMIT` whose answer is to be lost (`cut` set).
+/// side closed, or once the connection is cut at a statement (`cut` set).
 async fn requests(
     shared: &Shared,
     mut from: OwnedReadHalf,
@@ -212,9 +323,19 @@ async fn requests(
         else {
             return;
         };
-        if is_statement && shared.cut() {
+        let cut_here = if is_statement { shared.cut() } else { None };
+        if cut_here.is_some() {
+            shared.tell_dropped();
+        }
+        if cut_here == Some(Cut::Before) {
             cut.store(true, Ordering::SeqCst);
             shared.cuts.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        if cut_here == Some(Cut::During) {
+            cut.store(true, Ordering::SeqCst);
+            let _ = to.write_all(&message).await;
+            shared.cuts_during.fetch_add(1, Ordering::SeqCst);
             return;
         }
         let lose = is_commit && shared.lose();

@@ -42,9 +42,20 @@ pub struct Target {
     /// Where the handler writes its changes, if it writes through a transaction: its
     /// answers that are stored (201, 400) then commit with their change.
     pub effects: Option<Arc<dyn Effects>>,
-    /// Faults of the target's own (a proxy that loses `COMMIT` answers): turned on with
-    /// the run's seed as it begins, off (`None`) when the quiet phase does.
-    pub own_faults: Option<Arc<dyn Fn(Option<u64>) + Send + Sync>>,
+    /// Faults of the target's own (a proxy in front of its database): turned on with the
+    /// run's seed as it begins, off when the quiet phase does.
+    pub own_faults: Option<Arc<dyn OwnFaults>>,
+}
+
+/// Faults a target injects itself, beside the store wrapper's: a proxy in front of its
+/// database that loses `COMMIT` answers, cuts connections and restarts the server.
+pub trait OwnFaults: Send + Sync + 'static {
+    /// Turns the faults on for a run with `seed`. `dropped` is called each time the
+    /// server drops client connections (a restart, a connection cut): the transactions
+    /// open on them end there, uncommitted reservations with them.
+    fn start(&self, seed: u64, dropped: Arc<dyn Fn() + Send + Sync>);
+    /// Turns them off: the run goes quiet.
+    fn stop(&self);
 }
 
 /// A handler's change written to a database, for targets whose handler writes through
@@ -273,7 +284,11 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         .layer(handler);
 
     if let Some(own_faults) = &target.own_faults {
-        own_faults(Some(seed));
+        let history = history.clone();
+        own_faults.start(
+            seed,
+            Arc::new(move || history.push(Event::ConnectionsDropped)),
+        );
     }
     let purging = target.purge.clone().map(|purge| {
         let every = settings.lifetime / 3;
@@ -315,7 +330,7 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
     history.push(Event::Quiet);
     store.disable_faults();
     if let Some(own_faults) = &target.own_faults {
-        own_faults(None);
+        own_faults.stop();
     }
     tokio::time::sleep(
         settings.lifetime

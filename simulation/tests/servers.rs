@@ -20,8 +20,10 @@ use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, Reservations,
     SqliteStore, TableName,
 };
-use simulation::proxy::{CommitProxy, Wire};
-use simulation::{Change, Effects, KeyOf, Settings, Target, seeds, simulate};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use simulation::proxy::{CommitProxy, Cut, Wire};
+use simulation::{Change, Effects, KeyOf, OwnFaults, Settings, Target, seeds, simulate};
 
 const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
 const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
@@ -51,34 +53,66 @@ fn unreachable(what: &str, error: impl std::fmt::Display) {
     eprintln!("SKIPPED: {message}");
 }
 
-/// Some `COMMIT` answers were lost, and some connections cut.
+/// Some `COMMIT` answers were lost, some connections cut, and the server restarted.
 fn assert_lost_commits(proxy: &CommitProxy) {
     assert!(proxy.lost() > 0, "no COMMIT answer was lost");
-    assert!(proxy.cuts() > 0, "no connection was cut before a statement");
+    assert_cut(proxy);
 }
 
-/// `proxy` loses the answer to the first `COMMIT` of a run and to a seeded share of the
-/// others, and cuts a seeded share of connections before a statement, until the run is
-/// quiet.
-fn lost_commits(proxy: Arc<CommitProxy>) -> Arc<dyn Fn(Option<u64>) + Send + Sync> {
-    Arc::new(move |seed| match seed {
-        Some(seed) => {
-            proxy.lose_next_commit_answer();
-            proxy.lose_commit_answers(LOST_COMMITS, seed);
-            proxy.cut_connections(CUT_CONNECTIONS, seed.rotate_left(32));
-        }
-        None => proxy.stop_losing(),
-    })
+/// Some connections were cut, and the server restarted.
+fn assert_cut(proxy: &CommitProxy) {
+    assert!(proxy.cuts() > 0, "no connection was cut before a statement");
+    assert!(
+        proxy.cuts_during() > 0,
+        "no connection was cut while its statement ran"
+    );
+    assert!(proxy.restarts() > 0, "the server was never restarted");
+}
+
+/// The faults of a [`CommitProxy`]: it loses the answer to the first `COMMIT` of a run
+/// and to a seeded share of the others, cuts the connections of the first two statements
+/// (one before the server sees it, one while it runs) and of a seeded share of the others,
+/// and restarts the server once, at a seeded instant of the run for a seeded while, until
+/// the run is quiet.
+struct ProxyFaults(Arc<CommitProxy>);
+
+impl OwnFaults for ProxyFaults {
+    fn start(&self, seed: u64, dropped: Arc<dyn Fn() + Send + Sync>) {
+        let proxy = &self.0;
+        proxy.on_dropped_connections(Some(dropped));
+        proxy.lose_next_commit_answer();
+        proxy.lose_commit_answers(LOST_COMMITS, seed);
+        proxy.cut_next_statement(Cut::Before);
+        proxy.cut_next_statement(Cut::During);
+        proxy.cut_connections(CUT_CONNECTIONS, seed.rotate_left(32));
+        let mut rng = StdRng::seed_from_u64(seed.rotate_left(16));
+        let at = Duration::from_millis(rng.random_range(200..1_000));
+        let down_for = Duration::from_millis(rng.random_range(50..400));
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            proxy.restart(down_for);
+        });
+    }
+
+    fn stop(&self) {
+        self.0.stop_losing();
+        self.0.on_dropped_connections(None);
+    }
+}
+
+fn proxy_faults(proxy: Arc<CommitProxy>) -> Arc<dyn OwnFaults> {
+    Arc::new(ProxyFaults(proxy))
 }
 
 /// What share of the handlers' `COMMIT`s lose their answer (through a [`CommitProxy`]).
 const LOST_COMMITS: f64 = 0.1;
 
 /// What share of the statements sent through a [`CommitProxy`] find their connection
-/// cut first.
+/// cut (half before the server sees them, half while it runs them).
 const CUT_CONNECTIONS: f64 = 0.02;
 
-/// A proxy in front of the server of `url` (see [`lost_commits`]), and `url` pointed at
+/// A proxy in front of the server of `url` (see [`ProxyFaults`]), and `url` pointed at
 /// it.
 async fn through_proxy(url: &str, wire: Wire) -> (Arc<CommitProxy>, String) {
     let (scheme, rest) = url.split_once("://").expect("a URL");
@@ -155,12 +189,11 @@ async fn sqlite() {
 
 /// A PostgreSQL store on a table of its own, and the server's URL; `None` (after
 /// [`unreachable`]) when the server does not answer.
-async fn postgres_store() -> Option<(PostgresStore, String)> {
-    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
-    match PostgresStore::connect(&url, &PoolSettings::default()).await {
+async fn postgres_store(url: &str) -> Option<(PostgresStore, String)> {
+    match PostgresStore::connect(url, &PoolSettings::default()).await {
         Ok(store) => {
             let store = store.with_table_name(&table()).unwrap().migrate().await;
-            Some((store.unwrap(), url))
+            Some((store.unwrap(), url.to_owned()))
         }
         Err(error) => {
             unreachable("PostgreSQL", error);
@@ -170,12 +203,11 @@ async fn postgres_store() -> Option<(PostgresStore, String)> {
 }
 
 /// The same on MariaDB.
-async fn mysql_store() -> Option<(MySqlStore, String)> {
-    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
-    match MySqlStore::connect(&url, &PoolSettings::default()).await {
+async fn mysql_store(url: &str) -> Option<(MySqlStore, String)> {
+    match MySqlStore::connect(url, &PoolSettings::default()).await {
         Ok(store) => {
             let store = store.with_table_name(&table()).unwrap().migrate().await;
-            Some((store.unwrap(), url))
+            Some((store.unwrap(), url.to_owned()))
         }
         Err(error) => {
             unreachable("MariaDB", error);
@@ -184,20 +216,34 @@ async fn mysql_store() -> Option<(MySqlStore, String)> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres() {
-    let Some((store, _)) = postgres_store().await else {
+/// A typed store's own connections through a proxy (see [`ProxyFaults`]): its
+/// statements run in autocommit, so what it meets is cut connections and a restart.
+async fn typed_store_through_proxy<S: FullStore>(
+    name: &str,
+    connect: impl AsyncFnOnce(&str) -> Option<(S, String)>,
+    wire: Wire,
+    url: &str,
+) {
+    let (proxy, proxied) = through_proxy(url, wire).await;
+    let Some((store, _)) = connect(&proxied).await else {
         return;
     };
-    sweep("PostgreSQL", store_target(Arc::new(store))).await;
+    let mut target = store_target(Arc::new(store));
+    target.own_faults = Some(proxy_faults(proxy.clone()));
+    sweep(name, target).await;
+    assert_cut(&proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
+    typed_store_through_proxy("PostgreSQL", postgres_store, Wire::Postgres, &url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb() {
-    let Some((store, _)) = mysql_store().await else {
-        return;
-    };
-    sweep("MariaDB", store_target(Arc::new(store))).await;
+    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
+    typed_store_through_proxy("MariaDB", mysql_store, Wire::MySql, &url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +414,7 @@ async fn one_commit<DB: RecordDatabase>(
         })),
         namespace: namespace(),
         effects: Some(effects(store, pool).await),
-        own_faults: proxy.clone().map(lost_commits),
+        own_faults: proxy.clone().map(proxy_faults),
     };
     let histories = sweep(name, target).await;
     assert!(
@@ -422,7 +468,9 @@ async fn leased_postgres() {
 }
 
 async fn through_tx_on_postgres(name: &str, reservations: Reservations) {
-    let Some((records, url)) = postgres_store().await else {
+    let Some((records, url)) =
+        postgres_store(&url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES)).await
+    else {
         return;
     };
     let table = records.table_name().clone();
@@ -462,7 +510,7 @@ async fn through_tx_on_postgres(name: &str, reservations: Reservations) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_mariadb() {
-    let Some((records, url)) = mysql_store().await else {
+    let Some((records, url)) = mysql_store(&url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL)).await else {
         return;
     };
     let table = records.table_name().clone();
@@ -552,7 +600,7 @@ async fn records_in_redis_changes_in_postgres() {
         })),
         namespace: namespace(),
         effects: Some(effects),
-        own_faults: Some(lost_commits(proxy.clone())),
+        own_faults: Some(proxy_faults(proxy.clone())),
     };
     let histories = sweep("records in Redis, changes in PostgreSQL", target).await;
     assert!(
