@@ -19,7 +19,7 @@
 //! Where the records live in the same database as the change, the record itself tells:
 //! the layer's release is fenced on the record still being in flight, so a committed
 //! answer stays and is replayed. The question matters when they live elsewhere (Redis,
-//! say): a keyed `Tx` on [`RecordsElsewhere`](crate::RecordsElsewhere).
+//! say): a keyed `Tx` on [`Writes::records_elsewhere`](crate::Writes::records_elsewhere).
 
 use std::time::Duration;
 

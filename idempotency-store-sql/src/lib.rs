@@ -50,8 +50,9 @@
 //! transaction its request's write belongs in, and hands its answer to [`Tx::commit`],
 //! which records the answer with the write and commits once. The store behind it is a
 //! [`OneCommitStore`] on the pool the service already has (`PgPool`, `MySqlPool`,
-//! `SqlitePool`, or an `AnyPool` with the `any` feature); with the `axum` feature `Tx<T>` is
-//! an extractor, and [`Tx::begin`] is the same for hyper and tonic handlers. The handler
+//! `SqlitePool`, or an `AnyPool` with the `any` feature), and the `Tx` is begun from
+//! [`Writes::with_records`] of it: with the `axum` feature `Tx<Writes<DB>>` is an
+//! extractor, and [`Tx::begin`] is the same for hyper and tonic handlers. The handler
 //! never sees a reservation.
 //!
 //! What a reservation is, is the store's setting ([`Reservations`]): by default the
@@ -64,7 +65,7 @@
 //! gets [`TxError::NotRecorded`] and nothing of it commits.
 //!
 //! For a database that does not hold the records (they are in Redis, say),
-//! [`RecordsElsewhere`] gives the same `Tx`; there a `COMMIT` whose answer is lost is asked
+//! [`Writes::records_elsewhere`] gives the same `Tx`; there a `COMMIT` whose answer is lost is asked
 //! about (PostgreSQL's `txid_status`), and where the database cannot tell, `Tx::commit`
 //! answers [`TxError::Unknown`], for the handler to mark its answer
 //! [`OutcomeUnknown`](idempotency_core::OutcomeUnknown).
@@ -199,7 +200,7 @@
 //! | `sqlite` | **on** | `SqliteStore` and sqlx's SQLite driver (bundles SQLite) |
 //! | `postgres` | off | `PostgresStore` and sqlx's PostgreSQL driver |
 //! | `mysql` | off | `MySqlStore` (MySQL 8, MariaDB 10.6+) and sqlx's MySQL driver |
-//! | `any` | off | sqlx's `Any` driver: `Tx`, [`OneCommitStore`] and `RecordsElsewhere` on an `AnyPool` (on any of the backends compiled in) |
+//! | `any` | off | sqlx's `Any` driver: `Tx`, [`OneCommitStore`] and [`Writes`] on an `AnyPool` (on any of the backends compiled in) |
 //! | `axum` | off | `Tx<T>` and `LazyTx<T>` as axum extractors |
 //!
 //! `Tx`, `Transactions` and [`OneCommitStore`] come with every backend feature, on that
@@ -258,7 +259,7 @@ pub use sqlite::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use synchronous::{InvalidSynchronousReplication, NotSynchronous};
 pub use table::{DEFAULT_TABLE_NAME, InvalidTableName, MAX_TABLE_NAME_LEN, TableName};
-pub use transactions::{LazyTx, OpenTransaction, RecordsElsewhere, Transactions, Tx, TxError};
+pub use transactions::{LazyTx, OpenTransaction, Transactions, Tx, TxError, Writes};
 
 /// The sqlx version this crate is built on, re-exported so that a caller can build a
 /// pool of the exact same version for `new`.

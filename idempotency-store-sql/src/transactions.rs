@@ -16,12 +16,9 @@ use crate::record_database::{Dialect, RecordDatabase};
 
 /// Where a handler's [`Tx`] comes from, and how the request's answer is recorded in it.
 ///
-/// | implementation | the transaction | the answer |
-/// | --- | --- | --- |
-/// | `Arc<OneCommitStore<DB>>` (a `PgPool`, `MySqlPool`, `SqlitePool` or `AnyPool`) | the one the record was reserved in (a new one without a key, or with [`Reservations::Leased`](crate::Reservations::Leased)) | written in it: the record, the write and the answer commit once (with leased reservations, the reservation committed first) |
-/// | [`RecordsElsewhere`] | a new one on a pool whose database does not hold the records | recorded by the layer after the handler; a lost `COMMIT` is asked about |
-///
-/// A store of your own implements it the same way.
+/// [`Writes`] is this crate's, for a `PgPool`, `MySqlPool`, `SqlitePool` or `AnyPool`,
+/// with the records in that database or elsewhere. A store of your own implements it the
+/// same way; so does a wrapper (a test's, say, that pauses before a `COMMIT`).
 pub trait Transactions: Clone + Send + Sync + 'static {
     /// The database the transaction is on.
     type Database: sqlx::Database;
@@ -115,13 +112,13 @@ impl<DB: RecordDatabase> OpenTransaction for crate::WriteTransaction<DB> {
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
 /// # async fn handler(
-/// #     store: std::sync::Arc<idempotency_store_sql::OneCommitStore<sqlx::Sqlite>>,
+/// #     writes: idempotency_store_sql::Writes<sqlx::Sqlite>,
 /// #     reservation: Option<axum::Extension<idempotency_core::ReservationHandle>>,
 /// # ) -> axum::response::Response {
 /// use axum::response::IntoResponse;
 /// use idempotency_store_sql::Tx;
 ///
-/// let mut tx = match Tx::begin(&store, reservation.as_deref()).await {
+/// let mut tx = match Tx::begin(&writes, reservation.as_deref()).await {
 ///     Ok(tx) => tx,
 ///     Err(error) => return (http::StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
 /// };
@@ -297,19 +294,98 @@ impl TxError {
 
 /// The one-commit store, on any of the [`RecordDatabase`]s: the transaction the request's
 /// record was reserved in, and the record, the write and the answer committed once.
-impl<DB: RecordDatabase> Transactions for Arc<crate::OneCommitStore<DB>> {
+/// Where a handler's [`Tx`] writes, and where its request's record is kept: what a `Tx`
+/// is begun from (in axum, the router's state, or a part of it through `FromRef`).
+///
+/// - [`with_records`](Self::with_records): the records are in the database the handler
+///   writes to, kept by a [`OneCommitStore`](crate::OneCommitStore) (the layer's store).
+///   The transaction is the one the key was reserved in (a new one for a request without
+///   a key, or with [`Reservations::Leased`](crate::Reservations::Leased)); the record,
+///   the write and the answer commit once.
+/// - [`records_elsewhere`](Self::records_elsewhere): the records are elsewhere (Redis,
+///   say). The transaction is a new one on the pool; the layer records the answer after
+///   the handler, and a keyed transaction's `COMMIT` whose answer is lost is asked about
+///   (PostgreSQL's `txid_status`) and, where the database cannot tell, answered
+///   [`TxError::Unknown`].
+///
+/// The handler's code is the same either way: `Tx<Writes<DB>>`.
+pub struct Writes<DB: RecordDatabase>(Place<DB>);
+
+enum Place<DB: RecordDatabase> {
+    WithRecords(Arc<crate::OneCommitStore<DB>>),
+    Elsewhere(sqlx::Pool<DB>),
+}
+
+impl<DB: RecordDatabase> Writes<DB> {
+    /// Writes in the database of `store`, which keeps the records (and is the layer's
+    /// store): one commit for the record, the write and the answer.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # fn demo(store: std::sync::Arc<idempotency_store_sql::OneCommitStore<sqlx::Postgres>>) {
+    /// use idempotency_store_sql::Writes;
+    ///
+    /// let writes = Writes::with_records(store.clone());
+    /// # drop(writes); }
+    /// ```
+    pub fn with_records(store: Arc<crate::OneCommitStore<DB>>) -> Self {
+        Self(Place::WithRecords(store))
+    }
+
+    /// Writes on `pool`, whose database does not hold the records (the layer's store is
+    /// another: Redis, say).
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # fn demo(pool: sqlx::PgPool) {
+    /// use idempotency_store_sql::Writes;
+    ///
+    /// let writes = Writes::records_elsewhere(pool);
+    /// # drop(writes); }
+    /// ```
+    pub fn records_elsewhere(pool: sqlx::Pool<DB>) -> Self {
+        Self(Place::Elsewhere(pool))
+    }
+}
+
+impl<DB: RecordDatabase> Clone for Writes<DB> {
+    fn clone(&self) -> Self {
+        Self(match &self.0 {
+            Place::WithRecords(store) => Place::WithRecords(store.clone()),
+            Place::Elsewhere(pool) => Place::Elsewhere(pool.clone()),
+        })
+    }
+}
+
+impl<DB: RecordDatabase> std::fmt::Debug for Writes<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Place::WithRecords(store) => {
+                f.debug_tuple("Writes::with_records").field(store).finish()
+            }
+            Place::Elsewhere(_) => f.write_str("Writes::records_elsewhere"),
+        }
+    }
+}
+
+impl<DB: RecordDatabase> Transactions for Writes<DB> {
     type Database = DB;
     type Transaction = crate::WriteTransaction<DB>;
 
     fn records_in_transaction(&self) -> bool {
-        true
+        matches!(self.0, Place::WithRecords(_))
     }
 
     async fn begin(
         &self,
         reservation: Option<&ReservationHandle>,
     ) -> Result<Self::Transaction, StoreError> {
-        crate::OneCommitStore::begin(self, reservation).await
+        match &self.0 {
+            Place::WithRecords(store) => crate::OneCommitStore::begin(store, reservation).await,
+            Place::Elsewhere(pool) => crate::WriteTransaction::begin_on(pool, reservation)
+                .await
+                .map_err(StoreError::backend),
+        }
     }
 
     async fn finalize_in<B>(
@@ -322,52 +398,13 @@ impl<DB: RecordDatabase> Transactions for Arc<crate::OneCommitStore<DB>> {
         B: Body<Data = Bytes> + From<Bytes> + Send,
         B::Error: Into<BoxError>,
     {
-        crate::OneCommitStore::finalize_in(self, transaction, reservation, answer).await
-    }
-}
-
-/// Transactions on a pool whose database does not hold the idempotency records (they are
-/// in Redis, say): the layer records the answer after the handler, and a keyed
-/// transaction's `COMMIT` whose answer is lost is asked about (see
-/// `WriteTransaction::begin_on`) and, where the database cannot tell, answered
-/// [`TxError::Unknown`].
-#[derive(Debug)]
-pub struct RecordsElsewhere<DB: RecordDatabase>(pub sqlx::Pool<DB>);
-
-impl<DB: RecordDatabase> Clone for RecordsElsewhere<DB> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<DB: RecordDatabase> Transactions for RecordsElsewhere<DB> {
-    type Database = DB;
-    type Transaction = crate::WriteTransaction<DB>;
-
-    fn records_in_transaction(&self) -> bool {
-        false
-    }
-
-    async fn begin(
-        &self,
-        reservation: Option<&ReservationHandle>,
-    ) -> Result<Self::Transaction, StoreError> {
-        crate::WriteTransaction::begin_on(&self.0, reservation)
-            .await
-            .map_err(StoreError::backend)
-    }
-
-    async fn finalize_in<B>(
-        &self,
-        _transaction: &mut Self::Transaction,
-        _reservation: Option<&ReservationHandle>,
-        answer: Response<B>,
-    ) -> Result<Response<B>, FinalizeError>
-    where
-        B: Body<Data = Bytes> + From<Bytes> + Send,
-        B::Error: Into<BoxError>,
-    {
-        Ok(answer)
+        match &self.0 {
+            Place::WithRecords(store) => {
+                crate::OneCommitStore::finalize_in(store, transaction, reservation, answer).await
+            }
+            // The layer records it, after the handler.
+            Place::Elsewhere(_) => Ok(answer),
+        }
     }
 }
 

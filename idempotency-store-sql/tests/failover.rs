@@ -491,10 +491,8 @@ mod one_commit {
     use axum::response::{IntoResponse, Response};
     use axum::routing::post;
     use idempotency_core::{IdempotencyLayer, ReservationHandle};
-    use idempotency_store_sql::{LazyTx, OneCommitStore, PostgresStore, TableName};
+    use idempotency_store_sql::{LazyTx, OneCommitStore, PostgresStore, TableName, Writes};
     use sqlx::Postgres;
-
-    type Store = Arc<OneCommitStore<Postgres>>;
 
     const SIDE_EFFECTS: &str = "failover_side_effects";
 
@@ -507,14 +505,14 @@ mod one_commit {
         .await
         .unwrap();
         let pool = records.pool().clone();
-        let store: Store = Arc::new(
+        let store = Arc::new(
             OneCommitStore::new(Arc::new(records), pool, &TableName::default())
                 .await
                 .unwrap(),
         );
         Router::new()
             .route("/mutations/{name}", post(mutate))
-            .with_state(store.clone())
+            .with_state(Writes::with_records(store.clone()))
             .layer(
                 IdempotencyLayer::from_shared_store(store)
                     .with_lease(Duration::from_secs(3))
@@ -524,12 +522,12 @@ mod one_commit {
     }
 
     async fn mutate(
-        State(store): State<Store>,
+        State(writes): State<Writes<Postgres>>,
         Path(name): Path<String>,
         reservation: Option<axum::Extension<ReservationHandle>>,
     ) -> Response {
         let reservation = reservation.map(|axum::Extension(reservation)| reservation);
-        let mut tx = match LazyTx::new(store, reservation).begin().await {
+        let mut tx = match LazyTx::new(writes, reservation).begin().await {
             Ok(tx) => tx,
             Err(error) => return retry_later(error.to_string()),
         };

@@ -34,7 +34,7 @@ use idempotency_core::{
 };
 use idempotency_store_sql::{
     CommitError, FinalizeError, MySqlStore, OneCommitStore, OpenTransaction, PoolSettings,
-    PostgresStore, Reservations, SqliteStore, TableName, Transactions, Tx,
+    PostgresStore, Reservations, SqliteStore, TableName, Transactions, Tx, Writes,
 };
 use sqlx::{Any, AnyConnection};
 use tokio::sync::oneshot;
@@ -280,7 +280,7 @@ struct Script {
 /// What writing the answer in the transaction gave: `Ok`, or the error's message.
 type FinalizeOutcome = Result<(), String>;
 
-type Leased = Arc<OneCommitStore<Any>>;
+type Leased = Writes<Any>;
 
 /// The store's transactions, paused as the script says between the answer's write and
 /// the `COMMIT`.
@@ -432,7 +432,7 @@ async fn app(database: &Database, store: &Store) -> (Router, Arc<Mutex<Script>>,
     let script = Arc::new(Mutex::new(Script::default()));
     let state = App {
         transactions: Scripted {
-            store: leased,
+            store: Writes::with_records(leased),
             script: script.clone(),
         },
         orders: database.orders(),

@@ -34,7 +34,7 @@ use idempotency_core::{
 };
 use idempotency_store_sql::{
     OneCommitStore, PoolSettings, RecordDatabase, Reservations, TableName, Transactions, Tx,
-    TxError,
+    TxError, Writes,
 };
 use sqlx::{AnyPool, Executor, IntoArguments};
 use tower::ServiceExt;
@@ -282,7 +282,7 @@ impl<DB: RecordDatabase> Database<DB> {
 }
 
 struct App<DB: RecordDatabase> {
-    store: Arc<OneCommitStore<DB>>,
+    writes: Writes<DB>,
     side_effects: String,
     /// The test's pool, to look from outside while the handler runs.
     observer: AnyPool,
@@ -292,7 +292,7 @@ struct App<DB: RecordDatabase> {
 impl<DB: RecordDatabase> Clone for App<DB> {
     fn clone(&self) -> Self {
         Self {
-            store: self.store.clone(),
+            writes: self.writes.clone(),
             side_effects: self.side_effects.clone(),
             observer: self.observer.clone(),
             records: self.records.clone(),
@@ -314,7 +314,9 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
-    let mut tx = Tx::begin(&app.store, reservation.as_deref()).await.unwrap();
+    let mut tx = Tx::begin(&app.writes, reservation.as_deref())
+        .await
+        .unwrap();
     let visible: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {}", app.records))
         .fetch_one(&app.observer)
         .await
@@ -357,7 +359,7 @@ where
     Router::new()
         .route("/effects", post(effect::<DB>))
         .with_state(App {
-            store: database.store.clone(),
+            writes: Writes::with_records(database.store.clone()),
             side_effects: format!("{}_side_effects", database.table),
             observer: database.pool.clone(),
             records,
@@ -554,7 +556,9 @@ where
     }
     for round in 0..20_u64 {
         let abandoned = async {
-            let tx = Transactions::begin(&database.store, None).await.unwrap();
+            let tx = Transactions::begin(&Writes::with_records(database.store.clone()), None)
+                .await
+                .unwrap();
             tx.commit().await.unwrap();
         };
         // Cut off at every point: before, during and after BEGIN and COMMIT.
@@ -565,7 +569,9 @@ where
     }
     drop(holder);
     let fresh = tokio::time::timeout(Duration::from_secs(3), async {
-        let mut tx = Transactions::begin(&database.store, None).await.unwrap();
+        let mut tx = Transactions::begin(&Writes::with_records(database.store.clone()), None)
+            .await
+            .unwrap();
         sqlx::query(&format!(
             "INSERT INTO {}_side_effects (name) VALUES ('after')",
             database.table
@@ -668,7 +674,9 @@ where
     if mode == "untouched" {
         return unknown();
     }
-    let mut tx = Tx::begin(&app.store, reservation.as_deref()).await.unwrap();
+    let mut tx = Tx::begin(&app.writes, reservation.as_deref())
+        .await
+        .unwrap();
     if mode == "dropped" {
         drop(tx);
         return unknown();
@@ -734,7 +742,7 @@ async fn an_unknown_outcome_holds_its_key_until_it_expires_and_holds_nothing_els
         .route("/effects", post(effect::<DB>))
         .route("/unknown", post(unknown::<DB>))
         .with_state(App {
-            store: database.store.clone(),
+            writes: Writes::with_records(database.store.clone()),
             side_effects: format!("{}_side_effects", database.table),
             observer: database.pool.clone(),
             records,
@@ -934,7 +942,7 @@ where
         for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
         for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     {
-        let mut tx = Transactions::begin(&app.store, reservation.as_deref())
+        let mut tx = Transactions::begin(&app.writes, reservation.as_deref())
             .await
             .unwrap();
         sqlx::query(&format!(
@@ -962,7 +970,7 @@ where
     let app = Router::new()
         .route("/effects", post(raw::<DB>))
         .with_state(App {
-            store: database.store.clone(),
+            writes: Writes::with_records(database.store.clone()),
             side_effects: format!("{}_side_effects", database.table),
             observer: database.pool.clone(),
             records,

@@ -28,8 +28,8 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{FullStore, IdempotencyLayer, Outcome};
 use idempotency_store_sql::{
-    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, RecordsElsewhere,
-    Reservations, SqliteStore, TableName, Transactions, Tx, TxError,
+    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, Reservations,
+    SqliteStore, TableName, Transactions, Tx, TxError, Writes,
 };
 use sqlx::{AnyPool, Database, Executor, IntoArguments, Pool};
 use tower::ServiceExt;
@@ -306,7 +306,15 @@ async fn leased_reservations_on_a_pg_pool() {
     let pool: sqlx::PgPool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::Two).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::Two,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,7 +327,15 @@ async fn leased_reservations_on_a_mysql_pool() {
     let pool: sqlx::MySqlPool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::Two).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::Two,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,7 +348,15 @@ async fn leased_reservations_on_a_sqlite_pool() {
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::Two).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::Two,
+    )
+    .await;
 }
 
 fn leased<DB: RecordDatabase>(store: Arc<OneCommitStore<DB>>) -> Arc<OneCommitStore<DB>> {
@@ -352,7 +376,15 @@ async fn one_commit_on_a_pg_pool() {
     let pool: sqlx::PgPool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::One).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::One,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,7 +397,15 @@ async fn one_commit_on_a_mysql_pool() {
     let pool: sqlx::MySqlPool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::One).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::One,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,7 +418,15 @@ async fn one_commit_on_a_sqlite_pool() {
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::One).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::One,
+    )
+    .await;
 }
 
 /// The one-commit store over sqlx `Any`, on `url`.
@@ -398,7 +446,15 @@ async fn one_commit_on_any(url: &str, env: &str) {
         .unwrap();
     let store = one_commit_store(typed, pool, &records).await;
     let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(store, layer, &observer, &table, records, Commits::One).await;
+    checked(
+        Writes::with_records(store),
+        layer,
+        &observer,
+        &table,
+        records,
+        Commits::One,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,7 +484,7 @@ async fn a_pool_whose_database_does_not_hold_the_records() {
         .migrate()
         .await
         .unwrap();
-    let elsewhere = RecordsElsewhere(observer.clone());
+    let elsewhere = Writes::records_elsewhere(observer.clone());
     let app = app(elsewhere, IdempotencyLayer::new(records), &table, None);
     one_path(app, &observer, &table, Commits::Elsewhere).await;
 }
@@ -449,7 +505,7 @@ async fn two_tenants_with_one_key_each_get_their_own_answer() {
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
     two_tenants(
-        store.clone(),
+        Writes::with_records(store.clone()),
         IdempotencyLayer::from_shared_store(store),
         &url,
     )
@@ -460,7 +516,7 @@ async fn two_tenants_with_one_key_each_get_their_own_answer() {
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
     two_tenants(
-        store.clone(),
+        Writes::with_records(store.clone()),
         IdempotencyLayer::from_shared_store(store),
         &url,
     )

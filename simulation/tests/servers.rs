@@ -15,7 +15,7 @@ use idempotency_core::conformance::Leftovers;
 use idempotency_core::{FullStore, async_trait};
 use idempotency_store_redis::{RedisOptions, RedisStore};
 use idempotency_store_sql::sqlx::{self, Executor};
-use idempotency_store_sql::{CommitError, RecordsElsewhere, Transactions, Tx, TxError};
+use idempotency_store_sql::{CommitError, Transactions, Tx, TxError, Writes};
 use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, Reservations,
     SqliteStore, TableName,
@@ -396,7 +396,7 @@ async fn one_commit<DB: RecordDatabase>(
     (records, table, reservations): (Arc<dyn FullStore>, &TableName, Reservations),
     pool: sqlx::Pool<DB>,
     observer: Option<Arc<dyn Fn() -> OpenTransactions + Send + Sync>>,
-    effects: impl AsyncFnOnce(Arc<OneCommitStore<DB>>, sqlx::Pool<DB>) -> Arc<dyn Effects>,
+    effects: impl AsyncFnOnce(Writes<DB>, sqlx::Pool<DB>) -> Arc<dyn Effects>,
     proxy: Option<Arc<CommitProxy>>,
 ) {
     let store = Arc::new(
@@ -413,7 +413,7 @@ async fn one_commit<DB: RecordDatabase>(
             observer,
         })),
         namespace: namespace(),
-        effects: Some(effects(store, pool).await),
+        effects: Some(effects(Writes::with_records(store), pool).await),
         own_faults: proxy.clone().map(proxy_faults),
     };
     let histories = sweep(name, target).await;
@@ -567,7 +567,7 @@ async fn one_commit_mariadb() {
 }
 
 /// Records in Redis, the handler's change in PostgreSQL through `Tx` on
-/// `RecordsElsewhere`: the layer records the answer after the handler committed.
+/// `Writes::records_elsewhere`: the layer records the answer after the handler committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_in_redis_changes_in_postgres() {
     let options = RedisOptions::server(url("IDEMPOTENCY_TEST_REDIS_URL", REDIS))
@@ -590,7 +590,8 @@ async fn records_in_redis_changes_in_postgres() {
         Ok(pool) => pool,
         Err(error) => return unreachable("PostgreSQL", error),
     };
-    let effects = PostgresEffects::with_table(RecordsElsewhere(pool.clone()), pool.clone()).await;
+    let effects =
+        PostgresEffects::with_table(Writes::records_elsewhere(pool.clone()), pool.clone()).await;
     let target = Target {
         store: records.clone(),
         purge: Some(records),

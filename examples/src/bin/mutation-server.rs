@@ -44,8 +44,8 @@ use axum::routing::{get, post};
 use idempotency_core::{IdempotencyLayer, Outcome, ReservationHandle};
 use idempotency_store_sql::sqlx::{self, Database as _, Executor, IntoArguments};
 use idempotency_store_sql::{
-    LazyTx, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, Reservations, SqliteStore,
-    TableName, Transactions,
+    LazyTx, MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, Reservations,
+    SqliteStore, TableName, Transactions, Writes,
 };
 
 struct Flags {
@@ -188,28 +188,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// Serves `POST /mutations/{name}` behind the layer on `transactions`, until Ctrl-C, and
-/// waits for the requests in flight.
-async fn serve<T>(
-    transactions: T,
+/// Serves `POST /mutations/{name}` behind the layer on `store`, its handler writing
+/// through `Tx`, until Ctrl-C, and waits for the requests in flight.
+async fn serve<DB>(
+    store: Arc<OneCommitStore<DB>>,
     flags: &Flags,
     side_effects: String,
 ) -> Result<(), Box<dyn std::error::Error>>
 where
-    T: Transactions + idempotency_core::FullStore,
-    for<'c> &'c mut <T::Database as sqlx::Database>::Connection:
-        Executor<'c, Database = T::Database>,
-    for<'q> <T::Database as sqlx::Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
-    for<'q> String: sqlx::Encode<'q, T::Database> + sqlx::Type<T::Database>,
-    for<'q> i32: sqlx::Encode<'q, T::Database> + sqlx::Type<T::Database>,
+    DB: RecordDatabase,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i32: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
 {
-    let layer = IdempotencyLayer::new(transactions.clone()).with_lease(flags.lease);
+    let layer = IdempotencyLayer::from_shared_store(store.clone()).with_lease(flags.lease);
     let in_flight = layer.in_flight();
     let app = Router::new()
-        .route("/mutations/{name}", post(mutate::<T>))
+        .route("/mutations/{name}", post(mutate::<Writes<DB>>))
         .route("/health", get(|| async { "ok" }))
         .with_state(Arc::new(App {
-            transactions,
+            transactions: Writes::with_records(store),
             side_effects,
         }))
         .layer(layer)

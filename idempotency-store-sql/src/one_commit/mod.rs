@@ -109,7 +109,7 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///
 /// Use it when the handler's state lives in the same database as the records: a first
 /// execution then costs one durable commit, as the same request without a key. A typed
-/// store alone (or under [`RecordsElsewhere`](crate::RecordsElsewhere)) when the
+/// store alone (or under [`Writes::records_elsewhere`](crate::Writes::records_elsewhere)) when the
 /// handler's state lives elsewhere.
 ///
 /// Records committed by other stores on the same table (a typed store on another
@@ -130,7 +130,7 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// use std::sync::Arc;
 /// use axum::{Router, response::{IntoResponse, Response}, routing::post};
 /// use idempotency_core::{IdempotencyLayer, SingleScope};
-/// use idempotency_store_sql::{OneCommitStore, PostgresStore, TableName, Tx, TxError};
+/// use idempotency_store_sql::{OneCommitStore, PostgresStore, TableName, Tx, TxError, Writes};
 /// use sqlx::{PgPool, Postgres};
 ///
 /// let records = PostgresStore::connect("postgres://app@db/orders", &Default::default())
@@ -141,7 +141,7 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// let store = Arc::new(OneCommitStore::new(Arc::new(records), pool, &TableName::default()).await?);
 ///
 /// // The reservation's transaction, or a new one for a request without a key.
-/// async fn place(mut tx: Tx<Arc<OneCommitStore<Postgres>>>) -> Response {
+/// async fn place(mut tx: Tx<Writes<Postgres>>) -> Response {
 ///     sqlx::query("INSERT INTO orders (item) VALUES ('book')").execute(&mut *tx).await.unwrap();
 ///     let answer = (http::StatusCode::CREATED, "order placed").into_response();
 ///     // The one commit: record, order and answer.
@@ -149,7 +149,7 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// }
 /// let app: Router = Router::new()
 ///     .route("/orders", post(place))
-///     .with_state(store.clone())
+///     .with_state(Writes::with_records(store.clone()))
 ///     .layer(IdempotencyLayer::from_shared_store(store).with_scope(SingleScope));
 /// # drop(app); Ok(()) }
 /// ```

@@ -1,5 +1,5 @@
 //! [`WriteTransaction`]: the transaction a [`Tx`](crate::Tx) holds on a
-//! [`OneCommitStore`](super::OneCommitStore) or [`RecordsElsewhere`](crate::RecordsElsewhere).
+//! [`OneCommitStore`](super::OneCommitStore) or [`Writes::records_elsewhere`](crate::Writes::records_elsewhere).
 
 use idempotency_core::ReservationHandle;
 use sqlx::{Pool, Transaction};
@@ -11,7 +11,7 @@ use crate::record_database::{Dialect, NewRecord, RecordDatabase};
 use super::claims::ClaimGuard;
 
 /// The transaction inside a [`Tx`](crate::Tx) on a [`OneCommitStore`](crate::OneCommitStore) or
-/// [`RecordsElsewhere`](crate::RecordsElsewhere): the one its request's record was
+/// [`Writes::records_elsewhere`](crate::Writes::records_elsewhere): the one its request's record was
 /// reserved in, or a new one. It holds the store's room for one open write transaction
 /// until it ends; dropped, it rolls back.
 ///
@@ -101,7 +101,7 @@ impl<DB: RecordDatabase> WriteTransaction<DB> {
     /// A failed commit says whether anything of it may be in the database
     /// ([`CommitError::Unknown`]) or not ([`CommitError::NotCommitted`]). When the answer
     /// to `COMMIT` was lost and the transaction belongs to a keyed request whose records are
-    /// elsewhere ([`RecordsElsewhere`](crate::RecordsElsewhere)), it asks the database first, for up to
+    /// elsewhere ([`Writes::records_elsewhere`](crate::Writes::records_elsewhere)), it asks the database first, for up to
     /// [`OUTCOME_CHECK_FOR`](crate::OUTCOME_CHECK_FOR), and is `Ok` if it committed after
     /// all.
     pub async fn commit(mut self) -> Result<(), CommitError> {

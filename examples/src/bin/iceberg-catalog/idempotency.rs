@@ -131,7 +131,7 @@ async fn records_layer<DB: CatalogDatabase>(
             Ok((
                 config.iceberg_layer(store.clone()).with_scope(SingleScope),
                 store.clone(),
-                Some(Writes::Here(store)),
+                Some(Writes::with_records(store)),
             ))
         }
         Records::Redis(url) => {

@@ -236,7 +236,9 @@ async fn serve<DB: CatalogDatabase>(
     };
     let in_flight = layer.as_ref().map(IdempotencyLayer::in_flight);
     let admin = admin::router(args.admin_token.as_deref(), records)?;
-    let catalog_routes = routes::router(Arc::new(AppState { catalog }));
+    let catalog_routes = routes::router(AppState {
+        catalog: Arc::new(catalog),
+    });
     #[cfg(feature = "test-hooks")]
     let catalog_routes = test_hooks::install(catalog_routes);
     // The layer wraps the whole router (not each route, as `Router::layer` would), so a

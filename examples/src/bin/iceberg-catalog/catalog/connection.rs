@@ -7,7 +7,6 @@ use std::sync::Arc;
 use iceberg::CatalogBuilder as _;
 use iceberg::io::{FileIO, LocalFsStorageFactory};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
-use idempotency_store_sql::RecordsElsewhere;
 
 use super::database::{Backend, CATALOG_NAME, CatalogDatabase, Database};
 use super::log::LOG_TARGET;
@@ -59,7 +58,7 @@ impl<DB: CatalogDatabase> Catalog<DB> {
                 Err(e) => return Err(e.into()),
             }
         };
-        let writes = Writes::Elsewhere(RecordsElsewhere(db.pool().clone()));
+        let writes = Writes::records_elsewhere(db.pool().clone());
         Ok(Self {
             sql_catalog,
             db,

@@ -16,8 +16,6 @@ mod tables;
 mod transactions;
 mod views;
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::routing::{MethodRouter, get, post};
 
@@ -43,7 +41,7 @@ use self::views::{
 /// The whole API. Every catalog route is served at `/v1/...` (what the config response
 /// implies, since it sets no `prefix`) and at `/v1/{prefix}/...` for clients configured
 /// with one; the prefix is accepted and ignored.
-pub(crate) fn router<DB: CatalogDatabase>(state: Arc<AppState<DB>>) -> Router {
+pub(crate) fn router<DB: CatalogDatabase>(state: AppState<DB>) -> Router {
     let mut router = Router::new().route("/v1/config", get(config));
     for base in ["/v1", "/v1/{prefix}"] {
         for (path, handler) in catalog_routes::<DB>() {
@@ -53,7 +51,7 @@ pub(crate) fn router<DB: CatalogDatabase>(state: Arc<AppState<DB>>) -> Router {
     router.with_state(state)
 }
 
-fn catalog_routes<DB: CatalogDatabase>() -> Vec<(&'static str, MethodRouter<Arc<AppState<DB>>>)> {
+fn catalog_routes<DB: CatalogDatabase>() -> Vec<(&'static str, MethodRouter<AppState<DB>>)> {
     vec![
         (
             "/namespaces",

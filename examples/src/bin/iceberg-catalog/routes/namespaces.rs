@@ -1,7 +1,6 @@
 //! The namespace routes: list, create, load, exists, drop, update properties.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -21,7 +20,7 @@ use crate::rest::{
 };
 
 pub(super) async fn list_namespaces<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> ApiResult<Json<ListNamespacesResponse>> {
     let parent = match query.get("parent").map(String::as_str) {
@@ -33,7 +32,7 @@ pub(super) async fn list_namespaces<DB: CatalogDatabase>(
 }
 
 pub(super) async fn create_namespace<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -53,7 +52,7 @@ pub(super) async fn create_namespace<DB: CatalogDatabase>(
 }
 
 pub(super) async fn load_namespace<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Json<NamespaceResponse>> {
     let namespace = path.ident()?;
@@ -65,7 +64,7 @@ pub(super) async fn load_namespace<DB: CatalogDatabase>(
 }
 
 pub(super) async fn namespace_exists<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Response> {
     let namespace = path.ident()?;
@@ -79,7 +78,7 @@ pub(super) async fn namespace_exists<DB: CatalogDatabase>(
 }
 
 pub(super) async fn drop_namespace<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
     tx: CatalogTx<DB>,
 ) -> ApiResult<Response> {
@@ -88,7 +87,7 @@ pub(super) async fn drop_namespace<DB: CatalogDatabase>(
 }
 
 pub(super) async fn update_properties<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
     tx: CatalogTx<DB>,
     body: Bytes,

@@ -19,14 +19,22 @@ use crate::catalog::{Catalog, CatalogDatabase, Writes};
 use crate::error::{ApiError, ApiResult};
 use crate::rest::TableIdentifier;
 
-/// What every handler shares.
+/// What every handler shares (a clone shares the catalog).
 pub(crate) struct AppState<DB: CatalogDatabase> {
-    pub(crate) catalog: Catalog<DB>,
+    pub(crate) catalog: Arc<Catalog<DB>>,
+}
+
+impl<DB: CatalogDatabase> Clone for AppState<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            catalog: self.catalog.clone(),
+        }
+    }
 }
 
 /// A change's transaction comes from the catalog's [`Writes`].
-impl<DB: CatalogDatabase> FromRef<Arc<AppState<DB>>> for Writes<DB> {
-    fn from_ref(state: &Arc<AppState<DB>>) -> Self {
+impl<DB: CatalogDatabase> FromRef<AppState<DB>> for Writes<DB> {
+    fn from_ref(state: &AppState<DB>) -> Self {
         state.catalog.writes.clone()
     }
 }

@@ -2,7 +2,6 @@
 //! drop, report metrics, register, rename.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -22,7 +21,7 @@ use crate::rest::{
 };
 
 pub(super) async fn list_tables<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Json<ListIdentifiersResponse>> {
     let tables = state.catalog.list_tables(&path.ident()?).await?;
@@ -32,7 +31,7 @@ pub(super) async fn list_tables<DB: CatalogDatabase>(
 }
 
 pub(super) async fn create_table<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
     tx: CatalogTx<DB>,
     body: Bytes,
@@ -52,7 +51,7 @@ pub(super) async fn create_table<DB: CatalogDatabase>(
 }
 
 pub(super) async fn load_table<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<TablePath>,
 ) -> ApiResult<Response> {
     let result = state.catalog.load_table(&path.ident()?).await?;
@@ -60,7 +59,7 @@ pub(super) async fn load_table<DB: CatalogDatabase>(
 }
 
 pub(super) async fn table_exists<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<TablePath>,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -72,7 +71,7 @@ pub(super) async fn table_exists<DB: CatalogDatabase>(
 }
 
 pub(super) async fn commit_table<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<TablePath>,
     tx: CatalogTx<DB>,
     body: Bytes,
@@ -98,7 +97,7 @@ pub(super) async fn commit_table<DB: CatalogDatabase>(
 }
 
 pub(super) async fn drop_table<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<TablePath>,
     Query(query): Query<HashMap<String, String>>,
     tx: CatalogTx<DB>,
@@ -117,7 +116,7 @@ pub(super) async fn report_metrics(Path(path): Path<TablePath>) -> ApiResult<Res
 }
 
 pub(super) async fn register_table<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
     tx: CatalogTx<DB>,
     body: Bytes,
@@ -133,7 +132,7 @@ pub(super) async fn register_table<DB: CatalogDatabase>(
 }
 
 pub(super) async fn rename_table<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {

@@ -1,7 +1,5 @@
 //! `POST /v1/transactions/commit`: changes to several tables, committed together.
 
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
@@ -13,7 +11,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::rest::CommitTransactionRequest;
 
 pub(super) async fn commit_transaction<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {

@@ -1,7 +1,5 @@
 //! The view routes: list, create, load, exists, replace, drop, rename, register.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -20,7 +18,7 @@ use crate::rest::{
 };
 
 pub(super) async fn list_views<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
 ) -> ApiResult<Json<ListIdentifiersResponse>> {
     let views = state.catalog.list_views(&path.ident()?).await?;
@@ -30,7 +28,7 @@ pub(super) async fn list_views<DB: CatalogDatabase>(
 }
 
 pub(super) async fn create_view<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
     tx: CatalogTx<DB>,
     body: Bytes,
@@ -45,7 +43,7 @@ pub(super) async fn create_view<DB: CatalogDatabase>(
 }
 
 pub(super) async fn load_view<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<ViewPath>,
 ) -> ApiResult<Response> {
     let result = state.catalog.load_view(&path.ident()?).await?;
@@ -53,7 +51,7 @@ pub(super) async fn load_view<DB: CatalogDatabase>(
 }
 
 pub(super) async fn view_exists<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<ViewPath>,
 ) -> ApiResult<Response> {
     let ident = path.ident()?;
@@ -65,7 +63,7 @@ pub(super) async fn view_exists<DB: CatalogDatabase>(
 }
 
 pub(super) async fn replace_view<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<ViewPath>,
     tx: CatalogTx<DB>,
     body: Bytes,
@@ -80,7 +78,7 @@ pub(super) async fn replace_view<DB: CatalogDatabase>(
 }
 
 pub(super) async fn drop_view<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<ViewPath>,
     tx: CatalogTx<DB>,
 ) -> ApiResult<Response> {
@@ -89,7 +87,7 @@ pub(super) async fn drop_view<DB: CatalogDatabase>(
 }
 
 pub(super) async fn rename_view<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     tx: CatalogTx<DB>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -106,7 +104,7 @@ pub(super) async fn rename_view<DB: CatalogDatabase>(
 }
 
 pub(super) async fn register_view<DB: CatalogDatabase>(
-    State(state): State<Arc<AppState<DB>>>,
+    State(state): State<AppState<DB>>,
     Path(path): Path<NamespacePath>,
     tx: CatalogTx<DB>,
     body: Bytes,
