@@ -29,8 +29,8 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::conformance::Leftovers;
 use idempotency_core::{
-    Binding, FullStore, IdempotencyLayer, IdempotencyStore, Outcome, OutcomeUnknown, RecordId,
-    RejectionKind, Reservation, ReservationHandle, ScopeQuota, Waited,
+    Binding, FullStore, IdempotencyLayer, IdempotencyStore, Outcome, OutcomeUnknown, Ownership,
+    RecordId, RejectionKind, Reservation, ReservationHandle, ScopeQuota, Waited,
 };
 use idempotency_store_sql::{
     OneCommitStore, PoolSettings, RecordDatabase, Reservations, TableName, Transactions, Tx,
@@ -651,6 +651,44 @@ where
     database.drop_tables().await;
 }
 
+/// A duplicate's wait for a running owner ends at its timeout, not at the database's
+/// next whole second (InnoDB bounds a lock wait in seconds), and says the owner runs.
+async fn a_wait_for_a_running_owner_ends_at_its_timeout<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
+        return;
+    };
+    let id = RecordId::new("", uuid::Uuid::new_v4().to_string());
+    let binding = Binding {
+        method: "POST".to_owned(),
+        path: "/orders".to_owned(),
+        body_sha256: [9; 32],
+    };
+    let (lease, lifetime) = (Duration::from_secs(30), Duration::from_secs(60));
+    let reserved = database.store.reserve(&id, &binding, lease, lifetime).await;
+    let Ok(Reservation::ReservedUncommitted(token)) = reserved else {
+        panic!("the key is free: {reserved:?}");
+    };
+    for timeout in [Duration::from_millis(150), Duration::from_millis(400)] {
+        let started = tokio::time::Instant::now();
+        let waited = database.store.wait(&id, timeout).await.unwrap();
+        let took = started.elapsed();
+        assert_eq!(waited, Waited::Running(None), "the owner still runs");
+        assert!(
+            took >= timeout && took < timeout + Duration::from_millis(250),
+            "a wait of {timeout:?} took {took:?}"
+        );
+    }
+    assert_eq!(
+        database.store.release(&id, token).await.unwrap(),
+        Ownership::Held
+    );
+    database.drop_tables().await;
+}
+
 /// `POST /unknown`: answers 500 marked [`OutcomeUnknown`], with its transaction as
 /// `x-tx` says: `untouched` (never taken), `dropped` (begun, then dropped: rolled back),
 /// `committed` (begun, a side effect written and committed without the answer). `x-tx:
@@ -1033,6 +1071,11 @@ macro_rules! on {
                     $database,
                 >($backend)
                 .await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_wait_for_a_running_owner_ends_at_its_timeout() {
+                super::a_wait_for_a_running_owner_ends_at_its_timeout::<$database>($backend).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

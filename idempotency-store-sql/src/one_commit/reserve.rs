@@ -132,16 +132,21 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             .expect("MySQL's statements have the owner's row's locking read");
         let (pool, id) = (self.pool.clone(), id.clone());
         // On a task of its own, as a reservation is: a caller that goes away during the
-        // locking read must not leave the connection inside its transaction.
+        // locking read must not leave the connection inside its transaction. InnoDB
+        // bounds the read in whole seconds; the caller stops waiting at `timeout` all the
+        // same, and the task ends within the second.
         let (handover, waited) = oneshot::channel();
         tokio::spawn(async move {
             let _ = handover.send(wait_on_owners_row(&pool, &statement, &id, timeout).await);
         });
-        waited.await.unwrap_or_else(|_| {
-            Err(StoreError::backend(
-                "the wait's task ended without an answer",
-            ))
-        })
+        match tokio::time::timeout(timeout, waited).await {
+            Err(_) => Ok(false),
+            Ok(waited) => waited.unwrap_or_else(|_| {
+                Err(StoreError::backend(
+                    "the wait's task ended without an answer",
+                ))
+            }),
+        }
     }
 
     /// Room for one more open write transaction.
