@@ -131,13 +131,15 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             .clone()
             .expect("MySQL's statements have the owner's row's locking read");
         let (pool, id) = (self.pool.clone(), id.clone());
+        let mariadb = self.bounded_reserve.is_some();
         // On a task of its own, as a reservation is: a caller that goes away during the
         // locking read must not leave the connection inside its transaction. InnoDB
         // bounds the read in whole seconds; the caller stops waiting at `timeout` all the
         // same, and the task ends within the second.
         let (handover, waited) = oneshot::channel();
         tokio::spawn(async move {
-            let _ = handover.send(wait_on_owners_row(&pool, &statement, &id, timeout).await);
+            let waited = wait_on_owners_row(&pool, &statement, mariadb, &id, timeout).await;
+            let _ = handover.send(waited);
         });
         match tokio::time::timeout(timeout, waited).await {
             Err(_) => Ok(false),
@@ -264,21 +266,28 @@ impl Reserving {
 async fn wait_on_owners_row<DB: RecordDatabase>(
     pool: &Pool<DB>,
     statement: &str,
+    mariadb: bool,
     id: &RecordId,
     timeout: Duration,
 ) -> Result<bool, StoreError> {
-    // Bounded, the wait for a pooled connection included (`begin_on` lets go of a
-    // transaction begun for a caller that went away).
-    let Ok(begun) = tokio::time::timeout(timeout, begin_on(pool)).await else {
+    // Bounded, the wait for a pooled connection included.
+    let Ok(acquired) = tokio::time::timeout(timeout, pool.acquire()).await else {
         return Ok(false);
     };
-    let mut transaction = begun.map_err(backend)?;
+    let mut connection = acquired.map_err(backend)?;
     // InnoDB counts whole seconds.
     let seconds = timeout.as_secs_f64().ceil().max(1.0) as u64;
-    set_lock_wait::<DB>(&mut transaction, Some(seconds)).await?;
-    let read = DB::rows_of_key(&mut transaction, statement, id).await;
-    set_lock_wait::<DB>(&mut transaction, None).await?;
-    let _ = transaction.rollback().await;
+    // A locking read outside any transaction: it waits for the owner's row, and lets go
+    // of what it took as soon as it ends.
+    let read = if mariadb {
+        let bounded = format!("SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR {statement}");
+        DB::rows_of_key(&mut connection, &bounded, id).await
+    } else {
+        set_lock_wait::<DB>(&mut connection, Some(seconds)).await?;
+        let read = DB::rows_of_key(&mut connection, statement, id).await;
+        set_lock_wait::<DB>(&mut connection, None).await?;
+        read
+    };
     match read {
         Ok(_) => Ok(true),
         Err(error) => match conflict(&error) {
