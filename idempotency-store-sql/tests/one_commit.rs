@@ -587,6 +587,23 @@ where
     database.drop_tables().await;
 }
 
+/// A new key, the binding of a request for it, a lease and a lifetime, for calls to the
+/// store itself.
+fn a_key() -> (RecordId, Binding, Duration, Duration) {
+    let id = RecordId::new("", uuid::Uuid::new_v4().to_string());
+    let binding = Binding {
+        method: "POST".to_owned(),
+        path: "/orders".to_owned(),
+        body_sha256: [7; 32],
+    };
+    (
+        id,
+        binding,
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    )
+}
+
 /// Callers that go away while their key is being reserved (a client hangs up at once)
 /// leave nothing held: no transaction, no connection, and no claim, so that the next
 /// request for the key is reserved at once. (Found by the simulation, seed 800 on
@@ -600,13 +617,7 @@ where
     let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
-    let id = RecordId::new("", uuid::Uuid::new_v4().to_string());
-    let binding = Binding {
-        method: "POST".to_owned(),
-        path: "/orders".to_owned(),
-        body_sha256: [7; 32],
-    };
-    let (lease, lifetime) = (Duration::from_secs(30), Duration::from_secs(60));
+    let (id, binding, lease, lifetime) = a_key();
     let mut cut_short = 0;
     for round in 0..60_u64 {
         let mut reserve = std::pin::pin!(database.store.reserve(&id, &binding, lease, lifetime));
@@ -661,13 +672,7 @@ where
     let Some(database) = Database::<DB>::open(backend).await else {
         return;
     };
-    let id = RecordId::new("", uuid::Uuid::new_v4().to_string());
-    let binding = Binding {
-        method: "POST".to_owned(),
-        path: "/orders".to_owned(),
-        body_sha256: [9; 32],
-    };
-    let (lease, lifetime) = (Duration::from_secs(30), Duration::from_secs(60));
+    let (id, binding, lease, lifetime) = a_key();
     let reserved = database.store.reserve(&id, &binding, lease, lifetime).await;
     let Ok(Reservation::ReservedUncommitted(token)) = reserved else {
         panic!("the key is free: {reserved:?}");

@@ -264,22 +264,21 @@ async fn sqlite_store(url: &str, table: &str) -> SqliteStore {
         .unwrap()
 }
 
-/// `one_path` on `transactions` behind `layer`, the handler looking for committed
-/// in-flight records in `records`.
-async fn checked<T>(
-    transactions: T,
-    layer: IdempotencyLayer,
+/// `one_path` on `store`'s transactions behind the layer on `store`, the handler looking
+/// for committed in-flight records in `records`.
+async fn checked<DB: RecordDatabase>(
+    store: Arc<OneCommitStore<DB>>,
     observer: &AnyPool,
     table: &str,
     records: String,
     commits: Commits,
 ) where
-    T: Transactions,
-    for<'c> &'c mut <T::Database as Database>::Connection: Executor<'c, Database = T::Database>,
-    for<'q> <T::Database as Database>::Arguments<'q>: IntoArguments<'q, T::Database>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
+    let layer = IdempotencyLayer::from_shared_store(store.clone());
     let peek = Records(observer.clone(), records);
-    let app = app(transactions, layer, table, Some(peek));
+    let app = app(Writes::with_records(store), layer, table, Some(peek));
     one_path(app, observer, table, commits).await;
 }
 
@@ -305,16 +304,7 @@ async fn leased_reservations_on_a_pg_pool() {
     let typed = postgres_store(&records).await;
     let pool: sqlx::PgPool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::Two,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,16 +316,7 @@ async fn leased_reservations_on_a_mysql_pool() {
     let typed = mariadb_store(&records).await;
     let pool: sqlx::MySqlPool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::Two,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::Two).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,16 +328,7 @@ async fn leased_reservations_on_a_sqlite_pool() {
     let typed = sqlite_store(&url, &records).await;
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = leased(one_commit_store(Arc::new(typed), pool, &records).await);
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::Two,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::Two).await;
 }
 
 fn leased<DB: RecordDatabase>(store: Arc<OneCommitStore<DB>>) -> Arc<OneCommitStore<DB>> {
@@ -375,16 +347,7 @@ async fn one_commit_on_a_pg_pool() {
     let typed = postgres_store(&records).await;
     let pool: sqlx::PgPool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::One,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,16 +359,7 @@ async fn one_commit_on_a_mysql_pool() {
     let typed = mariadb_store(&records).await;
     let pool: sqlx::MySqlPool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::One,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,16 +371,7 @@ async fn one_commit_on_a_sqlite_pool() {
     let typed = sqlite_store(&url, &records).await;
     let pool: sqlx::SqlitePool = typed.pool().clone();
     let store = one_commit_store(Arc::new(typed), pool, &records).await;
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::One,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::One).await;
 }
 
 /// The one-commit store over sqlx `Any`, on `url`.
@@ -445,16 +390,7 @@ async fn one_commit_on_any(url: &str, env: &str) {
         .await
         .unwrap();
     let store = one_commit_store(typed, pool, &records).await;
-    let layer = IdempotencyLayer::from_shared_store(store.clone());
-    checked(
-        Writes::with_records(store),
-        layer,
-        &observer,
-        &table,
-        records,
-        Commits::One,
-    )
-    .await;
+    checked(store, &observer, &table, records, Commits::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
