@@ -187,6 +187,46 @@ async fn too_few_replicas_fail_closed_and_leave_no_reservation() {
     .await;
 }
 
+/// A takeover the replicas did not acknowledge fails closed like a reservation: the
+/// record it took over is let go (no request ran under the new token), so the key is free
+/// for the retry at once instead of held until the new lease lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_too_few_replicas_acknowledged_is_let_go() {
+    if !redis_available() {
+        return;
+    }
+    bounded(60, async {
+        let (primary, _replica) = primary_and_replica();
+        let plain = RedisStore::connect(&primary.url()).await.unwrap();
+        let id = RecordId::new("", "taken-over-unacknowledged");
+        let Reservation::Reserved(lapsed) = plain
+            .reserve(&id, &binding(), Duration::from_millis(50), LIFETIME)
+            .await
+            .unwrap()
+        else {
+            panic!("a fresh key was not reserved");
+        };
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Two acknowledgements asked for, one replica there.
+        let url = format!("{}?replica-acks=2&replica-ack-timeout=100ms", primary.url());
+        let store = RedisStore::connect(&url).await.unwrap();
+        let error = store
+            .take_over(&id, lapsed, LEASE)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("Redis take_over was acknowledged by"),
+            "{error}"
+        );
+        assert!(
+            plain.load(&id).await.unwrap().is_none(),
+            "the record of an unacknowledged takeover is still there"
+        );
+    })
+    .await;
+}
+
 /// While writes wait for a replica that does not answer, the store's other requests go
 /// through at once, and the waiting writes wait side by side, not one after the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
