@@ -1,0 +1,110 @@
+//! Checks that cargo-mutants found missing (see TESTING.md, "Mutation testing"), against
+//! the real servers: what PostgreSQL's waiters do with the notices of other keys.
+#![cfg(feature = "postgres")]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idempotency_core::{IdempotencyStore, Ownership, Waited};
+use idempotency_store_sql::{PoolSettings, PostgresStore};
+
+const ENV: &str = "IDEMPOTENCY_TEST_POSTGRES_URL";
+
+fn url() -> String {
+    std::env::var(ENV).unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A node: a store with a pool of its own, on `table` (not migrated).
+async fn node(table: &str) -> Option<PostgresStore> {
+    let settings = PoolSettings::default()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10));
+    match PostgresStore::connect(&url(), &settings).await {
+        Ok(store) => Some(store.with_table_name(table).expect("valid table name")),
+        Err(error) => common::unreachable("PostgreSQL", &url(), ENV, error),
+    }
+}
+
+async fn drop_table(store: &PostgresStore) {
+    sqlx::query(&format!("DROP TABLE IF EXISTS \"{}\"", store.table_name()))
+        .execute(store.pool())
+        .await
+        .expect("drop table");
+}
+
+/// Every record of a table is announced on one channel: a waiter looks at its record
+/// again for its own key's announcement, not for every other key's. 10 waiters on one key
+/// while 100 other keys are finalized send a few queries each (a load at the start, one a
+/// second, one when woken), not one per announcement (1 000). The waiters' pool counts
+/// every query they send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_do_not_look_again_for_other_keys_notices() {
+    let Some(owner) = node(&common::unique_table()).await else {
+        return;
+    };
+    let owner = owner.migrate().await.expect("migrate");
+    let queries = Arc::new(AtomicUsize::new(0));
+    let counted = queries.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .after_release(move |_, _| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&url())
+        .await
+        .expect("second pool");
+    let waiters_node = PostgresStore::new(pool)
+        .with_table_name(owner.table_name().as_str())
+        .unwrap();
+
+    let waited = common::id();
+    let token = common::reserved(&owner, &waited).await;
+    // Start the listener first, so that the count is the waiters' alone.
+    let _ = waiters_node
+        .wait(&common::id(), Duration::ZERO)
+        .await
+        .unwrap();
+    let waiters: Vec<_> = (0..10)
+        .map(|_| {
+            let store = waiters_node.clone();
+            let id = waited.clone();
+            tokio::spawn(async move { store.wait(&id, Duration::from_secs(20)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = queries.load(Ordering::Relaxed);
+    let started = tokio::time::Instant::now();
+    for _ in 0..100 {
+        let other = common::id();
+        let token = common::reserved(&owner, &other).await;
+        assert_eq!(
+            owner
+                .finalize(&other, token, &common::response(b"other"))
+                .await
+                .unwrap(),
+            Ownership::Held
+        );
+    }
+    assert_eq!(
+        owner
+            .finalize(&waited, token, &common::response(b"done"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+    for waiter in waiters {
+        assert!(matches!(waiter.await.unwrap().unwrap(), Waited::Settled(_)));
+    }
+    let spent = queries.load(Ordering::Relaxed) - before;
+    // One when woken, and one for each second the 100 finalizes took.
+    let seconds = started.elapsed().as_secs() as usize;
+    assert!(
+        spent <= 10 * (seconds + 3),
+        "10 waiters sent {spent} queries in {seconds} s while 100 other keys settled"
+    );
+    drop_table(&owner).await;
+}
