@@ -944,8 +944,12 @@ pub(crate) fn millis(duration: Duration) -> u64 {
 /// A fresh fencing token: 63 random bits (positive, never zero).
 fn new_token() -> FencingToken {
     loop {
+        // A v4 UUID's 6 fixed bits (version: bits 12-15 of `high`; variant: bits 62-63
+        // of `low`) must each meet a random bit: turned by 32, the variant lands on
+        // bits 30-31. (Turned by 17 it landed on bits 15-16, and bit 15, fixed at 0 in
+        // both, left every token with bit 14 clear: 62 random bits.)
         let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
-        let token = ((high ^ low.rotate_left(17)) >> 1) as i64;
+        let token = ((high ^ low.rotate_left(32)) >> 1) as i64;
         if token != 0 {
             return FencingToken(token);
         }
@@ -980,6 +984,26 @@ mod tests {
             let token = new_token();
             assert!(token.0 > 0);
             assert_ne!(new_token_other_than(token), token);
+        }
+    }
+
+    /// Each of a token's 63 bits is set in about half of the tokens drawn: the UUID's
+    /// fixed version and variant bits are mixed away, and no bit leans either way (2 000
+    /// draws: 1 000 ± 22 expected, so the bounds are 9 standard deviations out).
+    #[test]
+    fn token_bits_are_each_set_about_half_the_time() {
+        let mut ones = [0_u32; 63];
+        for _ in 0..2000 {
+            let token = new_token().0;
+            for (bit, count) in ones.iter_mut().enumerate() {
+                *count += u32::from(token >> bit & 1 == 1);
+            }
+        }
+        for (bit, count) in ones.iter().enumerate() {
+            assert!(
+                (800..=1200).contains(count),
+                "bit {bit} was set in {count} of 2000 tokens"
+            );
         }
     }
 

@@ -45,8 +45,12 @@ pub(crate) fn millis(duration: Duration) -> i64 {
 /// A fresh fencing token: 64 random bits, so that a token is never reused across
 /// release / re-reserve cycles, on any node.
 pub(crate) fn new_token() -> FencingToken {
+    // A v4 UUID's 6 fixed bits (version: bits 12-15 of `high`; variant: bits 62-63 of
+    // `low`) must each meet a random bit: turned by 32, the variant lands on bits 30-31.
+    // (Turned by 17 it landed on bits 15-16, and bit 15, fixed at 0 in both, was clear
+    // in every token: 63 random bits.)
     let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
-    FencingToken((high ^ low.rotate_left(17)) as i64)
+    FencingToken((high ^ low.rotate_left(32)) as i64)
 }
 
 /// Another random token, guaranteed to differ from `old`.
@@ -470,5 +474,25 @@ mod tests {
     fn tokens_differ() {
         let a = new_token();
         assert_ne!(a, new_token_other_than(a));
+    }
+
+    /// Each of a token's 64 bits is set in about half of the tokens drawn: the UUID's
+    /// fixed version and variant bits are mixed away (2 000 draws: 1 000 ± 22 expected,
+    /// so the bounds are 9 standard deviations out).
+    #[test]
+    fn token_bits_are_each_set_about_half_the_time() {
+        let mut ones = [0_u32; 64];
+        for _ in 0..2000 {
+            let token = new_token().0 as u64;
+            for (bit, count) in ones.iter_mut().enumerate() {
+                *count += u32::from(token >> bit & 1 == 1);
+            }
+        }
+        for (bit, count) in ones.iter().enumerate() {
+            assert!(
+                (800..=1200).contains(count),
+                "bit {bit} was set in {count} of 2000 tokens"
+            );
+        }
     }
 }
