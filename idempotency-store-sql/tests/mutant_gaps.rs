@@ -1,7 +1,8 @@
 //! Checks that cargo-mutants found missing (see TESTING.md, "Mutation testing"), against
 //! the real servers: what PostgreSQL's waiters do with the notices of other keys, and
 //! what a stale token settles of a newer uncommitted reservation of its key on the
-//! one-commit store.
+//! one-commit store, and the bytes its uncommitted reservations count against a scope's
+//! quota.
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
 mod common;
@@ -10,7 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotency_core::{FullStore, IdempotencyStore, Ownership, RecordState, Reservation, Waited};
+use idempotency_core::{
+    FullStore, IdempotencyStore, Ownership, RecordId, RecordState, Reservation, ScopeQuota,
+    StoreError, Waited,
+};
 use idempotency_store_sql::{
     OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore, TableName,
 };
@@ -187,6 +191,82 @@ async fn a_stale_token_settles_nothing_of_a_newer_reservation<DB: RecordDatabase
         record.state,
         RecordState::Completed(common::response(b"done"))
     );
+}
+
+/// A byte quota counts the bytes of this process's reservations not committed yet: with
+/// room for two reservations' bytes, two uncommitted ones in the scope leave none for a
+/// third (and a scope's count is its own: another scope's reservations count nothing).
+async fn uncommitted_reservations_count_their_bytes<DB: RecordDatabase>(store: OneCommitStore<DB>) {
+    let scope = format!("bytes-{}", uuid::Uuid::new_v4());
+    let binding = common::binding();
+    let ids: Vec<_> = ["key-1", "key-2", "key-3"]
+        .iter()
+        .map(|key| RecordId::new(scope.clone(), *key))
+        .collect();
+    let each = ids[0].reserved_bytes(&binding);
+    let store = store.with_scope_quota(ScopeQuota::default().with_max_bytes(2 * each));
+    let mut held = Vec::new();
+    for id in &ids[..2] {
+        match store
+            .reserve(id, &binding, common::LONG, common::LONG)
+            .await
+            .unwrap()
+        {
+            Reservation::ReservedUncommitted(token) => held.push((id, token)),
+            other => panic!("a scope with room answered {other:?}"),
+        }
+    }
+    match store
+        .reserve(&ids[2], &binding, common::LONG, common::LONG)
+        .await
+    {
+        Err(StoreError::QuotaExceeded { bound, .. }) => {
+            assert_eq!(bound, format!("{} bytes", 2 * each));
+        }
+        other => panic!("a third reservation past the byte quota answered {other:?}"),
+    }
+    // Another scope is not affected.
+    let elsewhere = RecordId::new(format!("other-{}", uuid::Uuid::new_v4()), "key-1");
+    match store
+        .reserve(&elsewhere, &binding, common::LONG, common::LONG)
+        .await
+        .unwrap()
+    {
+        Reservation::ReservedUncommitted(token) => held.push((&elsewhere, token)),
+        other => panic!("another scope answered {other:?}"),
+    }
+    for (id, token) in held {
+        assert_eq!(store.release(id, token).await.unwrap(), Ownership::Held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_postgres_counts_uncommitted_bytes() {
+    let table = common::unique_table();
+    let Some(typed) = node(&table).await else {
+        return;
+    };
+    let typed = typed.migrate().await.expect("migrate");
+    let store = one_commit::<sqlx::Postgres>(&url(), &table, Arc::new(typed.clone())).await;
+    uncommitted_reservations_count_their_bytes(store).await;
+    drop_table(&typed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_sqlite_counts_uncommitted_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/one.db?mode=rwc", dir.path().display());
+    let table = common::unique_table();
+    let typed = SqliteStore::connect(&url, &PoolSettings::default())
+        .await
+        .expect("open the SQLite file")
+        .with_table_name(&table)
+        .unwrap()
+        .migrate()
+        .await
+        .expect("migrate");
+    let store = one_commit::<sqlx::Sqlite>(&url, &table, Arc::new(typed)).await;
+    uncommitted_reservations_count_their_bytes(store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
