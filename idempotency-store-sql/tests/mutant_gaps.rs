@@ -1,5 +1,6 @@
 //! Checks that cargo-mutants found missing (see TESTING.md, "Mutation testing"), against
-//! the real servers: what PostgreSQL's waiters do with the notices of other keys, and
+//! the real servers: what PostgreSQL's waiters do with their own key's notice and with
+//! other keys', and
 //! what a stale token settles of a newer uncommitted reservation of its key on the
 //! one-commit store, and the bytes its uncommitted reservations count against a scope's
 //! quota.
@@ -113,6 +114,45 @@ async fn waiters_do_not_look_again_for_other_keys_notices() {
     assert!(
         spent <= 10 * (seconds + 3),
         "10 waiters sent {spent} queries in {seconds} s while 100 other keys settled"
+    );
+    drop_table(&owner).await;
+}
+
+/// A PostgreSQL waiter looks at its record once a second, and at once when its own
+/// key's announcement comes: a finalize between two looks (1.3 s after the waiter began,
+/// 0.7 s before its next look) wakes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_its_own_notice_between_two_looks() {
+    let Some(owner) = node(&common::unique_table()).await else {
+        return;
+    };
+    let owner = owner.migrate().await.expect("migrate");
+    let waiters_node = node(owner.table_name().as_str()).await.unwrap();
+    let id = common::id();
+    let token = common::reserved(&owner, &id).await;
+    // Start the listener first.
+    let _ = waiters_node
+        .wait(&common::id(), Duration::ZERO)
+        .await
+        .unwrap();
+    let waiter = {
+        let id = id.clone();
+        tokio::spawn(async move { waiters_node.wait(&id, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let finalized_at = tokio::time::Instant::now();
+    assert_eq!(
+        owner
+            .finalize(&id, token, &common::response(b"done"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+    assert!(matches!(waiter.await.unwrap().unwrap(), Waited::Settled(_)));
+    let woken_after = finalized_at.elapsed();
+    assert!(
+        woken_after < Duration::from_millis(400),
+        "a waiter woke {woken_after:?} after its record was finalized"
     );
     drop_table(&owner).await;
 }
