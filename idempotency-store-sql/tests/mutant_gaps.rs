@@ -2,22 +2,29 @@
 //! the real servers: what PostgreSQL's waiters do with their own key's notice and with
 //! other keys', and
 //! what a stale token settles of a newer uncommitted reservation of its key on the
-//! one-commit store, and the bytes its uncommitted reservations count against a scope's
-//! quota.
+//! one-commit store, the bytes its uncommitted reservations count against a scope's
+//! quota, and what releasing answers once another request's record holds the key.
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::{Extension, Router};
+use tower::ServiceExt as _;
+
 use idempotency_core::{
-    FullStore, IdempotencyStore, Ownership, RecordId, RecordState, Reservation, ScopeQuota,
-    StoreError, Waited,
+    FullStore, IdempotencyLayer, IdempotencyStore, Ownership, RecordId, RecordState, Reservation,
+    ReservationHandle, ScopeQuota, StoreError, Waited,
 };
 use idempotency_store_sql::{
-    OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore, TableName,
+    OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore, TableName, Tx,
 };
 
 const ENV: &str = "IDEMPOTENCY_TEST_POSTGRES_URL";
@@ -336,4 +343,78 @@ async fn one_commit_on_sqlite_a_stale_token_settles_nothing() {
         .expect("migrate");
     let store = one_commit::<sqlx::Sqlite>(&url, &table, Arc::new(typed)).await;
     a_stale_token_settles_nothing_of_a_newer_reservation(&store).await;
+}
+
+/// What the handler below saw: the typed replica's reservation, and what releasing the
+/// one-commit reservation answered.
+type Seen = Arc<Mutex<Option<(Reservation, Ownership)>>>;
+
+/// Takes the reservation's transaction and rolls it back; another replica (a typed store
+/// on the table) then reserves the key, and the one-commit reservation is released.
+async fn rolled_back_then_taken_elsewhere(
+    State((store, typed, seen)): State<(Arc<OneCommitStore<sqlx::Postgres>>, PostgresStore, Seen)>,
+    Extension(reservation): Extension<ReservationHandle>,
+) -> StatusCode {
+    let tx = Tx::begin(&store, Some(&reservation)).await.unwrap();
+    tx.rollback();
+    let (id, token) = (reservation.id().clone(), reservation.token());
+    // The rollback of a dropped transaction reaches the server a moment later: until
+    // then its lock holds the key, and the replica finds it busy.
+    let mut other = Reservation::Busy;
+    for _ in 0..100 {
+        other = typed
+            .reserve(&id, &common::binding(), common::LONG, common::LONG)
+            .await
+            .unwrap();
+        if other != Reservation::Busy {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let released = store.release(&id, token).await.unwrap();
+    *seen.lock().unwrap() = Some((other, released));
+    StatusCode::SERVICE_UNAVAILABLE
+}
+
+/// A handler took its reservation's transaction and rolled it back, and another
+/// replica's request reserved the key meanwhile: releasing the first reservation then
+/// finds nothing of its own, and another request's record holding the key, and answers
+/// `Lost` (releasing left the key held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_postgres_a_release_after_the_key_was_taken_elsewhere_is_lost() {
+    let table = common::unique_table();
+    let Some(typed) = node(&table).await else {
+        return;
+    };
+    let typed = typed.migrate().await.expect("migrate");
+    let store =
+        Arc::new(one_commit::<sqlx::Postgres>(&url(), &table, Arc::new(typed.clone())).await);
+    let seen: Seen = Arc::default();
+    let app = Router::new()
+        .route("/effects", post(rolled_back_then_taken_elsewhere))
+        .with_state((store.clone(), typed.clone(), seen.clone()))
+        .layer(IdempotencyLayer::from_shared_store(store.clone()));
+    let response = app
+        .oneshot(
+            Request::post("/effects")
+                .header("idempotency-key", "taken-elsewhere")
+                .body(Body::from("{}"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let (other, released) = seen.lock().unwrap().take().expect("the handler ran");
+    assert!(
+        matches!(other, Reservation::Reserved(_)),
+        "the other replica could not reserve the key once the transaction rolled back: \
+         {other:?}"
+    );
+    assert_eq!(
+        released,
+        Ownership::Lost,
+        "releasing answered Held with another request's record holding the key"
+    );
+    drop(store);
+    drop_table(&typed).await;
 }
