@@ -1,9 +1,9 @@
 //! Checks that cargo-mutants found missing (see TESTING.md, "Mutation testing"), against
 //! the real servers: what PostgreSQL's waiters do with their own key's notice and with
-//! other keys', and
-//! what a stale token settles of a newer uncommitted reservation of its key on the
-//! one-commit store, the bytes its uncommitted reservations count against a scope's
-//! quota, and what releasing answers once another request's record holds the key.
+//! other keys'; and on the one-commit store, what a stale token settles of a newer
+//! uncommitted reservation of its key, the bytes its uncommitted reservations count
+//! against a scope's quota, and what releasing answers once another request's record
+//! holds the key.
 #![cfg(all(feature = "postgres", feature = "sqlite"))]
 
 mod common;
@@ -17,8 +17,6 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Extension, Router};
-use tower::ServiceExt as _;
-
 use idempotency_core::{
     FullStore, IdempotencyLayer, IdempotencyStore, Ownership, RecordId, RecordState, Reservation,
     ReservationHandle, ScopeQuota, StoreError, Waited,
@@ -26,6 +24,7 @@ use idempotency_core::{
 use idempotency_store_sql::{
     OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore, TableName, Tx,
 };
+use tower::ServiceExt as _;
 
 const ENV: &str = "IDEMPOTENCY_TEST_POSTGRES_URL";
 
