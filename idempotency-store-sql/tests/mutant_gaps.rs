@@ -3,8 +3,8 @@
 //! other keys'; and on the one-commit store, what a stale token settles of a newer
 //! uncommitted reservation of its key, the bytes its uncommitted reservations count
 //! against a scope's quota, and what releasing answers once another request's record
-//! holds the key.
-#![cfg(all(feature = "postgres", feature = "sqlite"))]
+//! holds the key; on MySQL/MariaDB, a full scope's replays and refusals.
+#![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 mod common;
 
@@ -22,7 +22,8 @@ use idempotency_core::{
     ReservationHandle, ScopeQuota, StoreError, Waited,
 };
 use idempotency_store_sql::{
-    OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore, TableName, Tx,
+    MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore,
+    TableName, Tx,
 };
 use tower::ServiceExt as _;
 
@@ -416,4 +417,97 @@ async fn one_commit_on_postgres_a_release_after_the_key_was_taken_elsewhere_is_l
     );
     drop(store);
     drop_table(&typed).await;
+}
+
+fn mysql_url() -> String {
+    std::env::var("IDEMPOTENCY_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A MariaDB store on a fresh migrated table, on a pool that counts the connections
+/// handed back to it.
+async fn counted_mysql_store() -> Option<(MySqlStore, Arc<AtomicUsize>)> {
+    let released = Arc::new(AtomicUsize::new(0));
+    let counted = released.clone();
+    let pool = match sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .after_release(move |_, _| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&mysql_url())
+        .await
+    {
+        Ok(pool) => pool,
+        Err(error) => {
+            return common::unreachable(
+                "MariaDB",
+                &mysql_url(),
+                "IDEMPOTENCY_TEST_MYSQL_URL",
+                error,
+            );
+        }
+    };
+    let store = MySqlStore::new(pool)
+        .with_table_name(&common::unique_table())
+        .unwrap()
+        .migrate()
+        .await
+        .expect("migrate");
+    Some((store, released))
+}
+
+/// A scope with room for one record, full: a replay of its record is answered from it
+/// (never refused), a new key is refused at once (a refusal is not a deadlock, and is
+/// not tried again: one connection, not one per attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_full_scope_replays_and_refuses_at_once() {
+    let Some((store, released)) = counted_mysql_store().await else {
+        return;
+    };
+    let store = store.with_scope_quota(ScopeQuota::default().with_max_records(1));
+    let scope = format!("full-{}", uuid::Uuid::new_v4());
+    let first = RecordId::new(scope.clone(), "first");
+    let token = common::reserved(&store, &first).await;
+    assert_eq!(
+        store
+            .finalize(&first, token, &common::response(b"done"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+    match store
+        .reserve(&first, &common::binding(), common::LONG, common::LONG)
+        .await
+    {
+        Ok(Reservation::Exists(record)) => {
+            assert_eq!(
+                record.state,
+                RecordState::Completed(common::response(b"done"))
+            );
+        }
+        other => panic!("a replay in a full scope answered {other:?}"),
+    }
+    let before = released.load(Ordering::Relaxed);
+    match store
+        .reserve(
+            &RecordId::new(scope, "second"),
+            &common::binding(),
+            common::LONG,
+            common::LONG,
+        )
+        .await
+    {
+        Err(StoreError::QuotaExceeded { .. }) => {}
+        other => panic!("a new key in a full scope answered {other:?}"),
+    }
+    let used = released.load(Ordering::Relaxed) - before;
+    assert!(
+        used <= 2,
+        "a refused reservation used {used} pooled connections"
+    );
+    sqlx::query(&format!("DROP TABLE IF EXISTS `{}`", store.table_name()))
+        .execute(store.pool())
+        .await
+        .expect("drop table");
 }
