@@ -23,7 +23,7 @@ use idempotency_core::{
 };
 use idempotency_store_sql::{
     MySqlStore, OneCommitStore, PoolSettings, PostgresStore, RecordDatabase, SqliteStore,
-    TableName, Tx,
+    TableName, Tx, Writes,
 };
 use tower::ServiceExt as _;
 
@@ -355,7 +355,9 @@ async fn rolled_back_then_taken_elsewhere(
     State((store, typed, seen)): State<(Arc<OneCommitStore<sqlx::Postgres>>, PostgresStore, Seen)>,
     Extension(reservation): Extension<ReservationHandle>,
 ) -> StatusCode {
-    let tx = Tx::begin(&store, Some(&reservation)).await.unwrap();
+    let tx = Tx::begin(&Writes::with_records(store.clone()), Some(&reservation))
+        .await
+        .unwrap();
     tx.rollback();
     let (id, token) = (reservation.id().clone(), reservation.token());
     // The rollback of a dropped transaction reaches the server a moment later: until
