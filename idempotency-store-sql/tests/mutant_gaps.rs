@@ -27,29 +27,7 @@ use idempotency_store_sql::{
 };
 use tower::ServiceExt as _;
 
-const ENV: &str = "IDEMPOTENCY_TEST_POSTGRES_URL";
-
-fn url() -> String {
-    std::env::var(ENV).unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A node: a store with a pool of its own, on `table` (not migrated).
-async fn node(table: &str) -> Option<PostgresStore> {
-    let settings = PoolSettings::default()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(10));
-    match PostgresStore::connect(&url(), &settings).await {
-        Ok(store) => Some(store.with_table_name(table).expect("valid table name")),
-        Err(error) => common::unreachable("PostgreSQL", &url(), ENV, error),
-    }
-}
-
-async fn drop_table(store: &PostgresStore) {
-    sqlx::query(&format!("DROP TABLE IF EXISTS \"{}\"", store.table_name()))
-        .execute(store.pool())
-        .await
-        .expect("drop table");
-}
+use common::{drop_postgres_table, postgres_node, postgres_url};
 
 /// Every record of a table is announced on one channel: a waiter looks at its record
 /// again for its own key's announcement, not for every other key's. 10 waiters on one key
@@ -58,7 +36,7 @@ async fn drop_table(store: &PostgresStore) {
 /// every query they send.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_do_not_look_again_for_other_keys_notices() {
-    let Some(owner) = node(&common::unique_table()).await else {
+    let Some(owner) = postgres_node(&common::unique_table()).await else {
         return;
     };
     let owner = owner.migrate().await.expect("migrate");
@@ -70,7 +48,7 @@ async fn waiters_do_not_look_again_for_other_keys_notices() {
             counted.fetch_add(1, Ordering::Relaxed);
             Box::pin(async { Ok(true) })
         })
-        .connect(&url())
+        .connect(&postgres_url())
         .await
         .expect("second pool");
     let waiters_node = PostgresStore::new(pool)
@@ -122,7 +100,7 @@ async fn waiters_do_not_look_again_for_other_keys_notices() {
         spent <= 10 * (seconds + 3),
         "10 waiters sent {spent} queries in {seconds} s while 100 other keys settled"
     );
-    drop_table(&owner).await;
+    drop_postgres_table(&owner).await;
 }
 
 /// A PostgreSQL waiter looks at its record once a second, and at once when its own
@@ -130,11 +108,11 @@ async fn waiters_do_not_look_again_for_other_keys_notices() {
 /// 0.7 s before its next look) wakes it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_its_own_notice_between_two_looks() {
-    let Some(owner) = node(&common::unique_table()).await else {
+    let Some(owner) = postgres_node(&common::unique_table()).await else {
         return;
     };
     let owner = owner.migrate().await.expect("migrate");
-    let waiters_node = node(owner.table_name().as_str()).await.unwrap();
+    let waiters_node = postgres_node(owner.table_name().as_str()).await.unwrap();
     let id = common::id();
     let token = common::reserved(&owner, &id).await;
     // Start the listener first.
@@ -161,7 +139,7 @@ async fn a_waiter_is_woken_by_its_own_notice_between_two_looks() {
         woken_after < Duration::from_millis(400),
         "a waiter woke {woken_after:?} after its record was finalized"
     );
-    drop_table(&owner).await;
+    drop_postgres_table(&owner).await;
 }
 
 /// The one-commit store on a fresh table of `url`'s database, its handlers' pool of the
@@ -290,13 +268,14 @@ async fn uncommitted_reservations_count_their_bytes<DB: RecordDatabase>(store: O
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_postgres_counts_uncommitted_bytes() {
     let table = common::unique_table();
-    let Some(typed) = node(&table).await else {
+    let Some(typed) = postgres_node(&table).await else {
         return;
     };
     let typed = typed.migrate().await.expect("migrate");
-    let store = one_commit::<sqlx::Postgres>(&url(), &table, Arc::new(typed.clone())).await;
+    let store =
+        one_commit::<sqlx::Postgres>(&postgres_url(), &table, Arc::new(typed.clone())).await;
     uncommitted_reservations_count_their_bytes(store).await;
-    drop_table(&typed).await;
+    drop_postgres_table(&typed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,13 +298,14 @@ async fn one_commit_on_sqlite_counts_uncommitted_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_postgres_a_stale_token_settles_nothing() {
     let table = common::unique_table();
-    let Some(typed) = node(&table).await else {
+    let Some(typed) = postgres_node(&table).await else {
         return;
     };
     let typed = typed.migrate().await.expect("migrate");
-    let store = one_commit::<sqlx::Postgres>(&url(), &table, Arc::new(typed.clone())).await;
+    let store =
+        one_commit::<sqlx::Postgres>(&postgres_url(), &table, Arc::new(typed.clone())).await;
     a_stale_token_settles_nothing_of_a_newer_reservation(&store).await;
-    drop_table(&typed).await;
+    drop_postgres_table(&typed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,12 +365,13 @@ async fn rolled_back_then_taken_elsewhere(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_postgres_a_release_after_the_key_was_taken_elsewhere_is_lost() {
     let table = common::unique_table();
-    let Some(typed) = node(&table).await else {
+    let Some(typed) = postgres_node(&table).await else {
         return;
     };
     let typed = typed.migrate().await.expect("migrate");
-    let store =
-        Arc::new(one_commit::<sqlx::Postgres>(&url(), &table, Arc::new(typed.clone())).await);
+    let store = Arc::new(
+        one_commit::<sqlx::Postgres>(&postgres_url(), &table, Arc::new(typed.clone())).await,
+    );
     let seen: Seen = Arc::default();
     let app = Router::new()
         .route("/effects", post(rolled_back_then_taken_elsewhere))
@@ -418,7 +399,7 @@ async fn one_commit_on_postgres_a_release_after_the_key_was_taken_elsewhere_is_l
         "releasing answered Held with another request's record holding the key"
     );
     drop(store);
-    drop_table(&typed).await;
+    drop_postgres_table(&typed).await;
 }
 
 fn mysql_url() -> String {

@@ -590,18 +590,8 @@ where
 /// A new key, the binding of a request for it, a lease and a lifetime, for calls to the
 /// store itself.
 fn a_key() -> (RecordId, Binding, Duration, Duration) {
-    let id = RecordId::new("", uuid::Uuid::new_v4().to_string());
-    let binding = Binding {
-        method: "POST".to_owned(),
-        path: "/orders".to_owned(),
-        body_sha256: [7; 32],
-    };
-    (
-        id,
-        binding,
-        Duration::from_secs(30),
-        Duration::from_secs(60),
-    )
+    let lease = Duration::from_secs(30);
+    (common::id(), common::binding(), lease, common::LONG)
 }
 
 /// Callers that go away while their key is being reserved (a client hangs up at once)

@@ -8,40 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotency_core::{FullStore, IdempotencyStore};
-use idempotency_store_sql::{PoolSettings, PostgresStore};
+use idempotency_store_sql::PostgresStore;
 
-const ENV: &str = "IDEMPOTENCY_TEST_POSTGRES_URL";
-
-fn url() -> String {
-    std::env::var(ENV).unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A node: a store with a pool of its own, on `table` (not migrated).
-async fn node(table: &str) -> Option<PostgresStore> {
-    let settings = PoolSettings::default()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(10));
-    match PostgresStore::connect(&url(), &settings).await {
-        Ok(store) => Some(store.with_table_name(table).expect("valid table name")),
-        Err(error) => common::unreachable("PostgreSQL", &url(), ENV, error),
-    }
-}
-
-async fn drop_table(store: &PostgresStore) {
-    sqlx::query(&format!("DROP TABLE IF EXISTS \"{}\"", store.table_name()))
-        .execute(store.pool())
-        .await
-        .expect("drop table");
-}
+use common::{drop_postgres_table, postgres_node, postgres_url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_the_conformance_suite() {
-    let Some(store) = node(&common::unique_table()).await else {
+    let Some(store) = postgres_node(&common::unique_table()).await else {
         return;
     };
     let store = store.migrate().await.expect("migrate");
     common::passes_every_check(common::shared(store.clone())).await;
-    drop_table(&store).await;
+    drop_postgres_table(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -49,7 +27,7 @@ async fn eight_nodes_migrate_at_once_and_again() {
     let table = common::unique_table();
     let mut nodes = Vec::new();
     for _ in 0..8 {
-        let Some(store) = node(&table).await else {
+        let Some(store) = postgres_node(&table).await else {
             return;
         };
         nodes.push(store);
@@ -84,7 +62,7 @@ async fn eight_nodes_migrate_at_once_and_again() {
     .await
     .unwrap();
     assert_eq!(body_type, "bytea");
-    drop_table(&store).await;
+    drop_postgres_table(&store).await;
 }
 
 /// The table as release 0.1.0 created it (before `response_trailers`): eight nodes
@@ -92,7 +70,7 @@ async fn eight_nodes_migrate_at_once_and_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_nodes_upgrade_a_table_of_the_previous_release() {
     let table = common::unique_table();
-    let Some(first) = node(&table).await else {
+    let Some(first) = postgres_node(&table).await else {
         return;
     };
     let old_ddl = format!(
@@ -121,7 +99,7 @@ async fn eight_nodes_upgrade_a_table_of_the_previous_release() {
         .expect("create the old table");
     let mut nodes = vec![first];
     for _ in 1..8 {
-        nodes.push(node(&table).await.expect("second node"));
+        nodes.push(postgres_node(&table).await.expect("second node"));
     }
     let results =
         futures_util::future::join_all(nodes.iter().cloned().map(PostgresStore::migrate)).await;
@@ -130,56 +108,60 @@ async fn eight_nodes_upgrade_a_table_of_the_previous_release() {
     }
     let store = nodes[0].clone().migrate().await.expect("second migrate");
     common::check_upgraded_table(common::shared(store.clone())).await;
-    drop_table(&store).await;
+    drop_postgres_table(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_share_keys_leases_and_takeovers() {
     let table = common::unique_table();
-    let Some(a) = node(&table).await else { return };
-    let Some(b) = node(&table).await else { return };
+    let Some(a) = postgres_node(&table).await else {
+        return;
+    };
+    let Some(b) = postgres_node(&table).await else {
+        return;
+    };
     let a = a.migrate().await.expect("migrate");
     let (a_dyn, b_dyn): (Arc<dyn FullStore>, Arc<dyn FullStore>) =
         (Arc::new(a.clone()), Arc::new(b));
     idempotency_core::conformance::run_multi_node(&a_dyn, &b_dyn).await;
-    drop_table(&a).await;
+    drop_postgres_table(&a).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_purge_at_once() {
     let table = common::unique_table();
     let mut nodes: Vec<Arc<dyn FullStore>> = Vec::new();
-    let Some(first) = node(&table).await else {
+    let Some(first) = postgres_node(&table).await else {
         return;
     };
     let first = first.migrate().await.expect("migrate");
     nodes.push(Arc::new(first.clone()));
     for _ in 0..2 {
-        let Some(store) = node(&table).await else {
+        let Some(store) = postgres_node(&table).await else {
             return;
         };
         nodes.push(Arc::new(store));
     }
     idempotency_core::conformance::concurrent_purges(&nodes[0], &nodes[1]).await;
     idempotency_core::conformance::concurrent_purges(&nodes[2], &nodes[0]).await;
-    drop_table(&first).await;
+    drop_postgres_table(&first).await;
 }
 
 #[tokio::test]
 async fn quoted_mixed_case_table_name_works() {
     let table = format!("Idem{}", &common::unique_table()[4..]);
-    let Some(store) = node(&table).await else {
+    let Some(store) = postgres_node(&table).await else {
         return;
     };
     let store = store.migrate().await.expect("migrate");
     idempotency_core::conformance::tokens_are_never_reused(&common::shared(store.clone())).await;
-    drop_table(&store).await;
+    drop_postgres_table(&store).await;
 }
 
 #[tokio::test]
 async fn bad_table_names_are_rejected() {
     // connect_lazy opens nothing, so this needs no server.
-    let pool = sqlx::PgPool::connect_lazy(&url()).expect("url parses");
+    let pool = sqlx::PgPool::connect_lazy(&postgres_url()).expect("url parses");
     for name in ["", "1x", "a-b", "x\"; DROP TABLE y; --", &"t".repeat(64)] {
         let error = PostgresStore::new(pool.clone())
             .with_table_name(name)
@@ -202,7 +184,7 @@ async fn bad_table_names_are_rejected() {
 async fn reserve_sees_a_row_committed_after_its_snapshot() {
     use idempotency_core::{RecordState, Reservation};
 
-    let Some(store) = node(&common::unique_table()).await else {
+    let Some(store) = postgres_node(&common::unique_table()).await else {
         return;
     };
     let store = store.migrate().await.expect("migrate");
@@ -246,7 +228,7 @@ async fn reserve_sees_a_row_committed_after_its_snapshot() {
         ),
         other => panic!("reserve of a key another transaction holds answered {other:?}"),
     }
-    drop_table(&store).await;
+    drop_postgres_table(&store).await;
 }
 
 /// Duplicates waiting for an owner are woken by its announcement (LISTEN/NOTIFY), on any
@@ -258,7 +240,7 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
 
     use idempotency_core::RecordState;
 
-    let Some(owner) = node(&common::unique_table()).await else {
+    let Some(owner) = postgres_node(&common::unique_table()).await else {
         return;
     };
     let owner = owner.migrate().await.expect("migrate");
@@ -271,7 +253,7 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
             counted.fetch_add(1, Ordering::Relaxed);
             Box::pin(async { Ok(true) })
         })
-        .connect(&url())
+        .connect(&postgres_url())
         .await
         .expect("second pool");
     let waiters_node = PostgresStore::new(pool)
@@ -320,15 +302,19 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
         spent <= 100 * 6,
         "100 waiters sent {spent} queries in 3 s of waiting"
     );
-    drop_table(&owner).await;
+    drop_postgres_table(&owner).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn enforces_a_scope_quota_across_two_nodes() {
     use idempotency_core::ScopeQuota;
     let table = common::unique_table();
-    let Some(a) = node(&table).await else { return };
-    let Some(b) = node(&table).await else { return };
+    let Some(a) = postgres_node(&table).await else {
+        return;
+    };
+    let Some(b) = postgres_node(&table).await else {
+        return;
+    };
     let a = a.migrate().await.expect("migrate");
     let quota = ScopeQuota::default().with_max_records(5);
     let one: Arc<dyn FullStore> = Arc::new(a.clone().with_scope_quota(quota));
@@ -362,5 +348,5 @@ async fn enforces_a_scope_quota_across_two_nodes() {
         }
     }
     assert_eq!(won, 5);
-    drop_table(&a).await;
+    drop_postgres_table(&a).await;
 }

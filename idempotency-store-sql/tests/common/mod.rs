@@ -123,3 +123,34 @@ pub async fn check_upgraded_table(store: Arc<dyn FullStore>) {
     );
     idempotency_core::conformance::trailers_round_trip(&store).await;
 }
+
+/// The URL of the PostgreSQL server the tests use, and the variable that names another.
+#[cfg(feature = "postgres")]
+pub const POSTGRES_ENV: &str = "IDEMPOTENCY_TEST_POSTGRES_URL";
+
+#[cfg(feature = "postgres")]
+pub fn postgres_url() -> String {
+    std::env::var(POSTGRES_ENV)
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A PostgreSQL node: a store with a pool of its own, on `table` (not migrated); `None`
+/// (after [`unreachable`]) when the server does not answer.
+#[cfg(feature = "postgres")]
+pub async fn postgres_node(table: &str) -> Option<idempotency_store_sql::PostgresStore> {
+    let settings = idempotency_store_sql::PoolSettings::default()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10));
+    match idempotency_store_sql::PostgresStore::connect(&postgres_url(), &settings).await {
+        Ok(store) => Some(store.with_table_name(table).expect("valid table name")),
+        Err(error) => unreachable("PostgreSQL", &postgres_url(), POSTGRES_ENV, error),
+    }
+}
+
+#[cfg(feature = "postgres")]
+pub async fn drop_postgres_table(store: &idempotency_store_sql::PostgresStore) {
+    sqlx::query(&format!("DROP TABLE IF EXISTS \"{}\"", store.table_name()))
+        .execute(store.pool())
+        .await
+        .expect("drop table");
+}
