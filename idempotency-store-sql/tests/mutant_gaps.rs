@@ -265,15 +265,39 @@ async fn uncommitted_reservations_count_their_bytes<DB: RecordDatabase>(store: O
     }
 }
 
+/// A one-commit store on PostgreSQL, on a migrated table of its own, and the typed store
+/// that keeps its records; `None` (after `common::unreachable`) without a server.
+async fn postgres_one_commit() -> Option<(OneCommitStore<sqlx::Postgres>, PostgresStore)> {
+    let table = common::unique_table();
+    let typed = postgres_node(&table)
+        .await?
+        .migrate()
+        .await
+        .expect("migrate");
+    let store = one_commit(&postgres_url(), &table, Arc::new(typed.clone())).await;
+    Some((store, typed))
+}
+
+/// A one-commit store on a SQLite file in `dir`.
+async fn sqlite_one_commit(dir: &std::path::Path) -> OneCommitStore<sqlx::Sqlite> {
+    let url = format!("sqlite://{}/one.db?mode=rwc", dir.display());
+    let table = common::unique_table();
+    let typed = SqliteStore::connect(&url, &PoolSettings::default())
+        .await
+        .expect("open the SQLite file")
+        .with_table_name(&table)
+        .unwrap()
+        .migrate()
+        .await
+        .expect("migrate");
+    one_commit(&url, &table, Arc::new(typed)).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_postgres_counts_uncommitted_bytes() {
-    let table = common::unique_table();
-    let Some(typed) = postgres_node(&table).await else {
+    let Some((store, typed)) = postgres_one_commit().await else {
         return;
     };
-    let typed = typed.migrate().await.expect("migrate");
-    let store =
-        one_commit::<sqlx::Postgres>(&postgres_url(), &table, Arc::new(typed.clone())).await;
     uncommitted_reservations_count_their_bytes(store).await;
     drop_postgres_table(&typed).await;
 }
@@ -281,29 +305,15 @@ async fn one_commit_on_postgres_counts_uncommitted_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_sqlite_counts_uncommitted_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/one.db?mode=rwc", dir.path().display());
-    let table = common::unique_table();
-    let typed = SqliteStore::connect(&url, &PoolSettings::default())
-        .await
-        .expect("open the SQLite file")
-        .with_table_name(&table)
-        .unwrap()
-        .migrate()
-        .await
-        .expect("migrate");
-    let store = one_commit::<sqlx::Sqlite>(&url, &table, Arc::new(typed)).await;
+    let store = sqlite_one_commit(dir.path()).await;
     uncommitted_reservations_count_their_bytes(store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_postgres_a_stale_token_settles_nothing() {
-    let table = common::unique_table();
-    let Some(typed) = postgres_node(&table).await else {
+    let Some((store, typed)) = postgres_one_commit().await else {
         return;
     };
-    let typed = typed.migrate().await.expect("migrate");
-    let store =
-        one_commit::<sqlx::Postgres>(&postgres_url(), &table, Arc::new(typed.clone())).await;
     a_stale_token_settles_nothing_of_a_newer_reservation(&store).await;
     drop_postgres_table(&typed).await;
 }
@@ -311,17 +321,7 @@ async fn one_commit_on_postgres_a_stale_token_settles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_sqlite_a_stale_token_settles_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}/one.db?mode=rwc", dir.path().display());
-    let table = common::unique_table();
-    let typed = SqliteStore::connect(&url, &PoolSettings::default())
-        .await
-        .expect("open the SQLite file")
-        .with_table_name(&table)
-        .unwrap()
-        .migrate()
-        .await
-        .expect("migrate");
-    let store = one_commit::<sqlx::Sqlite>(&url, &table, Arc::new(typed)).await;
+    let store = sqlite_one_commit(dir.path()).await;
     a_stale_token_settles_nothing_of_a_newer_reservation(&store).await;
 }
 
@@ -364,14 +364,10 @@ async fn rolled_back_then_taken_elsewhere(
 /// `Lost` (releasing left the key held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_on_postgres_a_release_after_the_key_was_taken_elsewhere_is_lost() {
-    let table = common::unique_table();
-    let Some(typed) = postgres_node(&table).await else {
+    let Some((store, typed)) = postgres_one_commit().await else {
         return;
     };
-    let typed = typed.migrate().await.expect("migrate");
-    let store = Arc::new(
-        one_commit::<sqlx::Postgres>(&postgres_url(), &table, Arc::new(typed.clone())).await,
-    );
+    let store = Arc::new(store);
     let seen: Seen = Arc::default();
     let app = Router::new()
         .route("/effects", post(rolled_back_then_taken_elsewhere))
