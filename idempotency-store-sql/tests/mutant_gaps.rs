@@ -40,20 +40,7 @@ async fn waiters_do_not_look_again_for_other_keys_notices() {
         return;
     };
     let owner = owner.migrate().await.expect("migrate");
-    let queries = Arc::new(AtomicUsize::new(0));
-    let counted = queries.clone();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .after_release(move |_, _| {
-            counted.fetch_add(1, Ordering::Relaxed);
-            Box::pin(async { Ok(true) })
-        })
-        .connect(&postgres_url())
-        .await
-        .expect("second pool");
-    let waiters_node = PostgresStore::new(pool)
-        .with_table_name(owner.table_name().as_str())
-        .unwrap();
+    let (waiters_node, queries) = common::counting_postgres_node(&owner).await;
 
     let waited = common::id();
     let token = common::reserved(&owner, &waited).await;

@@ -236,7 +236,7 @@ async fn reserve_sees_a_row_committed_after_its_snapshot() {
 /// 200 ms. The store's pool counts every query a waiter sends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
     use idempotency_core::RecordState;
 
@@ -244,21 +244,8 @@ async fn waiters_are_woken_by_notices_and_cost_about_a_query_a_second() {
         return;
     };
     let owner = owner.migrate().await.expect("migrate");
-    // The waiters' node: its own pool, counting the connections handed back to it.
-    let queries = Arc::new(AtomicUsize::new(0));
-    let counted = queries.clone();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .after_release(move |_, _| {
-            counted.fetch_add(1, Ordering::Relaxed);
-            Box::pin(async { Ok(true) })
-        })
-        .connect(&postgres_url())
-        .await
-        .expect("second pool");
-    let waiters_node = PostgresStore::new(pool)
-        .with_table_name(owner.table_name().as_str())
-        .unwrap();
+    // The waiters' node: its own pool, counting the queries it sends.
+    let (waiters_node, queries) = common::counting_postgres_node(&owner).await;
 
     let id = common::id();
     let token = common::reserved(&owner, &id).await;

@@ -154,3 +154,29 @@ pub async fn drop_postgres_table(store: &idempotency_store_sql::PostgresStore) {
         .await
         .expect("drop table");
 }
+
+/// A second PostgreSQL node on `owner`'s table, with a pool of its own that counts the
+/// connections handed back to it: one per query its store sends.
+#[cfg(feature = "postgres")]
+pub async fn counting_postgres_node(
+    owner: &idempotency_store_sql::PostgresStore,
+) -> (
+    idempotency_store_sql::PostgresStore,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let queries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = queries.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .after_release(move |_, _| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::pin(async { Ok(true) })
+        })
+        .connect(&postgres_url())
+        .await
+        .expect("second pool");
+    let node = idempotency_store_sql::PostgresStore::new(pool)
+        .with_table_name(owner.table_name().as_str())
+        .unwrap();
+    (node, queries)
+}
