@@ -187,13 +187,13 @@ async fn sqlite() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A PostgreSQL store on a table of its own, and the server's URL; `None` (after
+/// A PostgreSQL store at `url` on a table of its own; `None` (after
 /// [`unreachable`]) when the server does not answer.
-async fn postgres_store(url: &str) -> Option<(PostgresStore, String)> {
+async fn postgres_store(url: &str) -> Option<PostgresStore> {
     match PostgresStore::connect(url, &PoolSettings::default()).await {
         Ok(store) => {
             let store = store.with_table_name(&table()).unwrap().migrate().await;
-            Some((store.unwrap(), url.to_owned()))
+            Some(store.unwrap())
         }
         Err(error) => {
             unreachable("PostgreSQL", error);
@@ -203,11 +203,11 @@ async fn postgres_store(url: &str) -> Option<(PostgresStore, String)> {
 }
 
 /// The same on MariaDB.
-async fn mysql_store(url: &str) -> Option<(MySqlStore, String)> {
+async fn mysql_store(url: &str) -> Option<MySqlStore> {
     match MySqlStore::connect(url, &PoolSettings::default()).await {
         Ok(store) => {
             let store = store.with_table_name(&table()).unwrap().migrate().await;
-            Some((store.unwrap(), url.to_owned()))
+            Some(store.unwrap())
         }
         Err(error) => {
             unreachable("MariaDB", error);
@@ -220,12 +220,12 @@ async fn mysql_store(url: &str) -> Option<(MySqlStore, String)> {
 /// statements run in autocommit, so what it meets is cut connections and a restart.
 async fn typed_store_through_proxy<S: FullStore>(
     name: &str,
-    connect: impl AsyncFnOnce(&str) -> Option<(S, String)>,
+    connect: impl AsyncFnOnce(&str) -> Option<S>,
     wire: Wire,
     url: &str,
 ) {
     let (proxy, proxied) = through_proxy(url, wire).await;
-    let Some((store, _)) = connect(&proxied).await else {
+    let Some(store) = connect(&proxied).await else {
         return;
     };
     let mut target = store_target(Arc::new(store));
@@ -468,9 +468,8 @@ async fn leased_postgres() {
 }
 
 async fn through_tx_on_postgres(name: &str, reservations: Reservations) {
-    let Some((records, url)) =
-        postgres_store(&url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES)).await
-    else {
+    let url = url("IDEMPOTENCY_TEST_POSTGRES_URL", POSTGRES);
+    let Some(records) = postgres_store(&url).await else {
         return;
     };
     let table = records.table_name().clone();
@@ -510,7 +509,8 @@ async fn through_tx_on_postgres(name: &str, reservations: Reservations) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_mariadb() {
-    let Some((records, url)) = mysql_store(&url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL)).await else {
+    let url = url("IDEMPOTENCY_TEST_MYSQL_URL", MYSQL);
+    let Some(records) = mysql_store(&url).await else {
         return;
     };
     let table = records.table_name().clone();

@@ -64,7 +64,6 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<Attempt<DB>, StoreError> {
         let room = self.room().await?;
         let reserving = Reserving {
-            dialect: self.dialect,
             lock: self
                 .sql
                 .lock_key
@@ -173,8 +172,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
 /// One reservation in a transaction, with everything it needs owned, so that it runs on
 /// a task of its own.
 struct Reserving {
-    dialect: Dialect,
-    /// PostgreSQL: the reservation (the key's lock unless a record holds the key), and
+    /// PostgreSQL (only): the reservation (the key's lock unless a record holds the key), and
     /// the key's record looked up again under the lock.
     lock: Option<(Arc<str>, Arc<str>)>,
     /// PostgreSQL: the key's lock.
@@ -203,8 +201,8 @@ impl Reserving {
             if self.session_lock_wait {
                 set_lock_wait::<DB>(&mut transaction, Some(MYSQL_RESERVE_LOCK_WAIT_SECS)).await?;
             }
-            let inserted = match (&self.lock, self.dialect) {
-                (Some((lock, lookup)), Dialect::Postgres) => {
+            let inserted = match &self.lock {
+                Some((lock, lookup)) => {
                     match DB::lock_key(&mut transaction, lock, &self.id, self.lock_key).await {
                         // The lookup saw the table as the statement began: a transaction
                         // that committed the key's record and let go of its lock while the
@@ -218,7 +216,7 @@ impl Reserving {
                             .map(|(committed, locked)| (i64::from(committed), i64::from(locked))),
                     }
                 }
-                _ => {
+                None => {
                     let record = NewRecord::new(
                         &self.id,
                         &self.binding,
