@@ -4,6 +4,9 @@
 //! database's side). Real time on several threads: the seed fixes the workload and the
 //! faults, the servers the schedule. Under `CI=true` an unreachable server fails.
 
+#[path = "../../test-support/innodb.rs"]
+mod innodb;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -541,18 +544,11 @@ async fn one_commit_mariadb() {
             if ids.is_empty() {
                 return 0;
             }
-            let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-            observer
-                .fetch_one(
-                    format!(
-                        "SELECT COUNT(*) FROM information_schema.innodb_trx
-                         WHERE trx_mysql_thread_id IN ({list})"
-                    )
-                    .as_str(),
-                )
+            let status = observer
+                .fetch_one(innodb::STATUS)
                 .await
-                .map(|row| sqlx::Row::get::<i64, _>(&row, 0))
-                .expect("innodb_trx")
+                .expect("the InnoDB status");
+            innodb::active_transactions(&sqlx::Row::get::<String, _>(&status, 2), &ids) as i64
         })
     });
     one_commit(

@@ -25,8 +25,10 @@ use crate::store::IdempotencyStore;
 /// What a store holds for requests right now, seen from outside: the test of a store
 /// that holds anything per request (a transaction, a lock, a pooled connection, a claim
 /// in the process) supplies one, e.g. counting the open transactions of the store's
-/// connections in PostgreSQL's `pg_stat_activity` or MariaDB's
-/// `information_schema.innodb_trx`, and the pool's connections not idle. Given to the
+/// connections in PostgreSQL's `pg_stat_activity` or MariaDB's `SHOW ENGINE INNODB
+/// STATUS` (not `information_schema.innodb_trx`: InnoDB refreshes that table only after
+/// 0.1 s without a read, and these checks poll faster), and the pool's connections not
+/// idle. Given to the
 /// suite with [`Suite::with_leftovers`](super::Suite::with_leftovers).
 #[async_trait::async_trait]
 pub trait Leftovers: Send + Sync + 'static {
