@@ -453,9 +453,16 @@ pub(crate) fn notice_for(id: &idempotency_core::RecordId) -> String {
     hex(&hasher.finalize()[..16])
 }
 
-#[cfg(feature = "postgres")]
+/// `bytes` as lower-case hex digits.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    hex
 }
 
 #[cfg(test)]

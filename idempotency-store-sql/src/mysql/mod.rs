@@ -27,7 +27,8 @@ mod tests;
 use reserve::Flavor;
 use statements::Statements;
 pub(crate) use statements::{
-    finalize_statement, insert_in_flight_statement, owners_row_statement, scope_usage_statement,
+    finalize_statement, insert_in_flight_statement, owners_row_statement, reserve_begin_statement,
+    scope_usage_statement,
 };
 
 type MySqlQuery<'q> = sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments>;

@@ -1,7 +1,8 @@
 //! The statements of [`MySqlStore`](super::MySqlStore), built once per table, and the ones
 //! the one-commit path shares.
 
-use crate::common::row_bytes;
+use crate::common::{hex, row_bytes};
+use crate::record_database::NewRecord;
 use crate::table::TableName;
 
 /// `LAST_INSERT_ID` value that reserve's VALUES list sets: the row was inserted (or, with
@@ -219,5 +220,43 @@ pub(crate) fn scope_usage_statement(table: &TableName) -> String {
          FROM {t} AS r
          WHERE r.scope = ? AND r.expires_at_ms > {NOW_MS}",
         bytes = row_bytes("OCTET_LENGTH", "r"),
+    )
+}
+
+/// MariaDB's one-commit reservation, sent as the `BEGIN` of the handler's transaction,
+/// in one round trip: an anonymous block (`BEGIN NOT ATOMIC`, MariaDB only) starts the
+/// transaction and inserts `record` in flight in it, with its lock wait bounded to
+/// `lock_wait_secs`, and leaves the transaction open. A key with a row fails it with
+/// the insert's duplicate-key error (1062), a key whose row another transaction holds
+/// with a lock wait timeout (1205), and a deadlock with 1213; the block's handler rolls
+/// the transaction back first, so a failure leaves the session outside any transaction.
+///
+/// The values travel as literals, the text ones as hex (`X'…'`): nothing a client sent is
+/// spliced into the text but `[0-9a-f]`.
+pub(crate) fn reserve_begin_statement(
+    table: &TableName,
+    record: &NewRecord<'_>,
+    lock_wait_secs: u64,
+) -> String {
+    let text = |value: &str| format!("CONVERT(X'{}' USING utf8mb4)", hex(value.as_bytes()));
+    format!(
+        "BEGIN NOT ATOMIC
+             DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+             START TRANSACTION;
+             SET STATEMENT innodb_lock_wait_timeout = {lock_wait_secs} FOR
+             INSERT INTO `{table}`
+             (scope, idempotency_key, method, path, body_sha256, fencing_token,
+              created_at_ms, expires_at_ms, lease_expires_at_ms)
+             VALUES ({scope}, {key}, {method}, {path}, X'{body_sha256}', {token},
+                     {NOW_MS}, {NOW_MS} + {expires_in_ms}, {NOW_MS} + {lease_ms});
+         END",
+        scope = text(&record.id.scope),
+        key = text(&record.id.key),
+        method = text(&record.binding.method),
+        path = text(&record.binding.path),
+        body_sha256 = hex(&record.binding.body_sha256),
+        token = record.token.0,
+        expires_in_ms = record.expires_in_ms,
+        lease_ms = record.lease_ms,
     )
 }

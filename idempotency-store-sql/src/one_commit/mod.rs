@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::common::backend;
 use crate::in_transaction::FinalizeError;
-use crate::record_database::{Dialect, RecordDatabase};
+use crate::record_database::{Dialect, NewRecord, RecordDatabase};
 use crate::table::TableName;
 
 mod claims;
@@ -49,7 +49,8 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// `PgPool`, `MySqlPool` or `SqlitePool`, or an `AnyPool` on any of them: see
 /// [`RecordDatabase`]) and holds the key in it: on PostgreSQL it takes the key's
 /// transaction-scoped advisory lock (after finding no record under the key), on
-/// MySQL/MariaDB it inserts the in-flight record, uncommitted. The handler takes that
+/// MySQL/MariaDB it inserts the in-flight record, uncommitted (MariaDB in the round trip
+/// that opens the transaction). The handler takes that
 /// transaction (its `Tx`), writes its mutation, hands its answer over (`Tx::commit`:
 /// PostgreSQL inserts the record finished, once — one row, as the mutation's own;
 /// MySQL/MariaDB writes the answer into the in-flight record) and commits. If it does
@@ -161,9 +162,10 @@ pub struct OneCommitStore<DB: RecordDatabase> {
     table: TableName,
     /// The statements of this path, in the pool's dialect.
     sql: Statements,
-    /// MariaDB: the reservation's insert, `sql.insert_in_flight` with its own lock wait
-    /// bound (`SET STATEMENT … FOR`); elsewhere the session's is set around it.
-    bounded_reserve: Option<Arc<str>>,
+    /// The server is MariaDB (a dialect of MySQL's here): it bounds a statement's lock
+    /// wait in the statement (`SET STATEMENT … FOR`) and reserves in the `BEGIN`'s
+    /// round trip; MySQL 8 sets the session's lock wait around the statement.
+    mariadb: bool,
     /// The reservations whose record is not committed yet.
     claims: Arc<Claims<WriteTransaction<DB>>>,
     /// Room for open write transactions, each holding a pooled connection: half the
@@ -214,6 +216,10 @@ struct Statements {
     /// PostgreSQL (only): the key's record looked up again once its lock is taken (see
     /// [`crate::postgres::record_of_key_statement`]).
     lookup_after_lock: Option<Arc<str>>,
+    /// MariaDB (only): the reservation of a key, sent as its transaction's `BEGIN` (see
+    /// `crate::mysql::reserve_begin_statement`). MySQL 8 begins, then inserts
+    /// `insert_in_flight`.
+    reserve_begin: Option<fn(&TableName, &NewRecord<'_>) -> String>,
     /// MySQL/MariaDB (only): a duplicate's wait for the owner's uncommitted row (see
     /// `crate::mysql::owners_row_statement`).
     owners_row: Option<Arc<str>>,
@@ -247,15 +253,18 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let mut connection = pool.acquire().await.map_err(backend)?;
         let name = DB::backend_name(&connection).to_owned();
         // The statements of this path, in the pool's dialect: MySQL inserts the record in
-        // flight and finalizes it; PostgreSQL takes the key's lock and SQLite claims the
-        // key in the process, and both insert the record finished.
-        let (dialect, sql): (Dialect, Statements) = match name.as_str() {
+        // flight (MariaDB in the `BEGIN`'s round trip) and finalizes it; PostgreSQL takes
+        // the key's lock and SQLite claims the key in the process, and both insert the
+        // record finished.
+        #[cfg_attr(not(feature = "mysql"), allow(unused_mut))]
+        let (dialect, mut sql): (Dialect, Statements) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
                 Dialect::Postgres,
                 Statements {
                     lock_key: Some(crate::postgres::reserve_lock_statement(table).into()),
                     lookup_after_lock: Some(crate::postgres::record_of_key_statement(table).into()),
+                    reserve_begin: None,
                     owners_row: None,
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::postgres::insert_completed_statement(table)),
@@ -269,6 +278,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Statements {
                     lock_key: None,
                     lookup_after_lock: None,
+                    reserve_begin: None,
                     owners_row: Some(crate::mysql::owners_row_statement(table).into()),
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: None,
@@ -282,6 +292,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Statements {
                     lock_key: None,
                     lookup_after_lock: None,
+                    reserve_begin: None,
                     owners_row: None,
                     insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::sqlite::insert_completed_statement(table)),
@@ -301,6 +312,12 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 .await
                 .map_err(backend)?
                 .contains("MariaDB");
+        #[cfg(feature = "mysql")]
+        if mariadb {
+            sql.reserve_begin = Some(|table, record| {
+                crate::mysql::reserve_begin_statement(table, record, MYSQL_RESERVE_LOCK_WAIT_SECS)
+            });
+        }
         let room = match dialect {
             Dialect::Sqlite => 1,
             Dialect::Postgres | Dialect::MySql => {
@@ -315,16 +332,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             pool,
             dialect,
             table: table.clone(),
-            // MariaDB bounds the reservation's lock wait in the insert itself
-            // (`SET STATEMENT … FOR`): two statements fewer than setting the session's.
-            bounded_reserve: mariadb.then(|| {
-                format!(
-                    "SET STATEMENT innodb_lock_wait_timeout = {MYSQL_RESERVE_LOCK_WAIT_SECS} \
-                     FOR {}",
-                    &*sql.insert_in_flight
-                )
-                .into()
-            }),
+            mariadb,
             reservations: Reservations::default(),
             quota: None,
             quota_check: tokio::sync::Mutex::new(()),
