@@ -25,6 +25,8 @@ mod claims;
 mod contract;
 mod handler;
 mod reserve;
+#[cfg(all(test, feature = "mysql", feature = "postgres"))]
+mod tests;
 mod transaction;
 
 use claims::Claims;
