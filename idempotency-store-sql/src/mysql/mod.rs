@@ -217,17 +217,6 @@ impl MySqlStore {
     }
 }
 
-/// Whether a store error is InnoDB's deadlock, whose statement (or transaction) was
-/// rolled back whole and can run again.
-fn is_deadlock_error(error: &StoreError) -> bool {
-    let StoreError::Backend(source) = error else {
-        return false;
-    };
-    source
-        .downcast_ref::<sqlx::Error>()
-        .is_some_and(is_deadlock)
-}
-
 impl MySqlStore {
     /// The fenced finalize ([`sql`](Self::sql)`(Operation::Finalize)`) with its
     /// parameters, as the store's finalize sends it (the answer encoded by the caller, so
@@ -288,24 +277,44 @@ pub(crate) fn mysql_url(url: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-fn is_deadlock(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-        .is_some_and(|error| error.number() == ER_LOCK_DEADLOCK)
+/// An error that may be InnoDB's answer to a statement it picked as a deadlock's victim.
+trait DeadlockVictim {
+    /// Whether it is: the statement (or its transaction) was rolled back whole, so
+    /// running it again is safe.
+    fn is_deadlock(&self) -> bool;
 }
 
-/// Runs `statement` again when InnoDB picked it as a deadlock victim (it was rolled back
-/// whole, so running it again is safe), a bounded number of times.
-async fn retry_deadlocks<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
+impl DeadlockVictim for sqlx::Error {
+    fn is_deadlock(&self) -> bool {
+        self.as_database_error()
+            .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+            .is_some_and(|error| error.number() == ER_LOCK_DEADLOCK)
+    }
+}
+
+impl DeadlockVictim for StoreError {
+    fn is_deadlock(&self) -> bool {
+        let StoreError::Backend(source) = self else {
+            return false;
+        };
+        source
+            .downcast_ref::<sqlx::Error>()
+            .is_some_and(DeadlockVictim::is_deadlock)
+    }
+}
+
+/// Runs `statement` again when InnoDB picked it as a deadlock victim, at most
+/// [`MAX_ATTEMPTS`] times in all.
+async fn retry_deadlocks<T, E, F, Fut>(mut statement: F) -> Result<T, E>
 where
+    E: DeadlockVictim,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
+    Fut: Future<Output = Result<T, E>>,
 {
     let mut attempt = 1;
     loop {
         match statement().await {
-            Err(error) if attempt < MAX_ATTEMPTS && is_deadlock(&error) => {
+            Err(error) if attempt < MAX_ATTEMPTS && error.is_deadlock() => {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(attempt as u64)).await;
             }
@@ -363,9 +372,8 @@ impl IdempotencyStore for MySqlStore {
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
         check_lengths(id, binding)?;
-        let mut attempt = 1;
-        loop {
-            let reserved = match &self.quota {
+        retry_deadlocks(|| async move {
+            match &self.quota {
                 None => {
                     let mut connection = self.pool.acquire().await.map_err(backend)?;
                     self.reserve_on(&mut connection, id, binding, lease, lifetime)
@@ -375,15 +383,9 @@ impl IdempotencyStore for MySqlStore {
                     self.reserve_within_quota(quota, id, binding, lease, lifetime)
                         .await
                 }
-            };
-            match reserved {
-                Err(error) if attempt < MAX_ATTEMPTS && is_deadlock_error(&error) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(attempt as u64)).await;
-                }
-                outcome => return outcome,
             }
-        }
+        })
+        .await
     }
 
     async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
