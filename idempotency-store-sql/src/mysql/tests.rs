@@ -174,14 +174,18 @@ async fn a_statement_that_deadlocks_twice_answers_at_its_third_run() {
 async fn other_errors_are_not_run_again() {
     let Some(store) = store().await else { return };
     let runs = std::sync::atomic::AtomicUsize::new(0);
-    let answer: Result<u64, sqlx::Error> = retry_deadlocks(|| async {
-        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        sqlx::query("SELECT * FROM a_table_that_is_not_there")
-            .execute(store.pool())
-            .await
-            .map(|done| done.rows_affected())
-    })
-    .await;
+    let answer: Result<u64, sqlx::Error> = tokio::time::timeout(
+        Duration::from_secs(30),
+        retry_deadlocks(|| async {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            sqlx::query("SELECT * FROM a_table_that_is_not_there")
+                .execute(store.pool())
+                .await
+                .map(|done| done.rows_affected())
+        }),
+    )
+    .await
+    .expect("an error that is no deadlock ends the retries");
     assert!(!answer.unwrap_err().is_deadlock());
     assert_eq!(runs.into_inner(), 1);
     // A store error that is no deadlock is not one either.
