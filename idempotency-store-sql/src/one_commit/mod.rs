@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 use crate::common::backend;
 use crate::in_transaction::FinalizeError;
-use crate::record_database::{Dialect, NewRecord, RecordDatabase};
+use crate::record_database::{Dialect, RecordDatabase};
 use crate::table::TableName;
 
 mod claims;
@@ -218,10 +218,6 @@ struct Statements {
     /// PostgreSQL (only): the key's record looked up again once its lock is taken (see
     /// [`crate::postgres::record_of_key_statement`]).
     lookup_after_lock: Option<Arc<str>>,
-    /// MariaDB (only): the reservation of a key, sent as its transaction's `BEGIN` (see
-    /// `crate::mysql::reserve_begin_statement`). MySQL 8 begins, then inserts
-    /// `insert_in_flight`.
-    reserve_begin: Option<fn(&TableName, &NewRecord<'_>) -> String>,
     /// MySQL/MariaDB (only): a duplicate's wait for the owner's uncommitted row (see
     /// `crate::mysql::owners_row_statement`).
     owners_row: Option<Arc<str>>,
@@ -258,15 +254,13 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         // flight (MariaDB in the `BEGIN`'s round trip) and finalizes it; PostgreSQL takes
         // the key's lock and SQLite claims the key in the process, and both insert the
         // record finished.
-        #[cfg_attr(not(feature = "mysql"), allow(unused_mut))]
-        let (dialect, mut sql): (Dialect, Statements) = match name.as_str() {
+        let (dialect, sql): (Dialect, Statements) = match name.as_str() {
             #[cfg(feature = "postgres")]
             "PostgreSQL" => (
                 Dialect::Postgres,
                 Statements {
                     lock_key: Some(crate::postgres::reserve_lock_statement(table).into()),
                     lookup_after_lock: Some(crate::postgres::record_of_key_statement(table).into()),
-                    reserve_begin: None,
                     owners_row: None,
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::postgres::insert_completed_statement(table)),
@@ -280,7 +274,6 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Statements {
                     lock_key: None,
                     lookup_after_lock: None,
-                    reserve_begin: None,
                     owners_row: Some(crate::mysql::owners_row_statement(table).into()),
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: None,
@@ -294,7 +287,6 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Statements {
                     lock_key: None,
                     lookup_after_lock: None,
-                    reserve_begin: None,
                     owners_row: None,
                     insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::sqlite::insert_completed_statement(table)),
@@ -314,12 +306,6 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 .await
                 .map_err(backend)?
                 .contains("MariaDB");
-        #[cfg(feature = "mysql")]
-        if mariadb {
-            sql.reserve_begin = Some(|table, record| {
-                crate::mysql::reserve_begin_statement(table, record, MYSQL_RESERVE_LOCK_WAIT_SECS)
-            });
-        }
         let room = match dialect {
             Dialect::Sqlite => 1,
             Dialect::Postgres | Dialect::MySql => {

@@ -72,10 +72,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 .clone()
                 .zip(self.sql.lookup_after_lock.clone()),
             lock_key: self.table.record_lock_key(id),
-            begin_reserved: self
-                .sql
-                .reserve_begin
-                .map(|statement| statement(&self.table, &record)),
+            begin_reserved: self.reserve_begin_statement(&record),
             insert: self.sql.insert_in_flight.clone(),
             id: id.clone(),
             binding: binding.clone(),
@@ -96,6 +93,21 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 "the reservation's task ended without an answer",
             ))
         })
+    }
+
+    /// MariaDB (only): the reservation of `record`, sent as its transaction's `BEGIN`
+    /// (see `crate::mysql::reserve_begin_statement`). MySQL 8 begins, then inserts.
+    #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
+    fn reserve_begin_statement(&self, record: &NewRecord<'_>) -> Option<String> {
+        #[cfg(feature = "mysql")]
+        if self.mariadb {
+            return Some(crate::mysql::reserve_begin_statement(
+                &self.table,
+                record,
+                MYSQL_RESERVE_LOCK_WAIT_SECS,
+            ));
+        }
+        None
     }
 
     /// Waits up to `timeout` for the transaction that holds the key to end: `true` if it

@@ -31,6 +31,21 @@ async fn pool<DB: sqlx::Database>(env: &str, url: &str) -> Option<sqlx::Pool<DB>
     }
 }
 
+/// The one-commit store on `pool`, its committed records kept by `records` in `table`.
+async fn one_commit<DB: RecordDatabase>(
+    records: impl idempotency_core::FullStore,
+    pool: &sqlx::Pool<DB>,
+    table: &str,
+) -> OneCommitStore<DB> {
+    OneCommitStore::new(
+        Arc::new(records),
+        pool.clone(),
+        &TableName::new(table).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
 fn table() -> String {
     format!(
         "idem_unit_{}",
@@ -55,14 +70,7 @@ async fn postgres() {
         .migrate()
         .await
         .unwrap();
-    let store = OneCommitStore::new(
-        Arc::new(records),
-        pool.clone(),
-        &TableName::new(&table).unwrap(),
-    )
-    .await
-    .unwrap();
-    holds_answers_and_replays_a_key(store).await;
+    holds_answers_and_replays_a_key(one_commit(records, &pool, &table).await).await;
     drop_table(&pool, &format!("DROP TABLE IF EXISTS \"{table}\"")).await;
 }
 
@@ -83,16 +91,9 @@ async fn on_mysql(mysql_8: bool) {
         .migrate()
         .await
         .unwrap();
-    let mut store = OneCommitStore::new(
-        Arc::new(records),
-        pool.clone(),
-        &TableName::new(&table).unwrap(),
-    )
-    .await
-    .unwrap();
+    let mut store = one_commit(records, &pool, &table).await;
     if mysql_8 {
         store.mariadb = false;
-        store.sql.reserve_begin = None;
     }
     holds_answers_and_replays_a_key(store).await;
     drop_table(&pool, &format!("DROP TABLE IF EXISTS `{table}`")).await;
