@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the CPU goes (issue 27): the example catalog (release build) serves `createNamespace`
+# Where the CPU goes: the example catalog (release build) serves `createNamespace`
 # at 16 connections, unkeyed and keyed (a fresh key per request), two 5 s rounds each, and
 # the catalog's and PostgreSQL's CPU ticks (/proc/<pid>/stat, user + system) over each
 # round are divided by its requests. Run it on a quiet machine.

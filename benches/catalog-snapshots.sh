@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Keyed commits to tables with many snapshots (issue 35): what a keyed `updateTable` costs
+# Keyed commits to tables with many snapshots: what a keyed `updateTable` costs
 # in the store and in time as its table grows, with its answer stored as a pointer to its
 # metadata file (the catalog's default) and stored whole (`--store-whole-metadata`, what a
 # catalog without a metadata reader does), side by side.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, measured as an operator meets it (issue 27): the example Iceberg catalog
+# The main job, measured as an operator meets it: the example Iceberg catalog
 # (release build) on SQLite and on PostgreSQL, `createNamespace` (a fresh namespace per
 # request) and `updateTable` (a property set on one of 64 tables, round robin), each
 # unkeyed, keyed with a fresh UUID per request, and replayed (one key, sent again and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What each statement of one `createNamespace` costs PostgreSQL, unkeyed and keyed (issue 33).
+"""What each statement of one `createNamespace` costs PostgreSQL, unkeyed and keyed.
 
 Starts a PostgreSQL cluster of its own (a temporary directory, a free port, the server of
 scripts/services with `pg_stat_statements` loaded), runs the example catalog on it,

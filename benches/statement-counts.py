@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Statements and round trips of one `createNamespace`, unkeyed and keyed (issue 33).
+"""Statements and round trips of one `createNamespace`, unkeyed and keyed.
 
 Runs the example catalog (debug or release build, whichever `CATALOG` names; the release
 build by default) with its database behind a counting TCP proxy, sends warm-up requests

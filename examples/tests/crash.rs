@@ -363,11 +363,12 @@ async fn killed_after_finalize_the_retry_on_the_other_replica_replays(commits: C
     database.drop_tables().await;
 }
 
-/// The window the layer alone leaves, closed (SPEC section 8): the side effect and the
-/// record committed in one transaction, then the owner died before it answered. The
-/// retry, on the other replica (or the restarted process), is a replay of the answer the
-/// dead owner never sent, and the mutation ran once. (Before the handler finalized in
-/// its transaction, this retry took over and ran the mutation again: 2 rows.)
+/// The window the layer alone leaves, closed (exactly once with the handler's own
+/// transaction): the side effect and the record committed in one transaction, then the
+/// owner died before it answered. The retry, on the other replica (or the restarted
+/// process), is a replay of the answer the dead owner never sent, and the mutation ran
+/// once. (Before the handler finalized in its transaction, this retry took over and ran
+/// the mutation again: 2 rows.)
 async fn killed_between_side_effect_and_answer_the_retry_replays(
     backend: Backend,
     commits: Commits,

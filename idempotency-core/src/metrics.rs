@@ -15,8 +15,8 @@
 //! The label values are the stable names the logs use too: [`Outcome::as_str`]
 //! (`executed`, `took-over`, `released`, `executed-not-stored`, `replayed`,
 //! `ran-unprotected`, `rejected`) and [`RejectionKind::as_str`] (`key-reused`, `in-flight`,
-//! `store-unavailable`, …). SPEC section 11's words map onto them: *conflict* is
-//! `rejected` with `in-flight`, *taken_over* is `took-over`, *fail_open* is
+//! `store-unavailable`, …). The usual names for these outcomes map onto them:
+//! *conflict* is `rejected` with `in-flight`, *taken_over* is `took-over`, *fail_open* is
 //! `ran-unprotected`. No label ever carries a key, a scope, a path or a tenant: they
 //! would leak one caller's data to whoever reads the dashboards, and give every key a
 //! time series of its own.

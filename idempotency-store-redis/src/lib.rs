@@ -288,7 +288,8 @@
 //!   layer answers 503 with `Retry-After`, the handler does not run; the store deletes
 //!   the reservation it made, best effort, so the retry need not wait for the lease); a
 //!   finalize is retried by the layer, and if it still fails the client gets its answer
-//!   and the record waits for its lease, as after any failed finalize (SPEC item 14).
+//!   and the record waits for its lease, as after any failed finalize (the one window
+//!   the layer documents: a retry after the lease lapses runs again).
 //! - **What it does not do.** `WAIT` does not make a write durable against every
 //!   failover: it says that *some* replicas have it, and a failover may promote another
 //!   one. With one replica per primary and `replica_acks(1, …)` the promoted replica is

@@ -1,4 +1,4 @@
-//! Failover (issue 28): a Redis Cluster with one replica per primary (six `redis-server`
+//! Failover: a Redis Cluster with one replica per primary (six `redis-server`
 //! processes on loopback), keyed load through the layer from two service instances, a
 //! shard's primary killed (SIGKILL) and its replica promoted by the cluster itself; then
 //! the killed node is started again and rejoins as the new primary's replica.

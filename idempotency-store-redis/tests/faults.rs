@@ -43,7 +43,7 @@ async fn mutate(
 
 /// The application: the layer over `store`, with a lease longer than any outage here (a
 /// lease that lapses while the owner cannot reach the server to renew it, or to store
-/// its answer, lets a retry take over: the one window SPEC item 14 documents), and
+/// its answer, lets a retry take over: the one window the layer documents), and
 /// finalize retried for longer than an outage.
 fn app(store: RedisStore, executions: Executions) -> Router {
     Router::new()

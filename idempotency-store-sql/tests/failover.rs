@@ -1,4 +1,4 @@
-//! Failover (issue 28): PostgreSQL with a streaming standby. The test makes two clusters
+//! Failover: PostgreSQL with a streaming standby. The test makes two clusters
 //! of its own on free loopback ports from the installed binaries (`initdb` with
 //! `wal_level=replica`, trust for 127.0.0.1 including replication, `pg_basebackup -R`
 //! for the standby), runs keyed load through the layer from two service instances over

@@ -1,7 +1,7 @@
-//! Vended credentials in a SQL database (SPEC item 27): a createTable answer that
-//! carries secrets goes through the Iceberg profile over SQLite and PostgreSQL; the raw
-//! rows of the records table never contain a secret, and the replay still hands the
-//! client working credentials, loaded afresh.
+//! Vended credentials in a SQL database (secrets are never stored): a createTable
+//! answer that carries secrets goes through the Iceberg profile over SQLite and
+//! PostgreSQL; the raw rows of the records table never contain a secret, and the replay
+//! still hands the client working credentials, loaded afresh.
 
 mod common;
 

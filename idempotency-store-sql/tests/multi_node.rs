@@ -1,5 +1,5 @@
 //! Two replicas, each with its own `IdempotencyLayer` and its own pool, over one
-//! PostgreSQL database and again over one MariaDB database (issue 3, item 7): one key
+//! PostgreSQL database and again over one MariaDB database: one key
 //! hammered on both runs once, a retry on the other replica is replayed, and a replica
 //! that crashes mid-request is taken over once its lease lapses, its late finalize
 //! refused.

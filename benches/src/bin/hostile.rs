@@ -1,6 +1,6 @@
-//! `hostile`: the hostile-client cases of issue 17, measured against a server process of
-//! its own (this binary, run as `hostile serve`), so that the memory figures are the
-//! server's alone.
+//! `hostile`: the hostile-client cases (slow uploads, oversized bodies, duplicates, key
+//! floods, large answers), measured against a server process of its own (this binary,
+//! run as `hostile serve`), so that the memory figures are the server's alone.
 //!
 //! ```text
 //! cargo run --release -p benches --features sql --bin hostile -- [--postgres postgres://postgres@127.0.0.1/postgres]
