@@ -367,3 +367,17 @@ pub use http;
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The snippets of the guides in `docs/`, compiled as doctests: one item per page that
+/// has Rust code.
+#[cfg(all(doctest, feature = "iceberg"))]
+#[doc = include_str!("../../docs/iceberg.md")]
+struct IcebergGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/operating.md")]
+struct OperatingGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/profiles.md")]
+struct ProfilesGuideDoctests;

@@ -1,15 +1,17 @@
-//! The README's Rust snippets compile as doctests of this crate (`ReadmeDoctests` in
-//! `lib.rs`), where every dependency of this crate is in scope. A user who copies a
-//! snippet into a new service has only the crates the README tells them to add, so this
-//! test checks that no snippet names another crate (`http::…` without the
-//! `idempotency_core::http` re-export failed that way, E0433).
+//! The Rust snippets of the README and of the guides in `docs/` compile as doctests of
+//! this crate (`ReadmeDoctests` and the guides' items in `lib.rs`), where every dependency
+//! of this crate is in scope. A user who copies a snippet into a new service has only the
+//! crates the README tells them to add, so this test checks that no snippet names another
+//! crate (`http::…` without the `idempotency_core::http` re-export failed that way, E0433).
 
 use std::collections::BTreeSet;
 
 /// What a user of the README has: the crates it tells them to add, and the framework.
-const A_USERS_CRATES: [&str; 11] = [
+const A_USERS_CRATES: [&str; 13] = [
     "std",
     "axum",
+    "hyper",      // the plain hyper screen's server
+    "hyper_util", // and what serves it
     "tokio",
     "tower",
     "tower_layer",
@@ -99,12 +101,45 @@ fn path_roots(code: &str) -> BTreeSet<String> {
     roots
 }
 
+/// README.md and every guide in `docs/`, each with its text.
+fn pages() -> Vec<(String, String)> {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let mut names = vec!["README.md".to_owned()];
+    let mut guides: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|entry| {
+            entry
+                .expect("docs/ entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    guides.sort();
+    names.extend(guides);
+    names
+        .into_iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(root.join(&name)).expect(&name);
+            (name, text)
+        })
+        .collect()
+}
+
 #[test]
 fn readme_snippets_name_only_crates_a_user_has() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let blocks = rust_blocks(&readme);
-    assert!(blocks.len() >= 3, "no Rust snippets found in README.md");
+    for (page, text) in pages() {
+        let blocks = rust_blocks(&text);
+        if page == "README.md" {
+            assert!(blocks.len() >= 3, "no Rust snippets found in README.md");
+        }
+        page_snippets_name_only_crates_a_user_has(&page, blocks);
+    }
+}
+
+fn page_snippets_name_only_crates_a_user_has(page: &str, blocks: Vec<(usize, String)>) {
     for (line, code) in blocks {
         let brings_http = code.contains("idempotency_core::http::{self");
         for root in path_roots(&code) {
@@ -117,12 +152,12 @@ fn readme_snippets_name_only_crates_a_user_has() {
                 || code.contains(&format!("{root}::{{self"));
             assert!(
                 allowed,
-                "README.md snippet at line {line} names the crate `{root}`, which a user copying it does not have:\n{code}"
+                "{page} snippet at line {line} names the crate `{root}`, which a user copying it does not have:\n{code}"
             );
             if root == "http" {
                 assert!(
                     brings_http,
-                    "README.md snippet at line {line} uses `http::` without `use idempotency_core::http::{{self, …}}`:\n{code}"
+                    "{page} snippet at line {line} uses `http::` without `use idempotency_core::http::{{self, …}}`:\n{code}"
                 );
             }
         }
