@@ -124,12 +124,10 @@ fn is_normal(path: &str) -> bool {
 }
 
 fn push_normalized_segment(out: &mut String, segment: &str) {
-    let bytes = segment.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        let digit = |at: usize| bytes.get(at).copied().and_then(hex_digit);
-        let escaped = match (bytes[i], digit(i + 1), digit(i + 2)) {
-            (b'%', Some(high), Some(low)) => Some((high, low)),
+    let mut rest = segment;
+    while let Some(character) = rest.chars().next() {
+        let escaped = match rest.as_bytes() {
+            [b'%', high, low, ..] => hex_digit(*high).zip(hex_digit(*low)),
             _ => None,
         };
         match escaped {
@@ -140,13 +138,13 @@ fn push_normalized_segment(out: &mut String, segment: &str) {
                 } else {
                     let _ = write!(out, "%{byte:02X}");
                 }
-                i += 3;
+                // `%` and two hex digits: three ASCII bytes.
+                rest = &rest[3..];
             }
             None => {
                 // Not an escape: copy the character whole (it may be more than one byte).
-                let character = segment[i..].chars().next().expect("i is a char boundary");
                 out.push(character);
-                i += character.len_utf8();
+                rest = &rest[character.len_utf8()..];
             }
         }
     }

@@ -7,11 +7,14 @@
 //! remembered as "already ran"; an answer whose body failed is released or remembered by
 //! its status.
 
+use std::pin::Pin;
+
+use bytes::Bytes;
 use http::{HeaderMap, StatusCode, response};
 
 use crate::decisions::Disposition;
 use crate::encoding::is_encoded;
-use crate::keyed::execute::Ran;
+use crate::keyed::execute::{Panic, Ran};
 use crate::read::BodyRead;
 use crate::reservation::{FinalizedInTransaction, OutcomeUnknown, ReservationHandle};
 use crate::settings::Settings;
@@ -22,7 +25,7 @@ pub(crate) struct Facts<'a> {
     pub(crate) parts: &'a response::Parts,
     /// The trailers its body ended with, once read whole.
     pub(crate) trailers: Option<&'a HeaderMap>,
-    /// How far its body was read.
+    /// How far its body was read (it did not fail).
     pub(crate) read: ReadState,
 }
 
@@ -33,8 +36,6 @@ pub(crate) enum ReadState {
     Whole,
     /// Past the limit or the budget.
     TooLarge,
-    /// It failed.
-    Failed,
 }
 
 /// Why an answer that ran is not kept for replay: its retries are told it already ran.
@@ -47,14 +48,20 @@ pub(crate) enum NotKept {
     Encoded,
 }
 
-/// What happens to what the inner service did.
+/// What the rules decide about an answer, from its [`Facts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// The handler stored its answer in its own transaction: that answer is sent, and
-    /// nothing more is written.
-    FinalizedByHandler,
     /// Store the answer and replay it to every retry.
     Store,
+    /// Release the key, so that a retry runs again; the reason, for the log.
+    Release(&'static str),
+    /// Remember that the request ran, without its answer.
+    NotKept(NotKept),
+}
+
+/// What becomes of the key of an answer that is not stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Then {
     /// Keep the key reserved: the change may or may not have taken effect, so its answer
     /// cannot be replayed, and releasing the key would let a retry run it a second time.
     KeepReserved,
@@ -62,59 +69,137 @@ pub(crate) enum Verdict {
     Release(&'static str),
     /// Remember that the request ran, without its answer.
     NotKept(NotKept),
-    /// The answer's body failed while it was read: the key is released if the status
-    /// releases it, else remembered as "already ran" (the mutation most likely happened).
-    BodyFailed { release: bool },
 }
 
-/// The verdict on what the owner's inner service did.
+/// What happens to what the inner service did, with what settling it takes: each case
+/// carries exactly the parts of the answer its settling uses.
+pub(crate) enum Decided<I, E> {
+    /// The inner service returned an error: the key is released, then the error returned.
+    Error(E),
+    /// The inner service panicked: the key is released, then the panic resumed.
+    Panic(Panic),
+    /// The handler stored its answer in its own transaction: that answer is sent, and
+    /// nothing more is written.
+    /// (Boxed: a rare case, whose mark should not make every decision larger.)
+    FinalizedByHandler {
+        parts: response::Parts,
+        read: BodyRead,
+        mark: Box<FinalizedInTransaction>,
+    },
+    /// Store the whole answer, and replay it to every retry; the caller gets it too.
+    Store {
+        parts: response::Parts,
+        bytes: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    /// An answer that is not stored: it goes on to its caller as read (the rest of its
+    /// body still unread, when it went past the limit), and its key is kept, released or
+    /// remembered as "already ran".
+    PassOn {
+        parts: response::Parts,
+        then: Then,
+        unsent: Unsent,
+        body: Pin<Box<I>>,
+    },
+    /// The answer's body failed while it was read.
+    BodyFailed {
+        status: StatusCode,
+        release: bool,
+        read: BodyRead,
+    },
+}
+
+/// An answer's body as read, not yet sent to its caller.
+pub(crate) enum Unsent {
+    /// All of it, and the trailers it ended with.
+    Whole(Bytes, Option<HeaderMap>),
+    /// The bytes read before it went past the limit or the budget, and how many of them
+    /// were taken from the budget; the rest is still unread.
+    Over { read: Bytes, taken: usize },
+}
+
+/// The decision on what the owner's inner service did.
 pub(crate) fn classify<I, E>(
     settings: &Settings,
     reservation: &ReservationHandle,
-    ran: &Ran<I, E>,
-) -> Verdict {
-    let (parts, read) = match ran {
-        Ran::Error(_) => return Verdict::Release("the inner service returned an error"),
-        Ran::Panic(_) => return Verdict::Release("the inner service panicked"),
-        Ran::Response { parts, read, .. } => (parts, read),
+    ran: Ran<I, E>,
+) -> Decided<I, E> {
+    let (mut parts, read, body) = match ran {
+        Ran::Error(error) => return Decided::Error(error),
+        Ran::Panic(panic) => return Decided::Panic(panic),
+        Ran::Response { parts, read, body } => (parts, read, body),
     };
-    if let Some(mark) = parts.extensions.get::<FinalizedInTransaction>() {
+    if let Some(mark) = parts.extensions.remove::<FinalizedInTransaction>() {
         if mark.reservation == *reservation {
-            return Verdict::FinalizedByHandler;
+            return Decided::FinalizedByHandler {
+                parts,
+                read,
+                mark: Box::new(mark),
+            };
         }
         tracing::warn!(outcome = "lost-ownership", key = %settings.log_key(reservation.id()), "idempotency: the response is marked as finalized for another reservation; handling it as an ordinary answer");
     }
-    let (trailers, read) = match read {
-        BodyRead::Whole(_, trailers) => (trailers.as_ref(), ReadState::Whole),
-        BodyRead::Over { .. } => (None, ReadState::TooLarge),
-        BodyRead::Failed(_) | BodyRead::TimedOut => (None, ReadState::Failed),
+    let status = parts.status;
+    let (unsent, read_state) = match read {
+        BodyRead::Whole(bytes, trailers) => (Unsent::Whole(bytes, trailers), ReadState::Whole),
+        BodyRead::Over { read, taken, .. } => (Unsent::Over { read, taken }, ReadState::TooLarge),
+        failed @ (BodyRead::Failed(_) | BodyRead::TimedOut) => {
+            // A body that failed cannot be delivered: an answer of unknown outcome is
+            // remembered as "already ran" instead, which runs nothing again either.
+            let release =
+                parts.extensions.get::<OutcomeUnknown>().is_none() && releases(settings, status);
+            return Decided::BodyFailed {
+                status,
+                release,
+                read: failed,
+            };
+        }
     };
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
-        // A body that failed cannot be delivered: remembered as "already ran" instead,
-        // which runs nothing again either.
-        return match read {
-            ReadState::Failed => Verdict::BodyFailed { release: false },
-            ReadState::Whole | ReadState::TooLarge => Verdict::KeepReserved,
+        return Decided::PassOn {
+            parts,
+            then: Then::KeepReserved,
+            unsent,
+            body,
         };
     }
-    verdict_on(
-        settings,
-        &Facts {
-            parts,
-            trailers,
-            read,
-        },
-    )
+    let trailers = match &unsent {
+        Unsent::Whole(_, trailers) => trailers.as_ref(),
+        Unsent::Over { .. } => None,
+    };
+    let facts = Facts {
+        parts: &parts,
+        trailers,
+        read: read_state,
+    };
+    let (then, unsent) = match (verdict_on(settings, &facts), unsent) {
+        (Verdict::Store, Unsent::Whole(bytes, trailers)) => {
+            return Decided::Store {
+                parts,
+                bytes,
+                trailers,
+            };
+        }
+        // The rules never store an answer read past the limit (its facts say so); were
+        // one ever to, it is remembered as too large, never stored in part.
+        (Verdict::Store, unsent @ Unsent::Over { .. }) => {
+            (Then::NotKept(NotKept::TooLarge), unsent)
+        }
+        (Verdict::Release(why), unsent) => (Then::Release(why), unsent),
+        (Verdict::NotKept(why), unsent) => (Then::NotKept(why), unsent),
+    };
+    Decided::PassOn {
+        parts,
+        then,
+        unsent,
+        body,
+    }
 }
 
-/// The verdict on an answer: the generic rules first, then the profile's.
+/// The verdict on an answer read without failing: the generic rules first, then the
+/// profile's.
 pub(crate) fn verdict_on(settings: &Settings, facts: &Facts<'_>) -> Verdict {
-    let status = facts.parts.status;
-    let release = releases(settings, status);
-    if facts.read == ReadState::Failed {
-        return Verdict::BodyFailed { release };
-    }
-    if release {
+    if releases(settings, facts.parts.status) {
         return Verdict::Release("the response releases the key");
     }
     // An answer over the limit has its trailers still to come.

@@ -124,9 +124,8 @@ where
         let ran =
             execute::execute::<S, B>(&settings, inner, &reservation, request, &mut held).await;
         // 5. Classify.
-        let verdict = classify::classify(&settings, &reservation, &ran);
+        let decided = classify::classify(&settings, &reservation, ran);
         // 6. Settle.
-        settle::settle::<B, S::Error>(&settings, &reservation, ran, verdict, first_run, &mut held)
-            .await
+        settle::settle::<B, S::Error>(&settings, &reservation, decided, first_run, &mut held).await
     })
 }

@@ -13,8 +13,7 @@ use tokio::time::Instant;
 
 use crate::body_types::{Answer, Bodies};
 use crate::budget::Held;
-use crate::keyed::classify::{NotKept, Verdict};
-use crate::keyed::execute::Ran;
+use crate::keyed::classify::{Decided, NotKept, Then, Unsent};
 use crate::keyed::store::RequestPathStore;
 use crate::metrics;
 use crate::outcome::Outcome;
@@ -24,64 +23,45 @@ use crate::reservation::{FinalizedInTransaction, ReservationHandle};
 use crate::settings::Settings;
 use crate::store::{FencingToken, Ownership, RecordId, StoredResponse};
 
-/// Writes the verdict to the store and gives the caller its answer, which carries its
+/// Writes the decision to the store and gives the caller its answer, which carries its
 /// [`Outcome`]; `first_run` is the outcome of a request that ran and was stored
 /// ([`Outcome::Executed`], or [`Outcome::TookOver`]). The inner service's error is
 /// returned, and its panic resumed, once the key is released.
 pub(crate) async fn settle<B: Bodies, E>(
     settings: &Settings,
     reservation: &ReservationHandle,
-    ran: Ran<B::ResponseIn, E>,
-    verdict: Verdict,
+    decided: Decided<B::ResponseIn, E>,
     first_run: Outcome,
     held: &mut Held,
 ) -> Answer<B, E> {
     let (id, token) = (reservation.id(), reservation.token());
-    let (mut parts, read, body) = match ran {
-        Ran::Response { parts, read, body } => (parts, read, body),
-        Ran::Error(error) => {
-            let why = release_reason(verdict);
-            let outcome = release(settings, id, token, why).await;
+    let (parts, then, unsent, body) = match decided {
+        Decided::Error(error) => {
+            let outcome = release(settings, id, token, "the inner service returned an error").await;
             metrics::outcome(
                 settings,
                 end_unsettled(settings, reservation, outcome).await,
             );
             return Err(error);
         }
-        Ran::Panic(panic) => {
-            let why = release_reason(verdict);
-            let outcome = release(settings, id, token, why).await;
+        Decided::Panic(panic) => {
+            let outcome = release(settings, id, token, "the inner service panicked").await;
             metrics::outcome(
                 settings,
                 end_unsettled(settings, reservation, outcome).await,
             );
             std::panic::resume_unwind(panic);
         }
-    };
-    let mark = parts.extensions.remove::<FinalizedInTransaction>();
-    let status = parts.status;
-    let outcome = match verdict {
-        Verdict::FinalizedByHandler => {
-            let mark = mark.expect("classified as finalized by its mark");
+        Decided::FinalizedByHandler { parts, read, mark } => {
             return Ok(finalized_by_handler::<B>(
-                settings, parts, &read, mark, first_run,
+                settings, parts, &read, *mark, first_run,
             ));
         }
-        Verdict::Store => {
-            let BodyRead::Whole(bytes, trailers) = &read else {
-                unreachable!("only a whole answer is stored")
-            };
-            let stored = stored_answer(settings, reservation, &parts, bytes, trailers.as_ref());
-            finalize(settings, id, token, &stored)
-                .await
-                .unless_unsettled(first_run)
-        }
-        Verdict::KeepReserved => keep_reserved(settings, id, token, status).await,
-        Verdict::Release(why) => release(settings, id, token, why).await,
-        Verdict::NotKept(why) => remember_not_kept(settings, id, token, status, why)
-            .await
-            .unless_unsettled(Outcome::ExecutedNotStored),
-        Verdict::BodyFailed { release } => {
+        Decided::BodyFailed {
+            status,
+            release,
+            read,
+        } => {
             let mut response =
                 Box::pin(body_failed::<B>(settings, id, token, status, release, read)).await;
             if let Some(outcome) = response.extensions().get::<Outcome>().copied() {
@@ -90,9 +70,37 @@ pub(crate) async fn settle<B: Bodies, E>(
             }
             return Ok(response);
         }
+        Decided::Store {
+            parts,
+            bytes,
+            trailers,
+        } => {
+            let stored = stored_answer(settings, reservation, &parts, &bytes, trailers.as_ref());
+            let outcome = finalize(settings, id, token, &stored)
+                .await
+                .unless_unsettled(first_run);
+            let outcome = end_unsettled(settings, reservation, outcome).await;
+            let mut response = Response::from_parts(parts, B::made(bytes, trailers));
+            response.extensions_mut().insert(outcome);
+            return Ok(recorded(settings, response));
+        }
+        Decided::PassOn {
+            parts,
+            then,
+            unsent,
+            body,
+        } => (parts, then, unsent, body),
+    };
+    let status = parts.status;
+    let outcome = match then {
+        Then::KeepReserved => keep_reserved(settings, id, token, status).await,
+        Then::Release(why) => release(settings, id, token, why).await,
+        Then::NotKept(why) => remember_not_kept(settings, id, token, status, why)
+            .await
+            .unless_unsettled(Outcome::ExecutedNotStored),
     };
     let outcome = end_unsettled(settings, reservation, outcome).await;
-    let mut response = match deliver::<B>(settings, read, body, held).await {
+    let mut response = match deliver::<B>(settings, unsent, body, held).await {
         Some(answer) => Response::from_parts(parts, answer),
         None => {
             tracing::warn!(outcome = "response-failed", key = %settings.log_key(id), "idempotency: a response too large for the memory budget could not be delivered: its service's body type cannot be streamed on (wrap bodies to stream it)");
@@ -101,14 +109,6 @@ pub(crate) async fn settle<B: Bodies, E>(
     };
     response.extensions_mut().insert(outcome);
     Ok(recorded(settings, response))
-}
-
-/// Why the key is released after an error or a panic.
-fn release_reason(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Release(why) => why,
-        _ => "the inner service failed",
-    }
 }
 
 /// The caller's answer, its [`Outcome`] recorded (in the request's span and as a
@@ -125,14 +125,13 @@ pub(crate) fn recorded<B>(settings: &Settings, response: Response<B>) -> Respons
 /// allows (`None` past it).
 async fn deliver<B: Bodies>(
     settings: &Settings,
-    read: BodyRead,
+    unsent: Unsent,
     body: Pin<Box<B::ResponseIn>>,
     held: &mut Held,
 ) -> Option<B::ResponseOut> {
-    let (read, taken) = match read {
-        BodyRead::Whole(bytes, trailers) => return Some(B::made(bytes, trailers)),
-        BodyRead::Over { read, taken, .. } => (read, taken),
-        BodyRead::Failed(_) | BodyRead::TimedOut => unreachable!("a failed body is not delivered"),
+    let (read, taken) = match unsent {
+        Unsent::Whole(bytes, trailers) => return Some(B::made(bytes, trailers)),
+        Unsent::Over { read, taken } => (read, taken),
     };
     let (read, mut body) = match B::continued(read, body) {
         Ok(streamed) => return Some(streamed),
