@@ -175,8 +175,10 @@ where
     match Reader::whole().read(body, Bytes::new()).await {
         BodyRead::Whole(bytes, trailers) => Ok((bytes, trailers)),
         BodyRead::Failed(error) => Err(error),
-        // Neither a limit, a budget nor a time limit.
-        BodyRead::Over { .. } | BodyRead::TimedOut => unreachable!("an unbounded read ends whole"),
+        // A whole reader has neither a limit, a budget nor a time limit to go past.
+        BodyRead::Over { .. } | BodyRead::TimedOut => {
+            Err("the body went past a bound of a reader that has none".into())
+        }
     }
 }
 
