@@ -11,7 +11,8 @@
 //! | which requests take part | [`RouteFilter`] | [`with_routes`](crate::IdempotencyLayer::with_routes) | every mutation ([`AllMutations`](crate::AllMutations)) |
 //! | what a key looks like | [`KeyFormat`](crate::KeyFormat) | [`with_key_format`](crate::IdempotencyLayer::with_key_format) | [`OpaqueKey`](crate::OpaqueKey) |
 //! | store an answer, or release the key | [`ClassifyAnswer`] | [`with_classifier`](crate::IdempotencyLayer::with_classifier) | store ([`StoreAnswers`]) |
-//! | what of an answer is kept, and what a replay adds back | [`KeepAnswer`] | [`with_answer_keeper`](crate::IdempotencyLayer::with_answer_keeper) | all of it, nothing ([`KeepWhole`]) |
+//! | what of an answer is kept in the store | [`KeepAnswer`] | [`with_answer_keeper`](crate::IdempotencyLayer::with_answer_keeper) | all of it ([`KeepWhole`]) |
+//! | what a replay adds to the stored answer | [`ReplayAnswer`] | [`with_answer_replayer`](crate::IdempotencyLayer::with_answer_replayer) | nothing ([`ReplayAsStored`]) |
 //! | how the layer's own answers look | [`ErrorRenderer`](crate::ErrorRenderer) | [`with_error_renderer`](crate::IdempotencyLayer::with_error_renderer) | [`ProblemJson`](crate::ProblemJson) |
 //! | answers amended although they do not take part | [`Advertise`] | [`with_advertiser`](crate::IdempotencyLayer::with_advertiser) | none |
 //!
@@ -125,11 +126,10 @@ impl ClassifyAnswer for StoreAnswers {
     }
 }
 
-/// What of an answer is kept in the store, and what a replay of it adds back: the pair
-/// belongs together (what [`keep`](Self::keep) cuts out, [`restore`](Self::restore) or
-/// [`refresh`](Self::refresh) and [`replay`](Self::replay) put back). The Iceberg
-/// profile cuts vended credentials out and loads fresh ones for a replay, and keeps
-/// table metadata as a pointer to its immutable file.
+/// What of an answer is kept in the store: what [`keep`](Self::keep) leaves out or keeps
+/// by reference, [`restore`](Self::restore) puts back before a replay. The Iceberg profile
+/// cuts vended credentials out, and keeps table metadata as a pointer to its immutable
+/// file.
 ///
 /// The first caller always gets the whole answer, whatever is kept.
 pub trait KeepAnswer: Send + Sync + 'static {
@@ -142,21 +142,31 @@ pub trait KeepAnswer: Send + Sync + 'static {
     }
 
     /// Rebuilds what [`keep`](Self::keep) kept out of the store by reference (Iceberg:
-    /// table metadata, read back from its immutable file), before a stored answer goes to
-    /// [`refresh`](Self::refresh) and [`replay`](Self::replay). `None` (the default) when
-    /// `stored` is complete as it is. The future resolves to the answer to go on with:
-    /// the rebuilt one, or, when what it refers to cannot be read, the answer the retry
-    /// gets instead (never a guess at the first one).
+    /// table metadata, read back from its immutable file), before a stored answer is
+    /// replayed. `None` (the default) when `stored` is complete as it is. The future
+    /// resolves to the answer to go on with: the rebuilt one, or, when what it refers to
+    /// cannot be read, the answer the retry gets instead (never a guess at the first one).
     fn restore(&self, stored: &StoredResponse) -> Option<Restoring<'_>> {
         let _ = stored;
         None
     }
+}
 
+/// The default [`KeepAnswer`]: the answer is stored whole.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KeepWhole;
+
+impl KeepAnswer for KeepWhole {}
+
+/// What a replay adds to the stored answer, from a request the layer sends the inner
+/// service first: the Iceberg profile loads the table again for fresh vended
+/// credentials, which it never stores. The two halves belong together:
+/// [`refresh`](Self::refresh)'s answer is what [`replay`](Self::replay) adds.
+pub trait ReplayAnswer: Send + Sync + 'static {
     /// A request for the inner service, sent before a stored answer is replayed to
-    /// `retry`, to fetch what [`keep`](Self::keep) kept out of the store. Its answer is
-    /// given to [`replay`](Self::replay). `None` (the default) sends nothing. The layer
-    /// ensures `retry` has the same method, path and body as the request whose answer is
-    /// stored.
+    /// `retry`. Its answer is given to [`replay`](Self::replay). `None` (the default) sends
+    /// nothing. The layer ensures `retry` has the same method, path and body as the
+    /// request whose answer is stored.
     fn refresh(&self, retry: &Request<Bytes>, stored: &StoredResponse) -> Option<Request<Bytes>> {
         let _ = (retry, stored);
         None
@@ -171,11 +181,11 @@ pub trait KeepAnswer: Send + Sync + 'static {
     }
 }
 
-/// The default [`KeepAnswer`]: the answer is stored whole and replayed as it was.
+/// The default [`ReplayAnswer`]: a replay is the stored answer, and nothing is sent first.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct KeepWhole;
+pub struct ReplayAsStored;
 
-impl KeepAnswer for KeepWhole {}
+impl ReplayAnswer for ReplayAsStored {}
 
 /// The rebuilding of a stored answer that [`KeepAnswer::restore`] starts.
 pub type Restoring<'a> = Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>>;

@@ -10,7 +10,8 @@ use tower_layer::Layer;
 
 use crate::budget::MemoryBudget;
 use crate::decisions::{
-    Advertise, AllMutations, ClassifyAnswer, KeepAnswer, KeepWhole, RouteFilter, StoreAnswers,
+    Advertise, AllMutations, ClassifyAnswer, KeepAnswer, KeepWhole, ReplayAnswer, ReplayAsStored,
+    RouteFilter, StoreAnswers,
 };
 use crate::key::{KeyFormat, OpaqueKey};
 use crate::policy::{NoScopeSet, ScopeExtractor};
@@ -87,6 +88,7 @@ impl IdempotencyLayer {
                 key_format: Arc::new(OpaqueKey),
                 classifier: Arc::new(StoreAnswers),
                 keeper: Arc::new(KeepWhole),
+                replayer: Arc::new(ReplayAsStored),
                 renderer: Arc::new(ProblemJson),
                 advertiser: None,
                 scope: Arc::new(NoScopeSet),
@@ -502,9 +504,9 @@ impl<M> IdempotencyLayer<M> {
         self.edit(|s| s.classifier = Arc::new(classifier))
     }
 
-    /// What of an answer is kept, and what a replay adds back (default: all of it and
-    /// nothing, [`KeepWhole`](crate::KeepWhole); the Iceberg profile keeps vended
-    /// credentials and table metadata out). See [`KeepAnswer`].
+    /// What of an answer is kept in the store (default: all of it,
+    /// [`KeepWhole`](crate::KeepWhole); the Iceberg profile keeps vended credentials out,
+    /// and table metadata by reference). See [`KeepAnswer`].
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -514,6 +516,21 @@ impl<M> IdempotencyLayer<M> {
     /// ```
     pub fn with_answer_keeper(self, keeper: impl KeepAnswer) -> Self {
         self.edit(|s| s.keeper = Arc::new(keeper))
+    }
+
+    /// What a replay adds to the stored answer, from a request sent to the inner service
+    /// first (default: nothing, [`ReplayAsStored`](crate::ReplayAsStored); the Iceberg
+    /// profile loads the table again for fresh vended credentials). See
+    /// [`ReplayAnswer`].
+    ///
+    /// ```
+    /// # use idempotency_core::IdempotencyLayer;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// use idempotency_core::ReplayAsStored;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_answer_replayer(ReplayAsStored);
+    /// ```
+    pub fn with_answer_replayer(self, replayer: impl ReplayAnswer) -> Self {
+        self.edit(|s| s.replayer = Arc::new(replayer))
     }
 
     /// How the layer's own answers are rendered (default

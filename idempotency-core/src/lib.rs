@@ -83,7 +83,7 @@
 //! What depends on the protocol is a decision of its own, one small trait each, with one
 //! builder method: which requests take part ([`RouteFilter`]), what a key looks like
 //! ([`KeyFormat`]), which answers are stored ([`ClassifyAnswer`]), what of an answer is
-//! stored and what a replay adds back ([`KeepAnswer`]), how errors look
+//! stored ([`KeepAnswer`]), what a replay adds back ([`ReplayAnswer`]), how errors look
 //! ([`ErrorRenderer`]), what is advertised ([`Advertise`]). A [`Profile`] installs a
 //! protocol's set at once: [`HttpProfile`] by default, [`iceberg::IcebergProfile`]
 //! through [`IdempotencyLayer::iceberg`], [`grpc::GrpcProfile`] through
@@ -329,8 +329,8 @@ mod presets;
 
 pub use body::IdempotencyBody;
 pub use decisions::{
-    Advertise, AllMutations, ClassifyAnswer, Disposition, KeepAnswer, KeepWhole, RequestHead,
-    Restoring, RouteFilter, StoreAnswers,
+    Advertise, AllMutations, ClassifyAnswer, Disposition, KeepAnswer, KeepWhole, ReplayAnswer,
+    ReplayAsStored, RequestHead, Restoring, RouteFilter, StoreAnswers,
 };
 pub use future::ResponseFuture;
 pub use headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};

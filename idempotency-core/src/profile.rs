@@ -1,7 +1,7 @@
 //! [`Profile`]: the decisions a protocol makes (see `decisions`), installed on a layer at
 //! once, and [`HttpProfile`], the plain HTTP default.
 
-use crate::decisions::{AllMutations, KeepWhole, StoreAnswers};
+use crate::decisions::{AllMutations, KeepWhole, ReplayAsStored, StoreAnswers};
 use crate::key::OpaqueKey;
 use crate::layer::IdempotencyLayer;
 use crate::rejection::ProblemJson;
@@ -50,6 +50,7 @@ impl Profile for HttpProfile {
             .with_key_format(OpaqueKey)
             .with_classifier(StoreAnswers)
             .with_answer_keeper(KeepWhole)
+            .with_answer_replayer(ReplayAsStored)
             .with_error_renderer(ProblemJson)
             .without_advertiser()
     }

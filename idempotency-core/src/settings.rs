@@ -10,7 +10,7 @@ use http::{HeaderName, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 
 use crate::budget::MemoryBudget;
-use crate::decisions::{Advertise, ClassifyAnswer, KeepAnswer, RouteFilter};
+use crate::decisions::{Advertise, ClassifyAnswer, KeepAnswer, ReplayAnswer, RouteFilter};
 use crate::key::KeyFormat;
 use crate::policy::ScopeExtractor;
 use crate::rejection::{ErrorRenderer, Rejection};
@@ -40,6 +40,7 @@ pub(crate) struct Settings {
     pub(crate) key_format: Arc<dyn KeyFormat>,
     pub(crate) classifier: Arc<dyn ClassifyAnswer>,
     pub(crate) keeper: Arc<dyn KeepAnswer>,
+    pub(crate) replayer: Arc<dyn ReplayAnswer>,
     pub(crate) renderer: Arc<dyn ErrorRenderer>,
     pub(crate) advertiser: Option<Arc<dyn Advertise>>,
     pub(crate) scope: Arc<dyn ScopeExtractor>,

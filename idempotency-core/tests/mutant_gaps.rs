@@ -19,9 +19,9 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::{
     Binding, Bytes, EvictInFlight, Eviction, FencingToken, IdempotencyLayer, IdempotencyRecord,
-    IdempotencyStore, InspectedRecord, InspectedState, KeepAnswer, MAX_KEPT_PATH, Outcome,
-    Ownership, PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, Reservation, ScopeQuota,
-    StoreError, StoredResponse, Waited,
+    IdempotencyStore, InspectedRecord, InspectedState, MAX_KEPT_PATH, Outcome, Ownership,
+    PurgeExpired, Purged, RecordAdmin, RecordId, RecordState, ReplayAnswer, Reservation,
+    ScopeQuota, StoreError, StoredResponse, Waited,
 };
 use idempotency_store_memory::MemoryStore;
 use tokio::sync::Notify;
@@ -702,7 +702,7 @@ async fn a_body_that_declares_the_limit_is_read_and_one_byte_more_is_refused() {
 /// Refreshes every replay from `GET /fresh`, whose answer then replaces the stored body.
 struct FreshOnReplay;
 
-impl KeepAnswer for FreshOnReplay {
+impl ReplayAnswer for FreshOnReplay {
     fn refresh(&self, _retry: &Request<Bytes>, _stored: &StoredResponse) -> Option<Request<Bytes>> {
         Some(Request::get("/fresh").body(Bytes::new()).unwrap())
     }
@@ -738,7 +738,7 @@ async fn a_replay_is_refreshed_only_by_a_successful_load_within_the_limit() {
     // Around the whole router (`Router::layer` wraps each route on its own), so that the
     // refreshing load reaches `/fresh`.
     let layer = IdempotencyLayer::new(MemoryStore::new())
-        .with_answer_keeper(FreshOnReplay)
+        .with_answer_replayer(FreshOnReplay)
         .with_max_response_body(64);
     let app = Router::new().fallback_service(tower::Layer::layer(&layer, routes));
     for (status, length, refreshed) in [

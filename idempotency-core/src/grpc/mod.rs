@@ -99,7 +99,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, header};
 
 use crate::{
     ClassifyAnswer, Disposition, ErrorRenderer, IdempotencyLayer, KeepWhole, OpaqueKey, Profile,
-    Rejection, RejectionKind, RequestHead, RouteFilter,
+    Rejection, RejectionKind, ReplayAsStored, RequestHead, RouteFilter,
 };
 
 pub use descriptor::DescriptorError;
@@ -363,6 +363,7 @@ impl Profile for GrpcProfile {
             .with_key_format(OpaqueKey)
             .with_classifier(self)
             .with_answer_keeper(KeepWhole)
+            .with_answer_replayer(ReplayAsStored)
             .with_error_renderer(GrpcStatuses)
             .without_advertiser()
     }

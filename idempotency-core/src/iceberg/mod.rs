@@ -78,7 +78,8 @@ use serde_json::Value;
 use crate::iso8601::format_duration;
 use crate::{
     Advertise, ErrorRenderer, IDEMPOTENCY_KEY, IdempotencyLayer, KeepAnswer, Profile, Rejection,
-    RejectionKind, RequestHead, Restoring, RouteFilter, StoreAnswers, StoredResponse, UuidKey,
+    RejectionKind, ReplayAnswer, RequestHead, Restoring, RouteFilter, StoreAnswers, StoredResponse,
+    UuidKey,
 };
 
 pub use self::metadata::MetadataReader;
@@ -196,6 +197,7 @@ impl Profile for IcebergProfile {
             .with_key_format(ANY_VERSION)
             .with_classifier(StoreAnswers)
             .with_answer_keeper(self.clone())
+            .with_answer_replayer(self.clone())
             .with_error_renderer(IcebergErrorModel)
             .with_advertiser(self)
     }
@@ -209,8 +211,8 @@ impl RouteFilter for IcebergProfile {
     }
 }
 
-/// Vended credentials cut out (and fresh ones loaded for a replay), and table or view
-/// metadata kept as a pointer to its file when a reader is installed.
+/// Vended credentials cut out, and table or view metadata kept as a pointer to its file
+/// when a reader is installed.
 impl KeepAnswer for IcebergProfile {
     fn keep(&self, method: &Method, uri: &Uri, mut answer: StoredResponse) -> StoredResponse {
         let Some(path) = self.under_base(uri.path()) else {
@@ -239,7 +241,11 @@ impl KeepAnswer for IcebergProfile {
         let reader = self.metadata.as_deref();
         Some(Box::pin(metadata::put_back(reader, stored.clone())))
     }
+}
 
+/// Fresh vended credentials, loaded again for a replay of an answer whose credentials
+/// [`keep`](KeepAnswer::keep) cut out.
+impl ReplayAnswer for IcebergProfile {
     fn refresh(&self, retry: &Request<Bytes>, stored: &StoredResponse) -> Option<Request<Bytes>> {
         if !had_credentials_removed(stored) {
             return None;

@@ -35,11 +35,11 @@ where
     // The refresh calls the inner service: its future is boxed, so that the keyed
     // future of every other request (most replays refresh nothing) does not carry room
     // for it.
-    let refreshed = match settings.keeper.refresh(retry, &stored) {
+    let refreshed = match settings.replayer.refresh(retry, &stored) {
         Some(refresh) => Box::pin(refresh_for_replay::<S, B>(settings, inner, refresh)).await,
         None => None,
     };
-    replay_response::<B>(settings.keeper.replay(stored, refreshed))
+    replay_response::<B>(settings.replayer.replay(stored, refreshed))
 }
 
 /// The inner service's answer to the profile's refresh request, read whole; `None` if it
