@@ -477,6 +477,18 @@ mod tests {
         assert_eq!(millis(Duration::MAX), MAX_DURATION_MS as i64);
     }
 
+    /// The clamp is about a century: a lifetime of 99 years is kept as it is, and the
+    /// longest one still leaves room to add it to any instant of this millennium.
+    #[test]
+    fn the_clamp_is_a_century() {
+        const YEAR_MS: i64 = 366 * 24 * 60 * 60 * 1000;
+        assert_eq!(MAX_DURATION_MS, 3_162_240_000_000);
+        let years_99 = Duration::from_millis(99 * YEAR_MS as u64);
+        assert_eq!(millis(years_99), 99 * YEAR_MS);
+        let year_2999_ms = 1000 * YEAR_MS;
+        assert!(year_2999_ms.checked_add(millis(Duration::MAX)).is_some());
+    }
+
     #[test]
     fn tokens_differ() {
         let a = new_token();
