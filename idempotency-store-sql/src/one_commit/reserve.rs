@@ -98,7 +98,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     /// MariaDB (only): the reservation of `record`, sent as its transaction's `BEGIN`
     /// (see `crate::mysql::reserve_begin_statement`). MySQL 8 begins, then inserts.
     #[cfg_attr(not(feature = "mysql"), allow(unused_variables))]
-    fn reserve_begin_statement(&self, record: &NewRecord<'_>) -> Option<String> {
+    pub(super) fn reserve_begin_statement(&self, record: &NewRecord<'_>) -> Option<String> {
         #[cfg(feature = "mysql")]
         if self.mariadb {
             return Some(crate::mysql::reserve_begin_statement(

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idempotency_core::{
-    Binding, IdempotencyStore, Ownership, RecordId, RecordState, Reservation, StoredResponse,
+    Binding, FencingToken, IdempotencyStore, Ownership, RecordId, RecordState, Reservation,
+    StoredResponse,
 };
 use sqlx::MySqlPool;
 
+use crate::record_database::NewRecord;
 use crate::{MySqlStore, OneCommitStore, PostgresStore, RecordDatabase, TableName};
 
 /// A pool on the server `env` names (or `url`), or `None` (skip) when none answers
@@ -95,6 +97,24 @@ async fn on_mysql(mysql_8: bool) {
     if mysql_8 {
         store.mariadb = false;
     }
+    // MariaDB sends the reservation as the transaction's `BEGIN`, one round trip fewer;
+    // MySQL 8 begins, then inserts.
+    let (id, binding) = (RecordId::new("scope", "key"), binding());
+    let record = NewRecord::new(
+        &id,
+        &binding,
+        FencingToken(1),
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    let in_begin = store.reserve_begin_statement(&record);
+    assert_eq!(
+        in_begin
+            .as_deref()
+            .map(|statement| statement.starts_with("BEGIN NOT ATOMIC")),
+        (!mysql_8).then_some(true),
+        "the reservation in BEGIN: {in_begin:?}"
+    );
     holds_answers_and_replays_a_key(store).await;
     drop_table(&pool, &format!("DROP TABLE IF EXISTS `{table}`")).await;
 }
@@ -116,6 +136,15 @@ where
     sqlx::Executor::execute(pool, statement).await.unwrap();
 }
 
+/// A binding whose path text spliced into SQL would break.
+fn binding() -> Binding {
+    Binding {
+        method: "POST".to_owned(),
+        path: "/v1/namespaces/'ø'$$".to_owned(),
+        body_sha256: [9; 32],
+    }
+}
+
 /// Reserves a free key, finds a duplicate busy (bounded), releases, reserves again,
 /// finalizes, and replays.
 async fn holds_answers_and_replays_a_key<DB: RecordDatabase>(store: OneCommitStore<DB>) {
@@ -124,11 +153,7 @@ async fn holds_answers_and_replays_a_key<DB: RecordDatabase>(store: OneCommitSto
         "scope-'\\$reserve$",
         format!("clé-\"'); {}", uuid::Uuid::new_v4()),
     );
-    let binding = Binding {
-        method: "POST".to_owned(),
-        path: "/v1/namespaces/'ø'$$".to_owned(),
-        body_sha256: [9; 32],
-    };
+    let binding = binding();
     let (lease, lifetime) = (Duration::from_secs(30), Duration::from_secs(600));
 
     let Reservation::ReservedUncommitted(token) =
