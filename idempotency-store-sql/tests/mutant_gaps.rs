@@ -2,8 +2,8 @@
 //! the real servers: what PostgreSQL's waiters do with their own key's notice and with
 //! other keys'; and on the one-commit store, what a stale token settles of a newer
 //! uncommitted reservation of its key, the bytes its uncommitted reservations count
-//! against a scope's quota, and what releasing answers once another request's record
-//! holds the key; on MySQL/MariaDB, a full scope's replays and refusals.
+//! against a scope's quota, what a full scope answers its own key, and what releasing
+//! answers once another request's record holds the key; on MySQL/MariaDB, a full scope's replays and refusals.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 mod common;
@@ -250,6 +250,66 @@ async fn uncommitted_reservations_count_their_bytes<DB: RecordDatabase>(store: O
     for (id, token) in held {
         assert_eq!(store.release(id, token).await.unwrap(), Ownership::Held);
     }
+}
+
+/// A scope with room for one record, full, never refuses its own key: a duplicate of
+/// an uncommitted reservation is told the key is busy, and a retry of a committed record
+/// gets that record; only another key is refused.
+async fn a_full_scope_answers_its_own_key<DB: RecordDatabase>(store: OneCommitStore<DB>) {
+    let store = store.with_scope_quota(ScopeQuota::default().with_max_records(1));
+    let id = common::id();
+    let binding = common::binding();
+    let reserve = |id: RecordId| {
+        let (store, binding) = (&store, binding.clone());
+        async move {
+            store
+                .reserve(&id, &binding, common::LONG, common::LONG)
+                .await
+        }
+    };
+    let Ok(Reservation::ReservedUncommitted(token)) = reserve(id.clone()).await else {
+        panic!("an empty scope did not reserve");
+    };
+    match reserve(id.clone()).await {
+        Ok(Reservation::Busy) => {}
+        other => {
+            panic!("a duplicate of an uncommitted reservation in a full scope answered {other:?}")
+        }
+    }
+    assert_eq!(
+        store
+            .finalize(&id, token, &common::response(b"done"))
+            .await
+            .unwrap(),
+        Ownership::Held
+    );
+    match reserve(id.clone()).await {
+        Ok(Reservation::Exists(record)) => assert_eq!(
+            record.state,
+            RecordState::Completed(common::response(b"done"))
+        ),
+        other => panic!("a retry of the committed record of a full scope answered {other:?}"),
+    }
+    match reserve(RecordId::new(id.scope.clone(), "another")).await {
+        Err(StoreError::QuotaExceeded { .. }) => {}
+        other => panic!("another key in a full scope answered {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_postgres_a_full_scope_answers_its_own_key() {
+    let Some((store, typed)) = postgres_one_commit().await else {
+        return;
+    };
+    a_full_scope_answers_its_own_key(store).await;
+    drop_postgres_table(&typed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_on_sqlite_a_full_scope_answers_its_own_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_one_commit(dir.path()).await;
+    a_full_scope_answers_its_own_key(store).await;
 }
 
 /// A one-commit store on PostgreSQL, on a migrated table of its own, and the typed store
