@@ -489,6 +489,32 @@ mod tests {
         assert!(year_2999_ms.checked_add(millis(Duration::MAX)).is_some());
     }
 
+    /// Each builder method sets its own setting and keeps the others.
+    #[test]
+    fn pool_settings_are_built_one_at_a_time() {
+        let settings = PoolSettings::default()
+            .max_connections(3)
+            .min_connections(2)
+            .acquire_timeout(Duration::from_millis(1500))
+            .idle_timeout(None)
+            .synchronous_replication(SynchronousReplication::Warn);
+        assert_eq!(settings.max_connections, 3);
+        assert_eq!(settings.min_connections, 2);
+        assert_eq!(settings.acquire_timeout, Duration::from_millis(1500));
+        assert_eq!(settings.idle_timeout, None);
+        assert_eq!(settings.synchronous_replication, SynchronousReplication::Warn);
+        assert_eq!(PoolSettings::default().max_connections(0).max_connections, 1);
+    }
+
+    /// Epoch milliseconds before 1970 (no record has them, but a column may) are read
+    /// as times before 1970.
+    #[test]
+    fn wall_clock_reads_both_sides_of_the_epoch() {
+        assert_eq!(wall_clock(1500), UNIX_EPOCH + Duration::from_millis(1500));
+        assert_eq!(wall_clock(-1500), UNIX_EPOCH - Duration::from_millis(1500));
+        assert_eq!(wall_clock(0), UNIX_EPOCH);
+    }
+
     #[test]
     fn tokens_differ() {
         let a = new_token();
