@@ -194,3 +194,131 @@ async fn holds_answers_and_replays_a_key<DB: RecordDatabase>(store: OneCommitSto
         other => panic!("a finished key replays, got {other:?}"),
     }
 }
+
+/// Two transactions of `pool` that each lock their first statement's resource, then
+/// wait for the other's (the second statement): the server ends one of them as a deadlock
+/// victim. Both second statements' results come back; the transactions roll back.
+async fn deadlocked<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    [first_a, first_b]: [String; 2],
+    [second_a, second_b]: [String; 2],
+) -> [Result<(), sqlx::Error>; 2]
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut a = pool.begin().await.unwrap();
+    sqlx::Executor::execute(&mut *a, first_a.as_str())
+        .await
+        .unwrap();
+    let mut b = pool.begin().await.unwrap();
+    sqlx::Executor::execute(&mut *b, first_b.as_str())
+        .await
+        .unwrap();
+    let a_waits = tokio::spawn(async move {
+        sqlx::Executor::execute(&mut *a, second_a.as_str())
+            .await
+            .map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let b_result = sqlx::Executor::execute(&mut *b, second_b.as_str())
+        .await
+        .map(drop);
+    drop(b);
+    [a_waits.await.unwrap(), b_result]
+}
+
+/// The errors a reservation tells apart, raised for real: on PostgreSQL a lock not
+/// available in time (busy) and a deadlock (tried again); on MariaDB a lock wait timeout
+/// and a deadlock; anything else is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_are_told_apart() {
+    use super::reserve::{Conflict, conflict};
+
+    if let Some(pool) = pool::<sqlx::Postgres>(
+        "IDEMPOTENCY_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+    .await
+    {
+        let lock = rand_lock();
+        let mut holder = pool.begin().await.unwrap();
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(lock)
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let mut waiter = pool.begin().await.unwrap();
+        sqlx::query("SET LOCAL lock_timeout = '50ms'")
+            .execute(&mut *waiter)
+            .await
+            .unwrap();
+        let timed_out = sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(lock)
+            .execute(&mut *waiter)
+            .await
+            .unwrap_err();
+        assert_eq!(conflict(&timed_out), Conflict::Busy, "{timed_out}");
+        drop((holder, waiter));
+
+        let (one, two) = (rand_lock(), rand_lock());
+        let lock = |key: i64| format!("SELECT pg_advisory_xact_lock({key})");
+        let results = deadlocked(&pool, [lock(one), lock(two)], [lock(two), lock(one)]).await;
+        let victims: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert_eq!(victims.len(), 1, "{results:?}");
+        assert_eq!(conflict(victims[0]), Conflict::Deadlock, "{}", victims[0]);
+
+        let other = sqlx::query("SELECT 1/0").execute(&pool).await.unwrap_err();
+        assert_eq!(conflict(&other), Conflict::Other, "{other}");
+    }
+
+    let Some(pool) = pool::<sqlx::MySql>(
+        "IDEMPOTENCY_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+    )
+    .await
+    else {
+        return;
+    };
+    let table = table();
+    for statement in [
+        format!("CREATE TABLE `{table}` (id INT PRIMARY KEY) ENGINE = InnoDB"),
+        format!("INSERT INTO `{table}` VALUES (1), (2)"),
+    ] {
+        sqlx::query(&statement).execute(&pool).await.unwrap();
+    }
+    let row = |id: i32| format!("SELECT id FROM `{table}` WHERE id = {id} FOR UPDATE");
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(&row(1)).execute(&mut *holder).await.unwrap();
+    let mut waiter = pool.begin().await.unwrap();
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+        .execute(&mut *waiter)
+        .await
+        .unwrap();
+    let timed_out = sqlx::query(&row(1))
+        .execute(&mut *waiter)
+        .await
+        .unwrap_err();
+    assert_eq!(conflict(&timed_out), Conflict::Busy, "{timed_out}");
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        .execute(&mut *waiter)
+        .await
+        .unwrap();
+    drop((holder, waiter));
+
+    let results = deadlocked(&pool, [row(1), row(2)], [row(2), row(1)]).await;
+    let victims: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert_eq!(victims.len(), 1, "{results:?}");
+    assert_eq!(conflict(victims[0]), Conflict::Deadlock, "{}", victims[0]);
+
+    let other = sqlx::query("SELECT * FROM `no_such_table_here`")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(conflict(&other), Conflict::Other, "{other}");
+    drop_table(&pool, &format!("DROP TABLE IF EXISTS `{table}`")).await;
+}
+
+/// An advisory lock number no other test takes.
+fn rand_lock() -> i64 {
+    uuid::Uuid::new_v4().as_u64_pair().0 as i64
+}
