@@ -229,10 +229,38 @@ where
 
 /// The errors a reservation tells apart, raised for real: on PostgreSQL a lock not
 /// available in time (busy) and a deadlock (tried again); on MariaDB a lock wait timeout
-/// and a deadlock; anything else is an error.
+/// and a deadlock; on SQLite a write lock another connection keeps (busy); anything else
+/// is an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicts_are_told_apart() {
     use super::reserve::{Conflict, conflict};
+
+    #[cfg(feature = "sqlite")]
+    {
+        use sqlx::ConnectOptions;
+        use sqlx::sqlite::SqliteConnectOptions;
+
+        let dir = tempfile::tempdir().unwrap();
+        let options = SqliteConnectOptions::new()
+            .filename(dir.path().join("busy.db"))
+            .create_if_missing(true)
+            .busy_timeout(Duration::ZERO);
+        let (mut writer, mut other) = (
+            options.connect().await.unwrap(),
+            options.connect().await.unwrap(),
+        );
+        sqlx::Executor::execute(&mut writer, "BEGIN IMMEDIATE")
+            .await
+            .unwrap();
+        let busy = sqlx::Executor::execute(&mut other, "BEGIN IMMEDIATE")
+            .await
+            .unwrap_err();
+        assert_eq!(conflict(&busy), Conflict::Busy, "{busy}");
+        let other_error = sqlx::Executor::execute(&mut writer, "SELECT * FROM no_such_table")
+            .await
+            .unwrap_err();
+        assert_eq!(conflict(&other_error), Conflict::Other, "{other_error}");
+    }
 
     if let Some(pool) = pool::<sqlx::Postgres>(
         "IDEMPOTENCY_TEST_POSTGRES_URL",
