@@ -15,12 +15,18 @@
 //! under a live lease never expires, tokens are never reused, the fenced operations act
 //! only for the token that owns the record; and on [`RecordAdmin`] for the operators'
 //! two.
+//!
+//! A service configured from properties opens the store its
+//! `idempotency-store-type` names: the store reads its own `idempotency-*` keys from
+//! the configuration's store properties, and refuses any key it does not take
+//! (`MapStore::from_config` below).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, FullStore, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
@@ -35,6 +41,33 @@ struct MapStore {
     // Tokens are never reused for a key: a counter for the whole store does it here; a
     // shared database would use random 64-bit tokens or a sequence.
     last_token: AtomicI64,
+    // The most live records the map holds (no bound by default): a reservation past it
+    // fails with `StoreError::Full`, which the layer answers with 503.
+    max_records: Option<usize>,
+}
+
+/// The store's name in `idempotency-store-type`: lowercase, one word.
+const STORE_TYPE: &str = "custom";
+/// The store's own key, `idempotency-<store type>-…` by convention: a positive integer.
+const MAX_RECORDS: &str = "idempotency-custom-max-records";
+/// Every key the store takes, besides the ones every store shares (which the core
+/// reads: `idempotency_core::config::KEYS`).
+const KEYS: [&str; 1] = [MAX_RECORDS];
+
+impl MapStore {
+    /// The store a properties configuration names (`idempotency-store-type=custom`).
+    fn from_config(config: &IdempotencyConfig) -> Result<Self, ConfigError> {
+        // One call checks that the configuration names this store and that every store
+        // property is one of ours: a misspelt key, or another store's
+        // (`idempotency-max-entries` is the memory store's), is refused with an error that
+        // names it and our keys, instead of being silently ignored.
+        let properties = config.store_properties_for(STORE_TYPE, &KEYS)?;
+        Ok(Self {
+            // The helpers name the key, the value and what is expected when it is bad.
+            max_records: properties.positive_integer(MAX_RECORDS)?,
+            ..Self::default()
+        })
+    }
 }
 
 struct Record {
@@ -132,6 +165,15 @@ impl IdempotencyStore for MapStore {
         let mut records = self.records();
         if let Some(record) = records.get(id).filter(|r| r.is_live(now)) {
             return Ok(Reservation::Exists(record.view(now)));
+        }
+        let live = |records: &HashMap<RecordId, Record>| {
+            records.values().filter(|r| r.is_live(now)).count()
+        };
+        if let Some(bound) = self.max_records.filter(|bound| live(&records) >= *bound) {
+            return Err(StoreError::Full {
+                bound: format!("{bound} records"),
+                retry_after: None,
+            });
         }
         let token = self.new_token();
         let mut record = Record {
@@ -270,7 +312,11 @@ impl PurgeExpired for MapStore {
 }
 
 async fn check() {
-    let store: Arc<dyn FullStore> = Arc::new(MapStore::default());
+    // Opened as a service configured from properties opens it.
+    let config = IdempotencyConfig::from_properties([("idempotency-store-type", STORE_TYPE)])
+        .expect("the configuration is valid");
+    let store = MapStore::from_config(&config).unwrap_or_else(|error| panic!("{error}"));
+    let store: Arc<dyn FullStore> = Arc::new(store);
     // Every check that applies to a store with all three traits; a store with the
     // request path alone runs `Suite::new(store)`, which skips the operators' and the
     // purge checks and says so.
@@ -294,6 +340,54 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_skeleton_store_passes_the_conformance_suite() {
         super::check().await;
+    }
+
+    #[tokio::test]
+    async fn the_store_reads_its_own_keys_and_refuses_the_others() {
+        let config = IdempotencyConfig::from_properties([
+            ("idempotency-enabled", "true"),
+            ("idempotency-store-type", "custom"),
+            ("idempotency-custom-max-records", "1"),
+        ])
+        .unwrap();
+        let store = MapStore::from_config(&config).unwrap();
+        assert_eq!(store.max_records, Some(1));
+        let binding = Binding {
+            method: "POST".into(),
+            path: "/x".into(),
+            body_sha256: [0; 32],
+        };
+        let long = Duration::from_secs(60);
+        let (a, b) = (RecordId::new("", "a"), RecordId::new("", "b"));
+        let first = store.reserve(&a, &binding, long, long).await;
+        assert!(matches!(first, Ok(Reservation::Reserved(_))));
+        let second = store.reserve(&b, &binding, long, long).await;
+        assert!(matches!(second, Err(StoreError::Full { .. })));
+
+        let refused = |pairs: &[(&str, &str)]| match MapStore::from_config(
+            &IdempotencyConfig::from_properties(pairs.iter().copied()).unwrap(),
+        ) {
+            Ok(_) => panic!("{pairs:?} was accepted"),
+            Err(error) => error.to_string(),
+        };
+        // A misspelt key, and another store's.
+        for key in ["idempotency-custom-max-record", "idempotency-max-entries"] {
+            let message = refused(&[("idempotency-store-type", "custom"), (key, "10")]);
+            assert!(message.contains(&format!("`{key}`")), "{message}");
+            assert!(
+                message.contains("idempotency-store-type=custom"),
+                "{message}"
+            );
+            assert!(message.contains(MAX_RECORDS), "{message}");
+        }
+        let message = refused(&[
+            ("idempotency-store-type", "custom"),
+            ("idempotency-custom-max-records", "none"),
+        ]);
+        assert!(message.contains("positive integer"), "{message}");
+        // Another store type (the default is `memory`) is not this store's.
+        let message = refused(&[]);
+        assert!(message.contains("`idempotency-store-type`"), "{message}");
     }
 
     /// A store that implements the request path alone runs the checks that apply to it.

@@ -1,10 +1,15 @@
 //! Configuration from a properties map, mirroring the `idempotency-*` keys of catalog
 //! configurations (Gravitino's design, Iceberg catalog properties).
 //!
-//! This module reads and checks the properties; the store crates open what they name:
-//! `MemoryStore::from_config` (idempotency-store-memory), `open` (idempotency-store-sql)
-//! and `open` (idempotency-store-redis, which also reads the `idempotency-redis-*`
-//! values: they are the store URL's parameters, read by one parser there).
+//! [`IdempotencyConfig::from_properties`] reads the keys every store shares (the table
+//! below) and keeps every other `idempotency-*` key, unread, in
+//! [`StoreProperties`] (`config.store_properties`), for the store that
+//! `idempotency-store-type` names. Each store crate documents its own keys, and reads and
+//! checks them when it opens its store from the configuration (the memory store:
+//! `MemoryStore::from_config(&config)?`): a key it does not know is refused there, with
+//! an error that names the key, the store type and the keys that store takes. A store of
+//! your own reads its keys the same way ([`IdempotencyConfig::store_properties_for`];
+//! this crate's `examples/custom_store.rs` shows one).
 //! [`IdempotencyConfig::layer`] builds the layer.
 //!
 //! ```
@@ -12,60 +17,50 @@
 //! use std::collections::HashMap;
 //! use std::sync::Arc;
 //! use idempotency_core::FullStore;
-//! use idempotency_core::config::{IdempotencyConfig, StoreType};
+//! use idempotency_core::config::{ConfigError, IdempotencyConfig};
 //! use idempotency_store_memory::MemoryStore;
 //!
-//! let properties = HashMap::from([("idempotency-enabled", "true"), ("idempotency-key-lifetime", "PT1H")]);
+//! let properties = HashMap::from([
+//!     ("idempotency-enabled", "true"),
+//!     ("idempotency-key-lifetime", "PT1H"),
+//!     ("idempotency-max-entries", "50000"), // the memory store's key
+//! ]);
 //! let config = IdempotencyConfig::from_properties(properties)?;
 //! if config.enabled {
-//!     let store: Arc<dyn FullStore> = match config.store_type {
-//!         StoreType::Memory => Arc::new(MemoryStore::from_config(&config)),
-//!         // StoreType::Sql => idempotency_store_sql::open(&config).await?,
-//!         // StoreType::Redis => Arc::new(idempotency_store_redis::open(&config).await?),
-//!         _ => unimplemented!("open the other stores with their crates"),
+//!     // Open the store the configuration names with the crate that provides it.
+//!     let store: Arc<dyn FullStore> = match config.store_type.as_str() {
+//!         "memory" => Arc::new(MemoryStore::from_config(&config)?),
+//!         other => return Err(ConfigError::invalid_value(
+//!             idempotency_core::config::STORE_TYPE,
+//!             other,
+//!             "a store this service is built with: `memory`",
+//!         )),
 //!     };
 //!     config.spawn_purge_task(store.clone());
 //!     let layer = config.layer(store);
 //!     assert_eq!(layer.lifetime(), std::time::Duration::from_secs(3600));
 //! }
 //! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 //! ```
 //!
 //! | key | default | value |
 //! | --- | --- | --- |
 //! | `idempotency-enabled` | `false` | `true` or `false` |
 //! | `idempotency-key-lifetime` | `PT30M` | ISO-8601 duration (`java.time.Duration` syntax), > 0 |
-//! | `idempotency-store-type` | `memory` | `memory`, `sql` or `redis` |
-//! | `idempotency-max-entries` | 10,000 | memory store only: positive integer |
-//! | `idempotency-database-url` | — | sql only, required: `postgres://…`, `mysql://…` / `mariadb://…`, `sqlite:…` |
-//! | `idempotency-database-user` | from the URL | sql (PostgreSQL, MySQL) only |
-//! | `idempotency-database-password` | from the URL | sql (PostgreSQL, MySQL) only; never printed |
-//! | `idempotency-database-pool-size` | 10 | sql only: positive integer |
-//! | `idempotency-database-synchronous-replication` | `off` | sql (PostgreSQL) only: `require`, `warn` or `off`; see [`SynchronousReplication`] |
-//! | `idempotency-redis-url` | — | redis only, required: `redis://…`, `rediss://…`, `redis+cluster://…`, with the store's URL parameters if you like |
-//! | `idempotency-redis-key-prefix` | `idempotency:` | redis only |
-//! | `idempotency-redis-connect-timeout` | 2 s | redis only: a duration (`500ms`, `2s`, `PT2S`) |
-//! | `idempotency-redis-operation-timeout` | 2 s | redis only: a duration |
-//! | `idempotency-redis-replica-acks` | 0 (off) | redis only: replicas that must acknowledge each write |
-//! | `idempotency-redis-replica-ack-timeout` | 250 ms | redis only: how long a write waits for them |
-//! | `idempotency-redis-replica-ack-connections` | 2; 16 on a cluster | redis only: connections that carry the writes waiting for replicas |
-//! | `idempotency-redis-accept-evicting-policy` | `false` | redis only: `true` or `false` |
-//! | `idempotency-redis-cluster` | from the URL's scheme | redis only: `true` or `false` |
+//! | `idempotency-store-type` | `memory` | the name of the store, lowercase: `memory` (idempotency-store-memory) or the name another store crate documents |
 //! | `idempotency-purge-interval` | no purging | ISO-8601 duration, > 0 |
 //! | `idempotency-scope-max-records` | no quota | positive integer: the live records one scope may hold |
 //! | `idempotency-scope-max-bytes` | no quota | positive integer: the bytes one scope's records may hold |
-//!
-//! Each `idempotency-redis-*` key but the URL is the store URL's parameter of the same
-//! name (`idempotency-redis-replica-acks=1` is `redis://…?replica-acks=1`); the Redis
-//! store reads and checks their values, and refuses a setting given both ways.
+//! | any other `idempotency-*` key | — | the store's own: see its crate |
 //!
 //! Keys that do not start with `idempotency-` are ignored, so a service can pass its
-//! whole configuration map. An unknown `idempotency-*` key, a bad value, a missing URL or
-//! a key that does not apply to the chosen store is an error that names the key. Only
-//! the lifetime is ever shown to clients (see
-//! [`IdempotencyConfig::key_lifetime_iso8601`]).
+//! whole configuration map. A bad value of a key above, or any `idempotency-*` key given
+//! twice, is an error that names the key. Only the lifetime is ever shown to clients
+//! (see [`IdempotencyConfig::key_lifetime_iso8601`]); the store's values are never
+//! printed, not even by `Debug` (they may hold passwords).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -80,51 +75,6 @@ pub const ENABLED: &str = "idempotency-enabled";
 pub const KEY_LIFETIME: &str = "idempotency-key-lifetime";
 /// `idempotency-store-type`
 pub const STORE_TYPE: &str = "idempotency-store-type";
-/// `idempotency-max-entries`
-pub const MAX_ENTRIES: &str = "idempotency-max-entries";
-/// `idempotency-database-url`
-pub const DATABASE_URL: &str = "idempotency-database-url";
-/// `idempotency-database-user`
-pub const DATABASE_USER: &str = "idempotency-database-user";
-/// `idempotency-database-password`
-pub const DATABASE_PASSWORD: &str = "idempotency-database-password";
-/// `idempotency-database-pool-size`
-pub const DATABASE_POOL_SIZE: &str = "idempotency-database-pool-size";
-/// `idempotency-database-synchronous-replication`
-pub const DATABASE_SYNCHRONOUS_REPLICATION: &str = "idempotency-database-synchronous-replication";
-/// `idempotency-redis-url`
-pub const REDIS_URL: &str = "idempotency-redis-url";
-/// `idempotency-redis-key-prefix`
-pub const REDIS_KEY_PREFIX: &str = "idempotency-redis-key-prefix";
-/// `idempotency-redis-connect-timeout`
-pub const REDIS_CONNECT_TIMEOUT: &str = "idempotency-redis-connect-timeout";
-/// `idempotency-redis-operation-timeout`
-pub const REDIS_OPERATION_TIMEOUT: &str = "idempotency-redis-operation-timeout";
-/// `idempotency-redis-replica-acks`
-pub const REDIS_REPLICA_ACKS: &str = "idempotency-redis-replica-acks";
-/// `idempotency-redis-replica-ack-timeout`
-pub const REDIS_REPLICA_ACK_TIMEOUT: &str = "idempotency-redis-replica-ack-timeout";
-/// `idempotency-redis-replica-ack-connections`
-pub const REDIS_REPLICA_ACK_CONNECTIONS: &str = "idempotency-redis-replica-ack-connections";
-/// `idempotency-redis-accept-evicting-policy`
-pub const REDIS_ACCEPT_EVICTING_POLICY: &str = "idempotency-redis-accept-evicting-policy";
-/// `idempotency-redis-cluster`
-pub const REDIS_CLUSTER: &str = "idempotency-redis-cluster";
-
-/// The `idempotency-redis-*` keys other than the URL, kept as given in
-/// [`IdempotencyConfig::redis_settings`]: each is the Redis store URL's parameter named
-/// by the rest of the key, and the Redis store reads its value.
-pub const REDIS_SETTINGS: [&str; 8] = [
-    REDIS_KEY_PREFIX,
-    REDIS_CONNECT_TIMEOUT,
-    REDIS_OPERATION_TIMEOUT,
-    REDIS_REPLICA_ACKS,
-    REDIS_REPLICA_ACK_TIMEOUT,
-    REDIS_REPLICA_ACK_CONNECTIONS,
-    REDIS_ACCEPT_EVICTING_POLICY,
-    REDIS_CLUSTER,
-];
-
 /// `idempotency-purge-interval`
 pub const PURGE_INTERVAL: &str = "idempotency-purge-interval";
 /// `idempotency-scope-max-records`
@@ -132,29 +82,19 @@ pub const SCOPE_MAX_RECORDS: &str = "idempotency-scope-max-records";
 /// `idempotency-scope-max-bytes`
 pub const SCOPE_MAX_BYTES: &str = "idempotency-scope-max-bytes";
 
-const KNOWN_KEYS: [&str; 21] = [
+/// The keys [`IdempotencyConfig::from_properties`] reads itself, whatever the store; every
+/// other `idempotency-*` key goes to the store, in [`StoreProperties`].
+pub const KEYS: [&str; 6] = [
     ENABLED,
     KEY_LIFETIME,
     STORE_TYPE,
-    MAX_ENTRIES,
-    DATABASE_URL,
-    DATABASE_USER,
-    DATABASE_PASSWORD,
-    DATABASE_POOL_SIZE,
-    DATABASE_SYNCHRONOUS_REPLICATION,
-    REDIS_URL,
-    REDIS_KEY_PREFIX,
-    REDIS_CONNECT_TIMEOUT,
-    REDIS_OPERATION_TIMEOUT,
-    REDIS_REPLICA_ACKS,
-    REDIS_REPLICA_ACK_TIMEOUT,
-    REDIS_REPLICA_ACK_CONNECTIONS,
-    REDIS_ACCEPT_EVICTING_POLICY,
-    REDIS_CLUSTER,
     PURGE_INTERVAL,
     SCOPE_MAX_RECORDS,
     SCOPE_MAX_BYTES,
 ];
+
+/// The store type when `idempotency-store-type` is not given: `memory`.
+pub const DEFAULT_STORE_TYPE: &str = "memory";
 
 /// The default record lifetime: 30 minutes.
 pub const DEFAULT_KEY_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -164,150 +104,43 @@ pub const DEFAULT_KEY_LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// workspace's BENCHMARKS.md, "Purge under load", compares sizes).
 pub const PURGE_BATCH_SIZE: usize = 100;
 
-/// Which store the configuration builds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreType {
-    /// The memory store: one process only.
-    Memory,
-    /// A SQL store, the backend picked by the scheme of `idempotency-database-url`.
-    Sql,
-    /// The Redis store, at `idempotency-redis-url`.
-    Redis,
-}
-
-/// Whether a SQL store checks, when it connects, that the database replicates its
-/// commits synchronously (`idempotency-database-synchronous-replication`; PostgreSQL).
-///
-/// With asynchronous streaming replication, a failover to a standby loses the commits the
-/// standby had not received yet: a lost reservation lets a duplicate run beside its
-/// owner, a lost answer runs the mutation again on the next retry. An operator who relies
-/// on a synchronous standby says so here, and the store checks the server it connected
-/// to: `synchronous_standby_names` must name a standby and `synchronous_commit` must wait
-/// for it (`on`, `remote_apply` or `remote_write`).
-///
-/// ```
-/// use idempotency_core::config::SynchronousReplication;
-///
-/// assert_eq!("require".parse(), Ok(SynchronousReplication::Require));
-/// assert!("yes".parse::<SynchronousReplication>().is_err());
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SynchronousReplication {
-    /// No check (the default).
-    #[default]
-    Off,
-    /// Connects anyway, and logs one warning that names the settings and their values.
-    Warn,
-    /// Refuses to connect, with an error that names the settings, their values and what
-    /// to set.
-    Require,
-}
-
-impl SynchronousReplication {
-    /// What a value may be, for error messages.
-    pub const EXPECTED: &'static str = "`require`, `warn` or `off`";
-}
-
-impl FromStr for SynchronousReplication {
-    type Err = UnknownSynchronousReplication;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "off" => Ok(Self::Off),
-            "warn" => Ok(Self::Warn),
-            "require" => Ok(Self::Require),
-            _ => Err(UnknownSynchronousReplication),
-        }
-    }
-}
-
-impl fmt::Display for SynchronousReplication {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Off => "off",
-            Self::Warn => "warn",
-            Self::Require => "require",
-        })
-    }
-}
-
-/// A value that is not one of [`SynchronousReplication::EXPECTED`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("expected `require`, `warn` or `off`")]
-pub struct UnknownSynchronousReplication;
-
-/// The SQL backends, as picked from a database URL's scheme.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SqlBackend {
-    /// `postgres://` or `postgresql://`
-    Postgres,
-    /// `mysql://` or `mariadb://`
-    MySql,
-    /// `sqlite:`
-    Sqlite,
-}
-
-impl SqlBackend {
-    /// The backend a URL names, by its scheme.
-    pub fn from_url(url: &str) -> Option<Self> {
-        let scheme = url.split_once(':')?.0.to_ascii_lowercase();
-        match scheme.as_str() {
-            "postgres" | "postgresql" => Some(Self::Postgres),
-            "mysql" | "mariadb" => Some(Self::MySql),
-            "sqlite" => Some(Self::Sqlite),
-            _ => None,
-        }
-    }
-}
-
 /// The idempotency settings of a service, read from its properties.
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::time::Duration;
-/// use idempotency_core::config::{IdempotencyConfig, StoreType};
+/// use idempotency_core::config::IdempotencyConfig;
 ///
 /// let properties = HashMap::from([
 ///     ("idempotency-enabled".to_owned(), "true".to_owned()),
 ///     ("idempotency-key-lifetime".to_owned(), "PT1H".to_owned()),
-///     ("idempotency-store-type".to_owned(), "sql".to_owned()),
-///     ("idempotency-database-url".to_owned(), "sqlite:/tmp/idempotency.db".to_owned()),
+///     ("idempotency-store-type".to_owned(), "Custom".to_owned()),
+///     ("idempotency-custom-path".to_owned(), " /var/lib/records ".to_owned()),
 ///     ("catalog-name".to_owned(), "ignored: not an idempotency-* key".to_owned()),
 /// ]);
 /// let config = IdempotencyConfig::from_properties(&properties)?;
 /// assert!(config.enabled);
 /// assert_eq!(config.key_lifetime, Duration::from_secs(3600));
-/// assert_eq!(config.store_type, StoreType::Sql);
+/// assert_eq!(config.store_type, "custom");
 /// assert_eq!(config.key_lifetime_iso8601(), "PT1H");
+/// // The store's own key, trimmed, for the store to read and check.
+/// assert_eq!(config.store_properties.get("idempotency-custom-path"), Some("/var/lib/records"));
 /// # Ok::<(), idempotency_core::config::ConfigError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct IdempotencyConfig {
     /// `idempotency-enabled`: whether the layer takes part at all (default `false`).
     pub enabled: bool,
     /// `idempotency-key-lifetime`: how long a record lives (default 30 minutes).
     pub key_lifetime: Duration,
-    /// `idempotency-store-type` (default memory).
-    pub store_type: StoreType,
-    /// `idempotency-max-entries`: the memory store's bound (default 10,000).
-    pub max_entries: Option<usize>,
-    /// `idempotency-database-url`.
-    pub database_url: Option<String>,
-    /// `idempotency-database-user`: overrides the URL's user.
-    pub database_user: Option<String>,
-    /// `idempotency-database-password`: overrides the URL's password. Never printed.
-    pub database_password: Option<String>,
-    /// `idempotency-database-pool-size` (default 10).
-    pub database_pool_size: Option<u32>,
-    /// `idempotency-database-synchronous-replication` (default: no check).
-    pub database_synchronous_replication: Option<SynchronousReplication>,
-    /// `idempotency-redis-url`.
-    pub redis_url: Option<String>,
-    /// The other `idempotency-redis-*` keys ([`REDIS_SETTINGS`]) and their values, trimmed
-    /// but otherwise as given: the Redis store reads them.
-    pub redis_settings: BTreeMap<&'static str, String>,
+    /// `idempotency-store-type`, lowercase: the name of the store that keeps the records
+    /// (default [`DEFAULT_STORE_TYPE`], `memory`). The store crate that has this name
+    /// opens it.
+    pub store_type: String,
+    /// Every `idempotency-*` key but [`KEYS`]: the store's own, which the store reads and
+    /// checks when it is opened.
+    pub store_properties: StoreProperties,
     /// `idempotency-purge-interval`: how often expired records are purged (default:
     /// never; expired records still count as absent).
     pub purge_interval: Option<Duration>,
@@ -321,47 +154,163 @@ impl Default for IdempotencyConfig {
         Self {
             enabled: false,
             key_lifetime: DEFAULT_KEY_LIFETIME,
-            store_type: StoreType::Memory,
-            max_entries: None,
-            database_url: None,
-            database_user: None,
-            database_password: None,
-            database_pool_size: None,
-            database_synchronous_replication: None,
-            redis_url: None,
-            redis_settings: BTreeMap::new(),
+            store_type: DEFAULT_STORE_TYPE.to_owned(),
+            store_properties: StoreProperties::default(),
             purge_interval: None,
             scope_quota: None,
         }
     }
 }
 
-impl fmt::Debug for IdempotencyConfig {
+/// The `idempotency-*` properties that are the store's own (every key but [`KEYS`]),
+/// trimmed and otherwise as given: [`IdempotencyConfig::store_properties`].
+///
+/// A store reads them when it is opened: it checks that each key is one it knows
+/// ([`check_keys`](Self::check_keys), or
+/// [`IdempotencyConfig::store_properties_for`], which checks the store type too), then
+/// reads each value with [`get`](Self::get) or a parsing helper, which names the key in
+/// its error.
+///
+/// `Debug` shows the keys, never the values: they may hold passwords, or URLs with
+/// passwords.
+///
+/// ```
+/// use idempotency_core::config::IdempotencyConfig;
+///
+/// let config = IdempotencyConfig::from_properties([
+///     ("idempotency-store-type", "custom"),
+///     ("idempotency-custom-password", "s3cret"),
+/// ])?;
+/// let properties = &config.store_properties;
+/// assert_eq!(properties.get("idempotency-custom-password"), Some("s3cret"));
+/// assert_eq!(properties.get("idempotency-custom-user"), None);
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// # Ok::<(), idempotency_core::config::ConfigError>(())
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StoreProperties {
+    values: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for StoreProperties {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyConfig")
-            .field("enabled", &self.enabled)
-            .field("key_lifetime", &self.key_lifetime)
-            .field("store_type", &self.store_type)
-            .field("max_entries", &self.max_entries)
-            .field(
-                "database_url",
-                &self.database_url.as_deref().map(redact_url),
-            )
-            .field("database_user", &self.database_user)
-            .field(
-                "database_password",
-                &self.database_password.as_ref().map(|_| "***"),
-            )
-            .field("database_pool_size", &self.database_pool_size)
-            .field(
-                "database_synchronous_replication",
-                &self.database_synchronous_replication,
-            )
-            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
-            .field("redis_settings", &self.redis_settings)
-            .field("purge_interval", &self.purge_interval)
-            .field("scope_quota", &self.scope_quota)
-            .finish()
+        f.debug_struct("StoreProperties")
+            .field("keys", &self.values.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreProperties {
+    /// The value of `key`, trimmed, if it was given.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values.get(key).map(String::as_str)
+    }
+
+    /// The keys given, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
+    }
+
+    /// Checks that every key is one the store `store_type` takes (`accepted`), so that a
+    /// misspelt key, or another store's, is refused rather than ignored. The error names
+    /// the first key that is not, the store type and the keys the store takes.
+    ///
+    /// ```
+    /// use idempotency_core::config::{ConfigError, IdempotencyConfig};
+    ///
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-store-type", "custom"),
+    ///     ("idempotency-custom-pth", "/var/lib/records"),
+    /// ])?;
+    /// let error = config
+    ///     .store_properties
+    ///     .check_keys("custom", &["idempotency-custom-path"])
+    ///     .unwrap_err();
+    /// assert!(matches!(error, ConfigError::UnknownKey { .. }));
+    /// let message = error.to_string();
+    /// assert!(message.contains("`idempotency-custom-pth`"), "{message}");
+    /// assert!(message.contains("idempotency-store-type=custom"), "{message}");
+    /// assert!(message.contains("idempotency-custom-path"), "{message}");
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn check_keys(&self, store_type: &str, accepted: &[&str]) -> Result<(), ConfigError> {
+        match self.keys().find(|key| !accepted.contains(key)) {
+            Some(key) => Err(ConfigError::UnknownKey {
+                key: key.to_owned(),
+                store_type: store_type.to_owned(),
+                accepted: accepted.iter().map(|key| (*key).to_owned()).collect(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The value of `key` as a positive integer (1 or more), if it was given.
+    ///
+    /// ```
+    /// use idempotency_core::config::IdempotencyConfig;
+    ///
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-custom-connections", "8"),
+    ///     ("idempotency-custom-shards", "0"),
+    /// ])?;
+    /// let properties = &config.store_properties;
+    /// assert_eq!(properties.positive_integer::<u32>("idempotency-custom-connections")?, Some(8));
+    /// assert_eq!(properties.positive_integer::<u32>("idempotency-custom-retries")?, None);
+    /// let error = properties.positive_integer::<u32>("idempotency-custom-shards").unwrap_err();
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "invalid value \"0\" for `idempotency-custom-shards`: expected a positive integer"
+    /// );
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn positive_integer<T>(&self, key: &'static str) -> Result<Option<T>, ConfigError>
+    where
+        T: FromStr + PartialOrd + From<u8>,
+    {
+        self.get(key)
+            .map(|value| positive_integer(key, value))
+            .transpose()
+    }
+
+    /// The value of `key` as a positive ISO-8601 duration (`PT30M`, `PT0.5S`, `P1D`), if
+    /// it was given.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotency_core::config::IdempotencyConfig;
+    ///
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-custom-timeout", "PT2S"),
+    ///     ("idempotency-custom-backoff", "2s"),
+    /// ])?;
+    /// let properties = &config.store_properties;
+    /// assert_eq!(properties.duration("idempotency-custom-timeout")?, Some(Duration::from_secs(2)));
+    /// let error = properties.duration("idempotency-custom-backoff").unwrap_err().to_string();
+    /// assert!(error.contains("`idempotency-custom-backoff`") && error.contains("PT30M"), "{error}");
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn duration(&self, key: &'static str) -> Result<Option<Duration>, ConfigError> {
+        self.get(key)
+            .map(|value| positive_duration(key, value))
+            .transpose()
+    }
+
+    /// The value of `key` as `true` or `false` (in any case), if it was given.
+    ///
+    /// ```
+    /// use idempotency_core::config::IdempotencyConfig;
+    ///
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-custom-compress", "TRUE"),
+    ///     ("idempotency-custom-verify", "yes"),
+    /// ])?;
+    /// let properties = &config.store_properties;
+    /// assert_eq!(properties.boolean("idempotency-custom-compress")?, Some(true));
+    /// assert!(properties.boolean("idempotency-custom-verify").is_err());
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn boolean(&self, key: &'static str) -> Result<Option<bool>, ConfigError> {
+        self.get(key).map(|value| boolean(key, value)).transpose()
     }
 }
 
@@ -369,13 +318,22 @@ impl fmt::Debug for IdempotencyConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// An `idempotency-*` key this crate does not know (often a typo).
+    /// An `idempotency-*` key that the chosen store does not take: misspelt, or another
+    /// store's.
     #[error(
-        "unknown property `{key}`; the idempotency properties are: idempotency-enabled, idempotency-key-lifetime, idempotency-store-type, idempotency-max-entries, idempotency-database-url, idempotency-database-user, idempotency-database-password, idempotency-database-pool-size, idempotency-database-synchronous-replication, idempotency-redis-url, idempotency-redis-key-prefix, idempotency-redis-connect-timeout, idempotency-redis-operation-timeout, idempotency-redis-replica-acks, idempotency-redis-replica-ack-timeout, idempotency-redis-replica-ack-connections, idempotency-redis-accept-evicting-policy, idempotency-redis-cluster, idempotency-purge-interval, idempotency-scope-max-records, idempotency-scope-max-bytes"
+        "unknown property `{key}` for idempotency-store-type={store_type}: the {store_type} \
+         store takes {}, and every store takes {}; correct or remove the key, or set \
+         idempotency-store-type to the store it belongs to",
+        list_or_none(.accepted),
+        KEYS.join(", ")
     )]
     UnknownKey {
         /// The key as given.
         key: String,
+        /// The store type (`idempotency-store-type`).
+        store_type: String,
+        /// The keys that store takes, besides [`KEYS`].
+        accepted: Vec<String>,
     },
     /// The same key was given twice.
     #[error("property `{key}` is given more than once")]
@@ -401,12 +359,13 @@ pub enum ConfigError {
         /// Which setting needs it.
         when: &'static str,
     },
-    /// A key that does not apply to the chosen store (it would be silently ignored).
-    #[error("`{key}` does not apply to {applies_not_to}; remove it or change {STORE_TYPE}")]
+    /// A key the store knows that does not apply to the rest of its configuration (it
+    /// would be silently ignored).
+    #[error("`{key}` does not apply to {applies_not_to}; remove it")]
     NotApplicable {
         /// The key.
         key: &'static str,
-        /// The store it does not apply to.
+        /// What it does not apply to.
         applies_not_to: &'static str,
     },
     /// Opening, migrating or checking the store failed.
@@ -414,15 +373,18 @@ pub enum ConfigError {
     Store(#[source] StoreError),
 }
 
-impl ConfigError {
-    /// `idempotency-database-url` cannot be used, and what is `expected` instead; the URL
-    /// is shown with its password masked. For store crates that open the database.
-    pub fn invalid_database_url(url: &str, expected: impl Into<String>) -> Self {
-        invalid(DATABASE_URL, &redact_url(url), expected)
+fn list_or_none(keys: &[String]) -> String {
+    if keys.is_empty() {
+        "no keys of its own".to_owned()
+    } else {
+        keys.join(", ")
     }
+}
 
+impl ConfigError {
     /// `key` has a `value` that cannot be used, and what is `expected` instead. For store
-    /// crates that read their own keys' values (`value` must not hold a secret).
+    /// crates that read their own keys' values (`value` must not hold a secret: mask a
+    /// URL's password first).
     pub fn invalid_value(
         key: &'static str,
         value: impl Into<String>,
@@ -436,37 +398,28 @@ impl ConfigError {
     }
 }
 
-fn invalid(key: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
-    ConfigError::InvalidValue {
-        key,
-        value: value.to_owned(),
-        expected: expected.into(),
-    }
-}
-
 impl IdempotencyConfig {
     /// Reads the `idempotency-*` keys from `properties` (a `&HashMap<String, String>` or
     /// any iterator of key/value pairs), ignoring every other key. Values are trimmed.
+    /// The keys in [`KEYS`] are read and checked here; every other `idempotency-*` key is
+    /// kept in [`store_properties`](Self::store_properties), for the store to read and
+    /// check when it is opened.
     pub fn from_properties<I, K, V>(properties: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,
         V: AsRef<str>,
     {
-        let mut seen: HashMap<&'static str, String> = HashMap::new();
+        let mut store_properties = StoreProperties::default();
         for (key, value) in properties {
             let key = key.as_ref();
             if !key.starts_with("idempotency-") {
                 continue;
             }
-            let known = KNOWN_KEYS
-                .iter()
-                .find(|known| **known == key)
-                .ok_or_else(|| ConfigError::UnknownKey {
-                    key: key.to_owned(),
-                })?;
-            if seen
-                .insert(known, value.as_ref().trim().to_owned())
+            let value = value.as_ref().trim().to_owned();
+            if store_properties
+                .values
+                .insert(key.to_owned(), value)
                 .is_some()
             {
                 return Err(ConfigError::DuplicateKey {
@@ -474,175 +427,91 @@ impl IdempotencyConfig {
                 });
             }
         }
+        let general = StoreProperties {
+            values: KEYS
+                .iter()
+                .filter_map(|key| store_properties.values.remove_entry(*key))
+                .collect(),
+        };
 
-        let mut config = Self::default();
-        if let Some(value) = seen.get(ENABLED) {
-            config.enabled = match value.to_ascii_lowercase().as_str() {
-                "true" => true,
-                "false" => false,
-                _ => return Err(invalid(ENABLED, value, "`true` or `false`")),
-            };
+        let mut config = Self {
+            store_properties,
+            ..Self::default()
+        };
+        if let Some(enabled) = general.boolean(ENABLED)? {
+            config.enabled = enabled;
         }
-        if let Some(value) = seen.get(KEY_LIFETIME) {
-            config.key_lifetime = positive_duration(KEY_LIFETIME, value)?;
+        if let Some(lifetime) = general.duration(KEY_LIFETIME)? {
+            config.key_lifetime = lifetime;
         }
-        if let Some(value) = seen.get(STORE_TYPE) {
-            config.store_type = match value.to_ascii_lowercase().as_str() {
-                "memory" => StoreType::Memory,
-                "sql" => StoreType::Sql,
-                "redis" => StoreType::Redis,
-                _ => return Err(invalid(STORE_TYPE, value, "`memory`, `sql` or `redis`")),
-            };
-        }
-        if let Some(value) = seen.get(MAX_ENTRIES) {
-            config.max_entries = Some(positive_integer(MAX_ENTRIES, value)?);
-        }
-        if let Some(value) = seen.get(DATABASE_URL) {
-            if SqlBackend::from_url(value).is_none() {
-                return Err(ConfigError::invalid_database_url(
+        if let Some(value) = general.get(STORE_TYPE) {
+            if value.is_empty() {
+                return Err(invalid(
+                    STORE_TYPE,
                     value,
-                    "a URL starting with postgres://, postgresql://, mysql://, mariadb:// or sqlite:",
+                    "the name of a store, such as `memory`",
                 ));
             }
-            config.database_url = Some(value.clone());
+            config.store_type = value.to_ascii_lowercase();
         }
-        if let Some(value) = seen.get(DATABASE_USER) {
-            if value.is_empty() {
-                return Err(invalid(DATABASE_USER, value, "a non-empty user name"));
-            }
-            config.database_user = Some(value.clone());
-        }
-        if let Some(value) = seen.get(DATABASE_PASSWORD) {
-            config.database_password = Some(value.clone());
-        }
-        if let Some(value) = seen.get(DATABASE_POOL_SIZE) {
-            config.database_pool_size = Some(positive_integer(DATABASE_POOL_SIZE, value)?);
-        }
-        if let Some(value) = seen.get(DATABASE_SYNCHRONOUS_REPLICATION) {
-            config.database_synchronous_replication = Some(value.parse().map_err(|_| {
-                invalid(
-                    DATABASE_SYNCHRONOUS_REPLICATION,
-                    value,
-                    SynchronousReplication::EXPECTED,
-                )
-            })?);
-        }
-        if let Some(value) = seen.get(REDIS_URL) {
-            if value.is_empty() {
-                return Err(invalid(REDIS_URL, value, "a redis:// URL"));
-            }
-            config.redis_url = Some(value.clone());
-        }
-        for key in REDIS_SETTINGS {
-            if let Some(value) = seen.get(key) {
-                config.redis_settings.insert(key, value.clone());
-            }
-        }
-        if let Some(value) = seen.get(PURGE_INTERVAL) {
-            config.purge_interval = Some(positive_duration(PURGE_INTERVAL, value)?);
-        }
-        if let Some(value) = seen.get(SCOPE_MAX_RECORDS) {
+        config.purge_interval = general.duration(PURGE_INTERVAL)?;
+        if let Some(records) = general.positive_integer(SCOPE_MAX_RECORDS)? {
             let quota = config.scope_quota.unwrap_or_default();
-            config.scope_quota =
-                Some(quota.with_max_records(positive_integer(SCOPE_MAX_RECORDS, value)?));
+            config.scope_quota = Some(quota.with_max_records(records));
         }
-        if let Some(value) = seen.get(SCOPE_MAX_BYTES) {
+        if let Some(bytes) = general.positive_integer(SCOPE_MAX_BYTES)? {
             let quota = config.scope_quota.unwrap_or_default();
-            config.scope_quota =
-                Some(quota.with_max_bytes(positive_integer(SCOPE_MAX_BYTES, value)?));
+            config.scope_quota = Some(quota.with_max_bytes(bytes));
         }
-        config.check_combination()?;
         Ok(config)
     }
 
-    fn check_combination(&self) -> Result<(), ConfigError> {
-        let (store_type, needs) = match self.store_type {
-            StoreType::Memory => ("idempotency-store-type=memory", None),
-            StoreType::Sql => ("idempotency-store-type=sql", Some(DATABASE_URL)),
-            StoreType::Redis => ("idempotency-store-type=redis", Some(REDIS_URL)),
-        };
-        let memory_keys = [(MAX_ENTRIES, self.max_entries.is_some())];
-        let sql_keys = [
-            (DATABASE_URL, self.database_url.is_some()),
-            (DATABASE_USER, self.database_user.is_some()),
-            (DATABASE_PASSWORD, self.database_password.is_some()),
-            (DATABASE_POOL_SIZE, self.database_pool_size.is_some()),
-            (
-                DATABASE_SYNCHRONOUS_REPLICATION,
-                self.database_synchronous_replication.is_some(),
-            ),
-        ];
-        let redis_keys = std::iter::once((REDIS_URL, self.redis_url.is_some())).chain(
-            REDIS_SETTINGS
-                .into_iter()
-                .map(|key| (key, self.redis_settings.contains_key(key))),
-        );
-        let foreign: Vec<(&'static str, bool)> = match self.store_type {
-            StoreType::Memory => sql_keys.into_iter().chain(redis_keys).collect(),
-            StoreType::Sql => memory_keys.into_iter().chain(redis_keys).collect(),
-            StoreType::Redis => memory_keys.into_iter().chain(sql_keys).collect(),
-        };
-        if let Some((key, _)) = foreign.into_iter().find(|(_, set)| *set) {
-            return Err(ConfigError::NotApplicable {
-                key,
-                applies_not_to: store_type,
-            });
+    /// The store properties, for the store named `store_type` that takes the keys
+    /// `accepted`, once checked: the configuration must name that store
+    /// (`idempotency-store-type`), and every store property must be one of `accepted`
+    /// ([`StoreProperties::check_keys`]). A store crate calls this first when it opens
+    /// its store from a configuration.
+    ///
+    /// ```
+    /// use idempotency_core::config::IdempotencyConfig;
+    ///
+    /// const KEYS: [&str; 1] = ["idempotency-custom-path"];
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-store-type", "custom"),
+    ///     ("idempotency-custom-path", "/var/lib/records"),
+    /// ])?;
+    /// let properties = config.store_properties_for("custom", &KEYS)?;
+    /// assert_eq!(properties.get("idempotency-custom-path"), Some("/var/lib/records"));
+    ///
+    /// // Another store's opener refuses it, naming the key.
+    /// let error = config.store_properties_for("memory", &[]).unwrap_err().to_string();
+    /// assert!(error.contains("`idempotency-store-type`"), "{error}");
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn store_properties_for(
+        &self,
+        store_type: &str,
+        accepted: &[&str],
+    ) -> Result<&StoreProperties, ConfigError> {
+        if self.store_type != store_type {
+            return Err(invalid(
+                STORE_TYPE,
+                &self.store_type,
+                format!(
+                    "`{store_type}`: this opens the {store_type} store; open a `{}` store \
+                     with the crate that provides it, or set {STORE_TYPE}={store_type}",
+                    self.store_type
+                ),
+            ));
         }
-        if let Some(key) = needs {
-            let given = match self.store_type {
-                StoreType::Redis => self.redis_url.is_some(),
-                _ => self.database_url.is_some(),
-            };
-            if !given {
-                return Err(ConfigError::Missing {
-                    key,
-                    when: store_type,
-                });
-            }
-        }
-        if self.store_type == StoreType::Sql {
-            let backend = self.sql_backend();
-            let not_for = |backend| match backend {
-                Some(SqlBackend::Sqlite) => "a sqlite: database",
-                _ => "a mysql:// or mariadb:// database",
-            };
-            if backend == Some(SqlBackend::Sqlite) {
-                for (key, set) in [
-                    (DATABASE_USER, self.database_user.is_some()),
-                    (DATABASE_PASSWORD, self.database_password.is_some()),
-                ] {
-                    if set {
-                        return Err(ConfigError::NotApplicable {
-                            key,
-                            applies_not_to: not_for(backend),
-                        });
-                    }
-                }
-            }
-            if backend != Some(SqlBackend::Postgres)
-                && self.database_synchronous_replication.is_some()
-            {
-                return Err(ConfigError::NotApplicable {
-                    key: DATABASE_SYNCHRONOUS_REPLICATION,
-                    applies_not_to: not_for(backend),
-                });
-            }
-        }
-        Ok(())
+        self.store_properties.check_keys(store_type, accepted)?;
+        Ok(&self.store_properties)
     }
 
     /// The lifetime as the ISO-8601 duration to advertise in the Iceberg `/v1/config`
     /// response (`PT30M` by default): the only setting ever shown to clients.
     pub fn key_lifetime_iso8601(&self) -> String {
         format_duration(self.key_lifetime)
-    }
-
-    /// The SQL backend the database URL names, if the store type is `sql`.
-    pub fn sql_backend(&self) -> Option<SqlBackend> {
-        match self.store_type {
-            StoreType::Sql => self.database_url.as_deref().and_then(SqlBackend::from_url),
-            StoreType::Memory | StoreType::Redis => None,
-        }
     }
 
     /// A layer over `store` with the configured lifetime and the layer's other defaults
@@ -670,6 +539,10 @@ impl IdempotencyConfig {
     }
 }
 
+fn invalid(key: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
+    ConfigError::invalid_value(key, value, expected)
+}
+
 fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigError> {
     let expected = "a positive ISO-8601 duration such as PT30M, PT1H, PT90S or P1D";
     match parse_duration(value) {
@@ -683,7 +556,7 @@ fn positive_duration(key: &'static str, value: &str) -> Result<Duration, ConfigE
     }
 }
 
-fn positive_integer<T: std::str::FromStr + PartialOrd + From<u8>>(
+fn positive_integer<T: FromStr + PartialOrd + From<u8>>(
     key: &'static str,
     value: &str,
 ) -> Result<T, ConfigError> {
@@ -693,51 +566,276 @@ fn positive_integer<T: std::str::FromStr + PartialOrd + From<u8>>(
     }
 }
 
-/// The URL with any password masked, for messages and `Debug`.
-fn redact_url(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(scheme_end) = url.find("://") {
-        let authority_start = scheme_end + 3;
-        let rest = &url[authority_start..];
-        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        if let Some(at) = authority.rfind('@')
-            && let Some(colon) = authority[..at].find(':')
-        {
-            out = format!(
-                "{}{}:***{}",
-                &url[..authority_start],
-                &authority[..colon],
-                &url[authority_start + at..]
-            );
-        }
+fn boolean(key: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(invalid(key, value, "`true` or `false`")),
     }
-    // A password given as a query parameter (`?password=…`).
-    if let Some(start) = out.find("password=") {
-        let value_start = start + "password=".len();
-        let value_end = out[value_start..]
-            .find('&')
-            .map_or(out.len(), |end| value_start + end);
-        out.replace_range(value_start..value_end, "***");
-    }
-    out
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
+    fn parse(pairs: &[(&str, &str)]) -> Result<IdempotencyConfig, ConfigError> {
+        IdempotencyConfig::from_properties(pairs.iter().copied())
+    }
+
+    fn error(pairs: &[(&str, &str)]) -> String {
+        parse(pairs)
+            .expect_err("configuration should be refused")
+            .to_string()
+    }
+
     #[test]
-    fn passwords_are_masked() {
+    fn empty_properties_give_the_defaults() {
+        let config = IdempotencyConfig::from_properties(HashMap::<String, String>::new()).unwrap();
+        assert!(!config.enabled);
+        assert_eq!(config.key_lifetime, Duration::from_secs(1800));
+        assert_eq!(config.key_lifetime_iso8601(), "PT30M");
+        assert_eq!(config.store_type, "memory");
+        assert_eq!(config.store_properties.keys().count(), 0);
+        assert_eq!(config.purge_interval, None);
+        assert_eq!(config.scope_quota, None);
+        assert_eq!(config, IdempotencyConfig::default());
+    }
+
+    #[test]
+    fn every_general_key_is_read_and_the_rest_kept_for_the_store() {
+        let config = parse(&[
+            ("idempotency-enabled", " TRUE "),
+            ("idempotency-key-lifetime", "PT1H"),
+            ("idempotency-store-type", " Some-Store "),
+            ("idempotency-purge-interval", "PT5M"),
+            ("idempotency-scope-max-records", "1000"),
+            ("idempotency-scope-max-bytes", "1048576"),
+            ("idempotency-some-store-url", " scheme://user:s3cret@host "),
+            ("idempotency-some-store-size", "7"),
+            ("catalog-name", "not ours, ignored"),
+        ])
+        .unwrap();
+        assert!(config.enabled);
+        assert_eq!(config.key_lifetime, Duration::from_secs(3600));
+        assert_eq!(config.store_type, "some-store");
+        assert_eq!(config.purge_interval, Some(Duration::from_secs(300)));
         assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/x?sslmode=disable"),
-            "postgres://app:***@db:5432/x?sslmode=disable"
+            config.scope_quota,
+            Some(
+                ScopeQuota::default()
+                    .with_max_records(1000)
+                    .with_max_bytes(1_048_576)
+            )
         );
-        assert_eq!(redact_url("mysql://root@db/x"), "mysql://root@db/x");
+        let properties = &config.store_properties;
         assert_eq!(
-            redact_url("postgres://db/x?user=a&password=b&x=1"),
-            "postgres://db/x?user=a&password=***&x=1"
+            properties.keys().collect::<Vec<_>>(),
+            ["idempotency-some-store-size", "idempotency-some-store-url"]
         );
-        assert_eq!(redact_url("sqlite:/tmp/a.db"), "sqlite:/tmp/a.db");
+        assert_eq!(
+            properties.get("idempotency-some-store-url"),
+            Some("scheme://user:s3cret@host")
+        );
+        assert_eq!(properties.get("catalog-name"), None);
+        assert_eq!(properties.get("idempotency-enabled"), None);
+        assert_eq!(
+            properties
+                .positive_integer::<usize>("idempotency-some-store-size")
+                .unwrap(),
+            Some(7)
+        );
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cret"), "Debug shows a value: {debug}");
+        assert!(debug.contains("idempotency-some-store-url"), "{debug}");
+    }
+
+    #[test]
+    fn each_bad_value_names_its_key_value_and_what_is_expected() {
+        type Properties<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Properties, &[&str])] = &[
+            (
+                &[("idempotency-enabled", "yes")],
+                &["idempotency-enabled", "\"yes\"", "`true` or `false`"],
+            ),
+            (
+                &[("idempotency-key-lifetime", "30m")],
+                &["idempotency-key-lifetime", "\"30m\"", "ISO-8601", "PT30M"],
+            ),
+            (
+                &[("idempotency-key-lifetime", "P1W")],
+                &["idempotency-key-lifetime", "\"P1W\"", "weeks"],
+            ),
+            (
+                &[("idempotency-key-lifetime", "PT0S")],
+                &["idempotency-key-lifetime", "\"PT0S\"", "positive"],
+            ),
+            (
+                &[("idempotency-key-lifetime", "-PT5M")],
+                &["idempotency-key-lifetime", "negative"],
+            ),
+            (
+                &[("idempotency-key-lifetime", "")],
+                &["idempotency-key-lifetime", "\"\""],
+            ),
+            (
+                &[("idempotency-store-type", " ")],
+                &["idempotency-store-type", "\"\"", "`memory`"],
+            ),
+            (
+                &[("idempotency-scope-max-bytes", "lots")],
+                &[
+                    "idempotency-scope-max-bytes",
+                    "\"lots\"",
+                    "positive integer",
+                ],
+            ),
+            (
+                &[("idempotency-scope-max-records", "0")],
+                &["idempotency-scope-max-records", "\"0\"", "positive integer"],
+            ),
+            (
+                &[("idempotency-scope-max-records", "-5")],
+                &["idempotency-scope-max-records", "positive integer"],
+            ),
+            (
+                &[("idempotency-purge-interval", "5 minutes")],
+                &["idempotency-purge-interval", "\"5 minutes\"", "ISO-8601"],
+            ),
+            (
+                &[("idempotency-purge-interval", "PT0S")],
+                &["idempotency-purge-interval", "positive"],
+            ),
+        ];
+        for (pairs, needles) in cases {
+            let message = error(pairs);
+            for needle in *needles {
+                assert!(
+                    message.contains(needle),
+                    "{pairs:?}: {message:?} lacks {needle:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_whoever_reads_it() {
+        for key in ["idempotency-enabled", "idempotency-some-store-url"] {
+            let message = error(&[(key, "true"), (key, "false")]);
+            assert_eq!(message, format!("property `{key}` is given more than once"));
+        }
+    }
+
+    #[test]
+    fn the_store_checks_its_type_and_its_keys() {
+        let config = parse(&[
+            ("idempotency-store-type", "mine"),
+            ("idempotency-key-lifetime-minutes", "30"),
+        ])
+        .unwrap();
+        // Keys the core does not read are the store's to refuse.
+        let error = config
+            .store_properties_for("mine", &["idempotency-mine-path", "idempotency-mine-size"])
+            .unwrap_err();
+        assert!(
+            matches!(&error, ConfigError::UnknownKey { key, store_type, accepted }
+                if key == "idempotency-key-lifetime-minutes"
+                    && store_type == "mine"
+                    && accepted == &["idempotency-mine-path", "idempotency-mine-size"]),
+            "{error:?}"
+        );
+        let message = error.to_string();
+        for needle in [
+            "unknown property `idempotency-key-lifetime-minutes`",
+            "idempotency-store-type=mine",
+            "the mine store takes idempotency-mine-path, idempotency-mine-size",
+            // A typo of a general key is easy to spot: they are listed too.
+            "idempotency-key-lifetime,",
+            "set idempotency-store-type to the store it belongs to",
+        ] {
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+        let message = config
+            .store_properties_for("mine", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("the mine store takes no keys of its own"),
+            "{message}"
+        );
+
+        // Another store's opener names the store type.
+        let message = config
+            .store_properties_for("other", &["idempotency-key-lifetime-minutes"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with(
+                "invalid value \"mine\" for `idempotency-store-type`: expected `other`"
+            ),
+            "{message}"
+        );
+
+        let config = parse(&[("idempotency-store-type", "mine")]).unwrap();
+        assert!(config.store_properties_for("mine", &[]).is_ok());
+        // The default store type is `memory`.
+        assert!(
+            IdempotencyConfig::default()
+                .store_properties_for("memory", &[])
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn parse_helpers_name_the_key() {
+        let config = parse(&[
+            ("idempotency-x-count", "12"),
+            ("idempotency-x-zero", "0"),
+            ("idempotency-x-wait", "PT0.5S"),
+            ("idempotency-x-never", "PT0S"),
+            ("idempotency-x-on", "False"),
+            ("idempotency-x-maybe", "maybe"),
+        ])
+        .unwrap();
+        let properties = &config.store_properties;
+        assert_eq!(
+            properties
+                .positive_integer::<u64>("idempotency-x-count")
+                .unwrap(),
+            Some(12)
+        );
+        assert_eq!(
+            properties
+                .positive_integer::<u64>("idempotency-x-none")
+                .unwrap(),
+            None
+        );
+        assert!(
+            properties
+                .positive_integer::<u64>("idempotency-x-zero")
+                .unwrap_err()
+                .to_string()
+                .contains("`idempotency-x-zero`")
+        );
+        assert_eq!(
+            properties.duration("idempotency-x-wait").unwrap(),
+            Some(Duration::from_millis(500))
+        );
+        assert!(
+            properties
+                .duration("idempotency-x-never")
+                .unwrap_err()
+                .to_string()
+                .contains("positive")
+        );
+        assert_eq!(properties.boolean("idempotency-x-on").unwrap(), Some(false));
+        assert!(
+            properties
+                .boolean("idempotency-x-maybe")
+                .unwrap_err()
+                .to_string()
+                .contains("`idempotency-x-maybe`")
+        );
     }
 }

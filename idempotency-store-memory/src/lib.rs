@@ -39,6 +39,19 @@
 //! # drop(layer);
 //! ```
 //!
+//! # From a properties configuration
+//!
+//! [`MemoryStore::from_config`] opens the store an [`IdempotencyConfig`] names
+//! (`idempotency-store-type=memory`, the default), reading the one key of its own
+//! ([`properties`]; the keys every store shares are `idempotency_core::config`'s):
+//!
+//! | key | default | value |
+//! | --- | --- | --- |
+//! | `idempotency-max-entries` | 10,000 | positive integer: the most live records ([`MemoryStore::with_max_entries`]) |
+//!
+//! Any other store property (a misspelt key, or another store's) is refused, with an
+//! error that names it and the keys this store takes.
+//!
 //! # Feature flags
 //!
 //! This crate has no cargo features.
@@ -55,6 +68,7 @@ use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry as TableEntry;
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, IdempotencyStore,
     InspectedRecord, InspectedState, Ownership, PurgeExpired, Purged, RecordAdmin, RecordId,
@@ -67,6 +81,18 @@ use tokio::time::Instant;
 pub const DEFAULT_MAX_ENTRIES: usize = 10_000;
 /// The default bound on the bytes of live records: 256 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The memory store's name and keys in a properties configuration
+/// ([`MemoryStore::from_config`]).
+pub mod properties {
+    /// `idempotency-store-type=memory`: the memory store.
+    pub const STORE_TYPE: &str = "memory";
+    /// `idempotency-max-entries`: the most live records (default
+    /// [`DEFAULT_MAX_ENTRIES`](crate::DEFAULT_MAX_ENTRIES)), a positive integer.
+    pub const MAX_ENTRIES: &str = "idempotency-max-entries";
+    /// Every key the memory store takes, besides the general ones.
+    pub const KEYS: [&str; 1] = [MAX_ENTRIES];
+}
 
 /// Independent tables, each behind its own mutex.
 const SHARDS: usize = 16;
@@ -417,26 +443,35 @@ impl MemoryStore {
         })
     }
 
-    /// The store a properties configuration names: bounded by
-    /// `idempotency-max-entries` and the scope quota when set.
+    /// The store a properties configuration names (`idempotency-store-type=memory`, the
+    /// default): bounded by `idempotency-max-entries` and by the scope quota when set.
+    /// Refuses another store type, and any store property but the ones in
+    /// [`properties`], naming the key.
     ///
     /// ```
     /// use idempotency_core::config::IdempotencyConfig;
     /// use idempotency_store_memory::MemoryStore;
     ///
     /// let config = IdempotencyConfig::from_properties([("idempotency-max-entries", "500")])?;
-    /// assert_eq!(MemoryStore::from_config(&config).max_entries(), 500);
+    /// assert_eq!(MemoryStore::from_config(&config)?.max_entries(), 500);
+    ///
+    /// // A misspelt key, or another store's, is refused.
+    /// let config = IdempotencyConfig::from_properties([("idempotency-max-entrys", "500")])?;
+    /// let error = MemoryStore::from_config(&config).err().expect("refused").to_string();
+    /// assert!(error.contains("`idempotency-max-entrys`"), "{error}");
+    /// assert!(error.contains("idempotency-max-entries"), "{error}");
     /// # Ok::<(), idempotency_core::config::ConfigError>(())
     /// ```
-    pub fn from_config(config: &idempotency_core::config::IdempotencyConfig) -> Self {
+    pub fn from_config(config: &IdempotencyConfig) -> Result<Self, ConfigError> {
+        let given = config.store_properties_for(properties::STORE_TYPE, &properties::KEYS)?;
         let mut store = Self::new();
-        if let Some(max_entries) = config.max_entries {
+        if let Some(max_entries) = given.positive_integer(properties::MAX_ENTRIES)? {
             store = store.with_max_entries(max_entries);
         }
         if let Some(quota) = config.scope_quota {
             store = store.with_scope_quota(quota);
         }
-        store
+        Ok(store)
     }
 
     /// The bound on live records.

@@ -123,7 +123,8 @@ async fn builds_from_the_properties_configuration() {
         ("idempotency-max-entries", "10"),
     ])
     .unwrap();
-    let store: Arc<dyn FullStore> = Arc::new(MemoryStore::from_config(&config));
+    let store: Arc<dyn FullStore> = Arc::new(MemoryStore::from_config(&config).unwrap());
+    assert_eq!(MemoryStore::from_config(&config).unwrap().max_entries(), 10);
     assert!(config.spawn_purge_task(store.clone()).is_none());
     let layer = config.layer(store.clone());
     assert_eq!(layer.lifetime(), Duration::from_secs(7200));
@@ -133,6 +134,42 @@ async fn builds_from_the_properties_configuration() {
         store.reserve(&id, &binding(), long, long).await.unwrap(),
         Reservation::Reserved(_)
     ));
+}
+
+#[test]
+fn the_properties_configuration_is_checked_by_the_store() {
+    use idempotency_core::config::{ConfigError, IdempotencyConfig};
+    let refused = |pairs: &[(&str, &str)]| -> ConfigError {
+        let config = IdempotencyConfig::from_properties(pairs.iter().copied()).unwrap();
+        match MemoryStore::from_config(&config) {
+            Ok(_) => panic!("{pairs:?} was accepted"),
+            Err(error) => error,
+        }
+    };
+    for (value, needle) in [("0", "\"0\""), ("lots", "\"lots\""), ("-5", "\"-5\"")] {
+        let message = refused(&[("idempotency-max-entries", value)]).to_string();
+        assert!(message.contains("`idempotency-max-entries`"), "{message}");
+        assert!(message.contains(needle), "{message}");
+        assert!(message.contains("positive integer"), "{message}");
+    }
+    // Another store's key, or a misspelt one: named, with the keys the store takes.
+    for key in ["idempotency-database-url", "idempotency-max-entires"] {
+        let error = refused(&[(key, "x")]);
+        assert!(matches!(error, ConfigError::UnknownKey { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(message.contains(&format!("`{key}`")), "{message}");
+        assert!(
+            message.contains("idempotency-store-type=memory"),
+            "{message}"
+        );
+        assert!(
+            message.contains("the memory store takes idempotency-max-entries"),
+            "{message}"
+        );
+    }
+    let message = refused(&[("idempotency-store-type", "redis")]).to_string();
+    assert!(message.contains("`idempotency-store-type`"), "{message}");
+    assert!(message.contains("\"redis\""), "{message}");
 }
 
 fn answer(bytes: usize) -> idempotency_core::StoredResponse {

@@ -2,14 +2,16 @@
 //! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig)) names.
 
 use idempotency_core::StoreError;
-use idempotency_core::config::{ConfigError, IdempotencyConfig, STORE_TYPE, StoreType};
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
 
 use crate::{RedisOptions, RedisStore};
 
 /// Opens the Redis store `config` names (`idempotency-store-type=redis`): the URL in
 /// `idempotency-redis-url` and the other `idempotency-redis-*` keys, read as the URL's
-/// parameters of the same name ([`RedisOptions::from_config`]), then connects and runs
-/// the checks at connect; a scope quota from `idempotency-scope-max-*` is applied.
+/// parameters of the same name ([`RedisOptions::from_config`], which refuses another
+/// store type and any key that is not one of [`properties`](crate::properties)), then
+/// connects and runs the checks at connect; a scope quota from
+/// `idempotency-scope-max-*` is applied.
 /// Records expire by themselves, so no purge task is needed.
 ///
 /// ```no_run
@@ -29,13 +31,6 @@ use crate::{RedisOptions, RedisStore};
 /// # drop(layer); Ok(()) }
 /// ```
 pub async fn open(config: &IdempotencyConfig) -> Result<RedisStore, ConfigError> {
-    if config.store_type != StoreType::Redis {
-        return Err(ConfigError::NotApplicable {
-            key: STORE_TYPE,
-            applies_not_to: "idempotency_store_redis::open (it opens the Redis store; set \
-                             idempotency-store-type=redis)",
-        });
-    }
     let options = RedisOptions::from_config(config)?;
     let store = RedisStore::connect_with(options)
         .await

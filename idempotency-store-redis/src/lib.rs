@@ -39,8 +39,8 @@
 //! ```
 //!
 //! [`RedisOptions::from_url`] lists the parameters; a properties configuration
-//! (`idempotency-store-type=redis`) gives the same ones as `idempotency-redis-*` keys,
-//! read by [`open`].
+//! (`idempotency-store-type=redis`) gives the same ones as `idempotency-redis-*` keys
+//! ([`properties`] lists them), read by [`open`].
 //!
 //! # Which store
 //!
@@ -387,6 +387,7 @@ mod lua;
 mod notices;
 mod options;
 mod parameters;
+pub mod properties;
 mod scripts;
 
 use std::sync::Arc;

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
-use idempotency_core::config as properties;
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
 
 use crate::keys::KeyPrefix;
 use crate::options::{DEFAULT_REPLICA_ACK_TIMEOUT, RedisOptions, Target, UnsupportedUrl, redact};
+use crate::properties;
 
 /// A setting the store reads from its URL's query (and from the `idempotency-redis-*`
 /// property of the same name).
@@ -191,7 +192,7 @@ fn describe(parameter: Parameter, origin: Origin) -> String {
 }
 
 /// What is wrong, before it is told as an [`OptionsError`] (from a URL) or a
-/// [`ConfigError`](properties::ConfigError) (from properties).
+/// [`ConfigError`] (from properties).
 enum Problem {
     Url(OptionsError),
     Invalid {
@@ -249,8 +250,8 @@ impl Problem {
         }
     }
 
-    fn into_config_error(self) -> properties::ConfigError {
-        use properties::ConfigError;
+    /// The problem as a [`ConfigError`], for the properties whose URL is `url`.
+    fn into_config_error(self, url: &str) -> ConfigError {
         match self {
             Problem::Invalid {
                 parameter,
@@ -287,7 +288,7 @@ impl Problem {
                     match &error {
                         OptionsError::InvalidValue { value, .. } => value.clone(),
                         OptionsError::UnknownParameter { parameter, .. } => parameter.clone(),
-                        _ => String::new(),
+                        _ => redact(url),
                     },
                     format!("a Redis store URL the store can use ({error})"),
                 )
@@ -347,7 +348,7 @@ fn parse(url: &str, settings: &[(&str, &str)]) -> Result<RedisOptions, Problem> 
         }
     }
     for (key, value) in settings {
-        // Core checked the keys; one it does not list is a version mismatch.
+        // The keys are the parameters' own (`from_config` reads no other).
         let parameter = Parameter::of_property(key).ok_or_else(unsupported)?;
         add(parameter, Origin::Property, value.trim().to_owned())?;
     }
@@ -574,24 +575,58 @@ impl RedisOptions {
 
     /// Reads options from a properties configuration (`idempotency-store-type=redis`):
     /// the URL in `idempotency-redis-url`, read as [`from_url`](Self::from_url) reads it,
-    /// and each other `idempotency-redis-*` key as the URL parameter of the same name. A
-    /// setting given both ways is refused. Errors name the property.
-    pub fn from_config(
-        config: &properties::IdempotencyConfig,
-    ) -> Result<Self, properties::ConfigError> {
-        let url = config
-            .redis_url
-            .as_deref()
-            .ok_or(properties::ConfigError::Missing {
+    /// and each other `idempotency-redis-*` key as the URL parameter of the same name
+    /// ([`properties`](crate::properties) lists them). Another store type, a store
+    /// property the Redis store does not take, or a setting given both ways is refused.
+    /// Errors name the property.
+    ///
+    /// ```
+    /// use idempotency_core::config::IdempotencyConfig;
+    /// use idempotency_store_redis::RedisOptions;
+    ///
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-store-type", "redis"),
+    ///     ("idempotency-redis-url", "redis://10.0.0.1:6379"),
+    ///     ("idempotency-redis-key-prefix", "orders:"),
+    /// ])?;
+    /// let options = RedisOptions::from_config(&config)?;
+    /// let built = RedisOptions::server("redis://10.0.0.1:6379").key_prefix("orders:").unwrap();
+    /// assert_eq!(options, built);
+    ///
+    /// // Another store's key, or a misspelt one, is refused.
+    /// let config = IdempotencyConfig::from_properties([
+    ///     ("idempotency-store-type", "redis"),
+    ///     ("idempotency-redis-url", "redis://10.0.0.1:6379"),
+    ///     ("idempotency-database-pool-size", "4"),
+    /// ])?;
+    /// let error = RedisOptions::from_config(&config).unwrap_err().to_string();
+    /// assert!(error.contains("`idempotency-database-pool-size`"), "{error}");
+    /// assert!(error.contains("idempotency-redis-replica-acks"), "{error}");
+    /// # Ok::<(), idempotency_core::config::ConfigError>(())
+    /// ```
+    pub fn from_config(config: &IdempotencyConfig) -> Result<Self, ConfigError> {
+        let given = config.store_properties_for(properties::STORE_TYPE, &properties::KEYS)?;
+        let url = given
+            .get(properties::REDIS_URL)
+            .ok_or(ConfigError::Missing {
                 key: properties::REDIS_URL,
                 when: "idempotency-store-type=redis",
             })?;
-        let settings: Vec<(&str, &str)> = config
-            .redis_settings
-            .iter()
-            .map(|(key, value)| (*key, value.as_str()))
+        if url.is_empty() {
+            return Err(ConfigError::invalid_value(
+                properties::REDIS_URL,
+                url,
+                "a redis:// URL",
+            ));
+        }
+        let settings: Vec<(&str, &str)> = Parameter::ALL
+            .into_iter()
+            .filter_map(|parameter| {
+                let key = parameter.property();
+                given.get(key).map(|value| (key, value))
+            })
             .collect();
-        parse(url, &settings).map_err(Problem::into_config_error)
+        parse(url, &settings).map_err(|problem| problem.into_config_error(url))
     }
 }
 
@@ -604,13 +639,13 @@ mod tests {
         let names: Vec<&str> = Parameter::ALL.iter().map(|p| p.name()).collect();
         assert_eq!(names, URL_PARAMETERS);
         let keys: Vec<&str> = Parameter::ALL.iter().map(|p| p.property()).collect();
-        let mut listed = properties::REDIS_SETTINGS.to_vec();
+        let mut listed = properties::KEYS[1..].to_vec();
         let mut ours = keys.clone();
         listed.sort_unstable();
         ours.sort_unstable();
         assert_eq!(
             ours, listed,
-            "core's REDIS_SETTINGS and the URL parameters differ"
+            "the properties' keys and the URL parameters differ"
         );
         for parameter in Parameter::ALL {
             assert_eq!(

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idempotency_core::config::{ConfigError, IdempotencyConfig, StoreType};
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
 use idempotency_store_redis::{OptionsError, RedisOptions, Target, URL_PARAMETERS};
 
 const URL: &str = "redis://app:hunter2@10.0.0.1:6379/0";
@@ -27,6 +27,11 @@ fn properties(pairs: &[(&str, &str)]) -> Result<IdempotencyConfig, ConfigError> 
 
 fn from_properties(pairs: &[(&str, &str)]) -> Result<RedisOptions, ConfigError> {
     RedisOptions::from_config(&properties(pairs)?)
+}
+
+/// `pairs` alone, without the store type and the URL.
+fn from_properties_without_url(pairs: &[(&str, &str)]) -> Result<RedisOptions, ConfigError> {
+    RedisOptions::from_config(&IdempotencyConfig::from_properties(pairs.iter().copied())?)
 }
 
 #[test]
@@ -99,7 +104,10 @@ fn a_setting_may_come_from_the_url_inside_the_properties() {
         ("idempotency-redis-key-prefix", "svc:"),
     ])
     .unwrap();
-    assert_eq!(config.store_type, StoreType::Redis);
+    assert_eq!(
+        config.store_type,
+        idempotency_store_redis::properties::STORE_TYPE
+    );
     assert_eq!(
         RedisOptions::from_config(&config).unwrap(),
         RedisOptions::server("redis://10.0.0.1:6379")
@@ -261,55 +269,91 @@ fn unknown_and_repeated_parameters_are_refused() {
     );
     assert!(message.contains("idempotency-redis-url"), "{message}");
 
-    // An unknown idempotency-redis-* key is refused by the properties reader itself.
-    let error = properties(&[("idempotency-redis-replica-ack", "1")])
-        .unwrap_err()
-        .to_string();
-    assert!(error.contains("idempotency-redis-replica-ack`"), "{error}");
+    // An unknown idempotency-redis-* key is refused by the store, naming the keys it takes.
+    let error = from_properties(&[("idempotency-redis-replica-ack", "1")]).unwrap_err();
+    assert!(matches!(error, ConfigError::UnknownKey { .. }), "{error:?}");
+    let error = error.to_string();
+    assert!(error.contains("`idempotency-redis-replica-ack`"), "{error}");
+    assert!(error.contains("idempotency-redis-replica-acks"), "{error}");
 }
 
 #[test]
 fn the_redis_store_type_takes_redis_keys_only() {
-    let error = IdempotencyConfig::from_properties([("idempotency-store-type", "redis")])
+    let error = from_properties_without_url(&[("idempotency-store-type", "redis")])
         .unwrap_err()
         .to_string();
-    assert!(error.contains("idempotency-redis-url"), "{error}");
+    assert_eq!(
+        error,
+        "`idempotency-redis-url` is required when idempotency-store-type=redis"
+    );
+    let error = from_properties_without_url(&[
+        ("idempotency-store-type", "redis"),
+        ("idempotency-redis-url", " "),
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("`idempotency-redis-url`"), "{error}");
+    // Another store's keys are not the Redis store's: each is named, with the keys the
+    // Redis store takes.
     for (key, value) in [
         ("idempotency-database-url", "postgres://db/x"),
         ("idempotency-database-pool-size", "5"),
         ("idempotency-max-entries", "5"),
     ] {
-        let error = properties(&[(key, value)]).unwrap_err();
+        let error = from_properties(&[(key, value)]).unwrap_err();
         assert!(
-            matches!(error, ConfigError::NotApplicable { .. }),
+            matches!(error, ConfigError::UnknownKey { .. }),
             "{key}: {error:?}"
         );
-        assert!(error.to_string().contains(key), "{error}");
+        let message = error.to_string();
+        for needle in [
+            format!("unknown property `{key}`"),
+            "idempotency-store-type=redis".to_owned(),
+            idempotency_store_redis::properties::KEYS.join(", "),
+        ] {
+            assert!(message.contains(&needle), "{needle}: {message}");
+        }
     }
+    // The Redis store opens the Redis store only: another store type is named.
     for store in [
         &[("idempotency-store-type", "memory")][..],
-        &[
-            ("idempotency-store-type", "sql"),
-            ("idempotency-database-url", "sqlite:/tmp/x.db"),
-        ],
+        &[("idempotency-store-type", "sql")],
+        &[],
     ] {
-        let error = IdempotencyConfig::from_properties(
-            store
+        let error = from_properties_without_url(
+            &store
                 .iter()
                 .copied()
-                .chain([("idempotency-redis-replica-acks", "1")]),
+                .chain([("idempotency-redis-url", URL)])
+                .collect::<Vec<_>>(),
         )
         .unwrap_err();
-        let store_type = store[0].1;
-        assert!(
-            error.to_string().contains("idempotency-redis-replica-acks"),
-            "{store_type}: {error}"
-        );
+        let message = error.to_string();
+        assert!(message.contains("`idempotency-store-type`"), "{message}");
+        assert!(message.contains("expected `redis`"), "{message}");
     }
     let config = properties(&[]).unwrap();
     let debug = format!("{config:?}");
     assert!(
         !debug.contains("hunter2"),
         "Debug shows the password: {debug}"
+    );
+}
+
+#[tokio::test]
+async fn open_refuses_another_stores_configuration_before_connecting() {
+    let config = IdempotencyConfig::from_properties([
+        ("idempotency-store-type", "sql"),
+        ("idempotency-database-url", "sqlite:/tmp/x.db"),
+    ])
+    .unwrap();
+    let Err(error) = idempotency_store_redis::open(&config).await else {
+        panic!("a Redis store was opened for idempotency-store-type=sql");
+    };
+    assert!(
+        error
+            .to_string()
+            .starts_with("invalid value \"sql\" for `idempotency-store-type`: expected `redis`"),
+        "{error}"
     );
 }

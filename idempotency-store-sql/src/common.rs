@@ -5,11 +5,12 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use idempotency_core::config::SynchronousReplication;
 use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, InspectedRecord,
     InspectedState, RecordState, StoreError, StoredResponse,
 };
+
+use crate::SynchronousReplication;
 
 /// Durations are clamped to this many milliseconds (about 100 years) so that
 /// `now + duration` never overflows a BIGINT.

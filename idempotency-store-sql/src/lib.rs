@@ -41,8 +41,10 @@
 //! ```
 //!
 //! A service configured from a properties map
-//! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig)) opens its store
-//! with [`open`].
+//! ([`IdempotencyConfig`](idempotency_core::config::IdempotencyConfig),
+//! `idempotency-store-type=sql`) opens its store with [`open`]; the SQL store's keys
+//! (`idempotency-database-url`, `-user`, `-password`, `-pool-size`,
+//! `-synchronous-replication`) are listed in [`properties`] and read by [`SqlConfig`].
 //!
 //! # Commit your write with its record: `Tx`
 //!
@@ -231,6 +233,7 @@ mod mysql;
 mod one_commit;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod properties;
 mod record_database;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -245,8 +248,9 @@ pub use common::{Operation, PoolSettings};
 // `reserve_query` and `finalize_query`; not part of the API.
 #[doc(hidden)]
 pub use common::EncodedAnswer;
-pub use config::{open, pool_settings};
-pub use idempotency_core::config::SynchronousReplication;
+pub use config::{
+    SqlBackend, SqlConfig, SynchronousReplication, UnknownSynchronousReplication, open,
+};
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;

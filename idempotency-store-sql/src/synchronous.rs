@@ -5,9 +5,9 @@
 use std::borrow::Cow;
 
 use idempotency_core::StoreError;
-use idempotency_core::config::SynchronousReplication;
 use sqlx::postgres::PgPool;
 
+use crate::SynchronousReplication;
 use crate::common::backend;
 
 /// The PostgreSQL URL parameter that sets [`PoolSettings::synchronous_replication`]

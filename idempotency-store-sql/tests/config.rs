@@ -1,11 +1,13 @@
-//! The properties-map configuration (read by `idempotency_core::config`): every key,
-//! every bad value, and opening the SQL stores it names.
+//! The SQL store's keys in a properties configuration (the general keys are read by
+//! `idempotency_core::config`, the store's own by `SqlConfig`): every key, every bad
+//! value, a key of another store, and opening the SQL stores it names.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use idempotency_core::config::{ConfigError, IdempotencyConfig, StoreType};
+use idempotency_core::config::{ConfigError, IdempotencyConfig};
 use idempotency_core::{IdempotencyStore, Reservation};
+use idempotency_store_sql::{PoolSettings, SqlConfig};
 
 /// A URL of a server backend compiled into this build, if any.
 fn server_url() -> Option<&'static str> {
@@ -28,41 +30,28 @@ fn parse(pairs: &[(&str, &str)]) -> Result<IdempotencyConfig, ConfigError> {
     IdempotencyConfig::from_properties(pairs.iter().copied())
 }
 
+/// The SQL store's reading of `pairs`: the general keys by the core, the store's own by
+/// `SqlConfig`.
+fn sql(pairs: &[(&str, &str)]) -> Result<SqlConfig, ConfigError> {
+    SqlConfig::from_config(&parse(pairs)?)
+}
+
 fn error(pairs: &[(&str, &str)]) -> String {
-    parse(pairs)
+    sql(pairs)
         .expect_err("configuration should be refused")
         .to_string()
 }
 
 #[test]
-fn empty_properties_give_the_defaults() {
-    let config = IdempotencyConfig::from_properties(&HashMap::<String, String>::new()).unwrap();
-    assert!(!config.enabled);
-    assert_eq!(config.key_lifetime, Duration::from_secs(1800));
-    assert_eq!(config.key_lifetime_iso8601(), "PT30M");
-    assert_eq!(config.store_type, StoreType::Memory);
-    assert_eq!(config.max_entries, None);
-    assert_eq!(config.purge_interval, None);
-    assert_eq!(config, IdempotencyConfig::default());
-}
-
-#[test]
 fn every_key_is_read() {
-    let memory = parse(&[
-        ("idempotency-store-type", "memory"),
-        ("idempotency-max-entries", "50000"),
-    ])
-    .unwrap();
-    assert_eq!(memory.max_entries, Some(50_000));
-
     let Some(url) = server_url() else { return };
     let properties: HashMap<String, String> = [
         ("idempotency-enabled", " TRUE "),
         ("idempotency-key-lifetime", "PT1H"),
-        ("idempotency-store-type", "sql"),
+        ("idempotency-store-type", "SQL"),
         ("idempotency-database-url", url),
         ("idempotency-database-user", "catalog"),
-        ("idempotency-database-password", "s3cret"),
+        ("idempotency-database-password", " s3cret "),
         ("idempotency-database-pool-size", "20"),
         ("idempotency-purge-interval", "PT5M"),
         ("idempotency-scope-max-records", "1000"),
@@ -76,14 +65,9 @@ fn every_key_is_read() {
     let config = IdempotencyConfig::from_properties(&properties).unwrap();
     assert!(config.enabled);
     assert_eq!(config.key_lifetime, Duration::from_secs(3600));
-    assert_eq!(config.store_type, StoreType::Sql);
-    assert_eq!(config.database_url.as_deref(), Some(url));
-    assert_eq!(config.database_user.as_deref(), Some("catalog"));
-    assert_eq!(config.database_password.as_deref(), Some("s3cret"));
-    assert_eq!(config.database_pool_size, Some(20));
     assert_eq!(
-        idempotency_store_sql::pool_settings(&config).max_connections,
-        20
+        config.store_type,
+        idempotency_store_sql::properties::STORE_TYPE
     );
     assert_eq!(config.purge_interval, Some(Duration::from_secs(300)));
     assert_eq!(
@@ -94,11 +78,26 @@ fn every_key_is_read() {
                 .with_max_bytes(1_048_576)
         )
     );
-    let debug = format!("{config:?}");
-    assert!(
-        !debug.contains("s3cret"),
-        "Debug leaks the password: {debug}"
-    );
+    let sql = SqlConfig::from_config(&config).unwrap();
+    assert_eq!(sql.url, url);
+    assert_eq!(sql.user.as_deref(), Some("catalog"));
+    assert_eq!(sql.password.as_deref(), Some("s3cret"));
+    assert_eq!(sql.pool_size, Some(20));
+    assert_eq!(sql.synchronous_replication, None);
+    assert_eq!(sql.pool_settings().max_connections, 20);
+    for debug in [format!("{config:?}"), format!("{sql:?}")] {
+        assert!(
+            !debug.contains("s3cret"),
+            "Debug leaks the password: {debug}"
+        );
+    }
+    // Nothing but the URL: the pool's defaults.
+    let defaults = self::sql(&[
+        ("idempotency-store-type", "sql"),
+        ("idempotency-database-url", url),
+    ])
+    .unwrap();
+    assert_eq!(defaults.pool_settings(), PoolSettings::default());
 }
 
 // These cases need a URL of a backend compiled into the build.
@@ -107,58 +106,6 @@ fn every_key_is_read() {
 fn each_bad_value_names_its_key_value_and_what_is_expected() {
     type Properties<'a> = &'a [(&'a str, &'a str)];
     let cases: &[(Properties, &[&str])] = &[
-        (
-            &[("idempotency-enabled", "yes")],
-            &["idempotency-enabled", "\"yes\"", "`true` or `false`"],
-        ),
-        (
-            &[("idempotency-key-lifetime", "30m")],
-            &["idempotency-key-lifetime", "\"30m\"", "ISO-8601", "PT30M"],
-        ),
-        (
-            &[("idempotency-key-lifetime", "P1W")],
-            &["idempotency-key-lifetime", "\"P1W\"", "weeks"],
-        ),
-        (
-            &[("idempotency-key-lifetime", "PT0S")],
-            &["idempotency-key-lifetime", "\"PT0S\"", "positive"],
-        ),
-        (
-            &[("idempotency-key-lifetime", "-PT5M")],
-            &["idempotency-key-lifetime", "negative"],
-        ),
-        (
-            &[("idempotency-key-lifetime", "")],
-            &["idempotency-key-lifetime", "\"\""],
-        ),
-        (
-            &[("idempotency-store-type", "jdbc")],
-            &[
-                "idempotency-store-type",
-                "\"jdbc\"",
-                "`memory`, `sql` or `redis`",
-            ],
-        ),
-        (
-            &[("idempotency-scope-max-bytes", "lots")],
-            &[
-                "idempotency-scope-max-bytes",
-                "\"lots\"",
-                "positive integer",
-            ],
-        ),
-        (
-            &[("idempotency-max-entries", "0")],
-            &["idempotency-max-entries", "\"0\"", "positive integer"],
-        ),
-        (
-            &[("idempotency-max-entries", "lots")],
-            &["idempotency-max-entries", "\"lots\"", "positive integer"],
-        ),
-        (
-            &[("idempotency-max-entries", "-5")],
-            &["idempotency-max-entries", "positive integer"],
-        ),
         (
             &[
                 ("idempotency-store-type", "sql"),
@@ -189,17 +136,21 @@ fn each_bad_value_names_its_key_value_and_what_is_expected() {
             &[
                 ("idempotency-store-type", "sql"),
                 ("idempotency-database-url", any_url()),
+                ("idempotency-database-pool-size", "lots"),
+            ],
+            &[
+                "idempotency-database-pool-size",
+                "\"lots\"",
+                "positive integer",
+            ],
+        ),
+        (
+            &[
+                ("idempotency-store-type", "sql"),
+                ("idempotency-database-url", any_url()),
                 ("idempotency-database-user", ""),
             ],
             &["idempotency-database-user", "non-empty"],
-        ),
-        (
-            &[("idempotency-purge-interval", "5 minutes")],
-            &["idempotency-purge-interval", "\"5 minutes\"", "ISO-8601"],
-        ),
-        (
-            &[("idempotency-purge-interval", "PT0S")],
-            &["idempotency-purge-interval", "positive"],
         ),
     ];
     for (pairs, needles) in cases {
@@ -213,17 +164,36 @@ fn each_bad_value_names_its_key_value_and_what_is_expected() {
     }
 }
 
+// These cases need a URL of a backend compiled into the build.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[test]
-fn unknown_and_duplicate_keys_are_refused() {
-    let message = error(&[("idempotency-key-lifetime-minutes", "30")]);
-    assert!(
-        message.contains("unknown property `idempotency-key-lifetime-minutes`"),
-        "{message}"
-    );
-    assert!(
-        message.contains("idempotency-key-lifetime,"),
-        "the message lists the known keys: {message}"
-    );
+fn unknown_keys_and_other_stores_keys_are_refused() {
+    // A misspelt key, and keys of the other stores: each named, with the keys the SQL
+    // store takes.
+    for key in [
+        "idempotency-database-pool-sizes",
+        "idempotency-max-entries",
+        "idempotency-redis-url",
+    ] {
+        let error = sql(&[
+            ("idempotency-store-type", "sql"),
+            ("idempotency-database-url", any_url()),
+            (key, "10"),
+        ])
+        .unwrap_err();
+        assert!(matches!(error, ConfigError::UnknownKey { .. }), "{error:?}");
+        let message = error.to_string();
+        for needle in [
+            format!("unknown property `{key}`"),
+            "idempotency-store-type=sql".to_owned(),
+            "the sql store takes idempotency-database-url, idempotency-database-user, \
+             idempotency-database-password, idempotency-database-pool-size, \
+             idempotency-database-synchronous-replication"
+                .to_owned(),
+        ] {
+            assert!(message.contains(&needle), "{needle}: {message}");
+        }
+    }
     let message = error(&[
         ("idempotency-enabled", "true"),
         ("idempotency-enabled", "false"),
@@ -232,48 +202,54 @@ fn unknown_and_duplicate_keys_are_refused() {
         message.contains("`idempotency-enabled` is given more than once"),
         "{message}"
     );
+    let message = error(&[
+        ("idempotency-store-type", "sql"),
+        ("idempotency-database-url", any_url()),
+        ("idempotency-database-url", any_url()),
+    ]);
+    assert!(
+        message.contains("`idempotency-database-url` is given more than once"),
+        "{message}"
+    );
 }
 
 // These cases need a URL of a backend compiled into the build.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[test]
-fn keys_that_do_not_apply_to_the_store_are_refused() {
+fn the_store_type_and_the_url_are_required() {
     let message = error(&[("idempotency-store-type", "sql")]);
-    assert!(
-        message.contains("`idempotency-database-url` is required"),
-        "{message}"
+    assert_eq!(
+        message,
+        "`idempotency-database-url` is required when idempotency-store-type=sql"
     );
-    let message = error(&[("idempotency-database-url", any_url())]);
-    assert!(
-        message
-            .contains("`idempotency-database-url` does not apply to idempotency-store-type=memory"),
-        "{message}"
-    );
-    let message = error(&[("idempotency-database-pool-size", "5")]);
-    assert!(
-        message.contains("`idempotency-database-pool-size` does not apply"),
-        "{message}"
-    );
-    let message = error(&[
-        ("idempotency-store-type", "sql"),
-        ("idempotency-database-url", any_url()),
-        ("idempotency-max-entries", "10"),
-    ]);
-    assert!(
-        message.contains("`idempotency-max-entries` does not apply to idempotency-store-type=sql"),
-        "{message}"
-    );
-    if cfg!(feature = "sqlite") {
+    // The SQL store opens the SQL store only.
+    for store_type in ["memory", "redis"] {
         let message = error(&[
-            ("idempotency-store-type", "sql"),
-            ("idempotency-database-url", "sqlite:/tmp/x.db"),
-            ("idempotency-database-password", "pw"),
+            ("idempotency-store-type", store_type),
+            ("idempotency-database-url", any_url()),
         ]);
         assert!(
-            message
-                .contains("`idempotency-database-password` does not apply to a sqlite: database"),
+            message.starts_with(&format!(
+                "invalid value \"{store_type}\" for `idempotency-store-type`: expected `sql`"
+            )),
             "{message}"
         );
+    }
+    // Without a store type the configuration names the memory store.
+    let message = error(&[("idempotency-database-url", any_url())]);
+    assert!(message.contains("\"memory\""), "{message}");
+    if cfg!(feature = "sqlite") {
+        for key in ["idempotency-database-password", "idempotency-database-user"] {
+            let message = error(&[
+                ("idempotency-store-type", "sql"),
+                ("idempotency-database-url", "sqlite:/tmp/x.db"),
+                (key, "pw"),
+            ]);
+            assert_eq!(
+                message,
+                format!("`{key}` does not apply to a sqlite: database; remove it")
+            );
+        }
     }
 }
 
@@ -396,4 +372,23 @@ async fn a_backend_that_is_not_compiled_in_is_named() {
         message.contains("enable the `postgres` feature"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn open_refuses_another_stores_configuration_before_connecting() {
+    for pairs in [
+        &[
+            ("idempotency-store-type", "redis"),
+            ("idempotency-redis-url", "redis://127.0.0.1:1"),
+        ][..],
+        &[("idempotency-max-entries", "10")],
+    ] {
+        let config = parse(pairs).unwrap();
+        let Err(error) = idempotency_store_sql::open(&config).await else {
+            panic!("{pairs:?}: a SQL store was opened");
+        };
+        let message = error.to_string();
+        assert!(message.contains("`idempotency-store-type`"), "{message}");
+        assert!(message.contains("expected `sql`"), "{message}");
+    }
 }

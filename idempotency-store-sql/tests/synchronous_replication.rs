@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idempotency_core::config::{ConfigError, IdempotencyConfig};
 use idempotency_core::{IdempotencyStore, RecordId, Reservation};
-use idempotency_store_sql::{PoolSettings, PostgresStore, SynchronousReplication};
+use idempotency_store_sql::{PoolSettings, PostgresStore, SqlConfig, SynchronousReplication};
 use postgres_pair::{Pair, postgres_bin, streaming};
 
 fn settings(expect: SynchronousReplication) -> PoolSettings {
@@ -203,6 +203,7 @@ fn bad_and_repeated_values_are_refused() {
         url,
         &[("idempotency-database-synchronous-replication", "yes")],
     )
+    .and_then(|config| SqlConfig::from_config(&config))
     .unwrap_err()
     .to_string();
     assert!(
@@ -216,6 +217,7 @@ fn bad_and_repeated_values_are_refused() {
         ("idempotency-database-url", "sqlite:/tmp/x.db"),
         ("idempotency-database-synchronous-replication", "require"),
     ])
+    .and_then(|config| SqlConfig::from_config(&config))
     .unwrap_err();
     assert!(
         matches!(error, ConfigError::NotApplicable { .. }),

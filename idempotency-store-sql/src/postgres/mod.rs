@@ -13,6 +13,7 @@ use sqlx::{FromRow, Row};
 use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
+use crate::SynchronousReplication;
 use crate::common::{
     EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage,
     backend, evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership,
@@ -20,7 +21,6 @@ use crate::common::{
 };
 use crate::synchronous;
 use crate::table::{InvalidTableName, TableName};
-use idempotency_core::config::SynchronousReplication;
 
 mod notices;
 mod statements;

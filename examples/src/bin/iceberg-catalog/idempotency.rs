@@ -6,16 +6,19 @@
 //! a duplicate is in flight, and the top-level `idempotency-key-lifetime` added to this
 //! catalog's `GET /v1/config` answers.
 //!
-//! By default it is set up the way a catalog configured from properties would be: the
-//! command line becomes `idempotency-*` properties, read by [`IdempotencyConfig`]. The
-//! records live in the catalog's own database, in a table of their own
-//! (`idempotency_records`): SQLite for one process, PostgreSQL or MySQL for replicas,
-//! which then replay each other's answers. A background task purges expired records.
+//! It is set up the way a catalog configured from properties would be: the command line
+//! becomes `idempotency-*` properties (`--idempotency-property KEY=VALUE` adds the
+//! store's own), read by [`IdempotencyConfig`], and the store that
+//! `idempotency-store-type` names is opened by its crate, which reads and checks its own
+//! keys. By default (`idempotency-store-type=sql`) the records live in the catalog's own
+//! database, in a table of their own (`idempotency_records`): SQLite for one process,
+//! PostgreSQL or MySQL for replicas, which then replay each other's answers. A
+//! background task purges expired records.
 //!
-//! With `--idempotency-store redis://…` (or `redis+cluster://…`) the records live in
-//! Redis or Valkey instead, one server or a cluster, where they expire by themselves; the
-//! catalog's own state stays in its database (`grpc-orders` connects the same way:
-//! [`examples::records`]).
+//! With `--idempotency-store redis://…` (or `redis+cluster://…`;
+//! `idempotency-store-type=redis`) the records live in Redis or Valkey instead, one
+//! server or a cluster, where they expire by themselves; the catalog's own state stays in
+//! its database.
 //!
 //! An answer that carries table or view metadata (a commit's, a created or registered
 //! table's or view's) is stored as a pointer to the metadata file it names, which the
@@ -33,16 +36,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotency_core::config::IdempotencyConfig;
+use idempotency_core::config::{
+    ConfigError, IdempotencyConfig, PURGE_INTERVAL as PURGE_INTERVAL_KEY, STORE_TYPE,
+};
 use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
+use idempotency_store_redis::properties as redis;
+use idempotency_store_sql::properties as sql;
 use idempotency_store_sql::{OneCommitStore, Reservations, TableName};
 use sqlx::Pool;
 
 use crate::catalog::{CatalogDatabase, Writes};
 
-/// How often expired records are purged.
+/// How often expired records are purged, unless `idempotency-purge-interval` is given.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Where the idempotency records are kept.
@@ -79,6 +86,7 @@ pub(crate) enum Commits {
 pub(crate) async fn layer<DB: CatalogDatabase>(
     records: Records<'_>,
     lifetime: Duration,
+    properties: &[(String, String)],
     commits: Commits,
     pool: &Pool<DB>,
     metadata: Option<impl MetadataReader>,
@@ -90,33 +98,62 @@ pub(crate) async fn layer<DB: CatalogDatabase>(
         Some(reader) => IcebergProfile::default().with_metadata_reader(reader),
         None => IcebergProfile::default(),
     };
-    let (layer, records, finalizer) = records_layer(records, lifetime, commits, pool).await?;
+    let config = configuration(records, lifetime, properties)?;
+    let (layer, records, finalizer) = records_layer(&config, commits, pool).await?;
     Ok((layer.with_profile(profile), records, finalizer))
 }
 
-/// [`layer`] with the records where `records` says, before its profile is set.
-async fn records_layer<DB: CatalogDatabase>(
+/// The configuration the command line says: the records where `records` says, kept for
+/// `lifetime`, and the `--idempotency-property` pairs, `properties`.
+fn configuration(
     records: Records<'_>,
     lifetime: Duration,
+    properties: &[(String, String)],
+) -> Result<IdempotencyConfig, String> {
+    let mut all = vec![
+        ("idempotency-enabled".to_owned(), "true".to_owned()),
+        (
+            "idempotency-key-lifetime".to_owned(),
+            format_duration(lifetime),
+        ),
+    ];
+    match records {
+        Records::Database(url) => {
+            all.push((STORE_TYPE.to_owned(), sql::STORE_TYPE.to_owned()));
+            all.push((sql::DATABASE_URL.to_owned(), url.to_owned()));
+            if !properties.iter().any(|(key, _)| key == PURGE_INTERVAL_KEY) {
+                all.push((
+                    PURGE_INTERVAL_KEY.to_owned(),
+                    format_duration(PURGE_INTERVAL),
+                ));
+            }
+        }
+        Records::Redis(url) => {
+            all.push((STORE_TYPE.to_owned(), redis::STORE_TYPE.to_owned()));
+            all.push((redis::REDIS_URL.to_owned(), url.to_owned()));
+        }
+    }
+    all.extend(properties.iter().cloned());
+    IdempotencyConfig::from_properties(all)
+        .map_err(|error| format!("--idempotency-property: {error}"))
+}
+
+/// [`layer`] with the records in the store `config` names, before its profile is set.
+async fn records_layer<DB: CatalogDatabase>(
+    config: &IdempotencyConfig,
     commits: Commits,
     pool: &Pool<DB>,
 ) -> Result<
     (IdempotencyLayer, Arc<dyn RecordAdmin>, Option<Writes<DB>>),
     Box<dyn std::error::Error + Send + Sync>,
 > {
-    match records {
-        Records::Database(database_url) => {
-            let config = IdempotencyConfig::from_properties([
-                ("idempotency-enabled", "true".to_owned()),
-                ("idempotency-key-lifetime", format_duration(lifetime)),
-                ("idempotency-store-type", "sql".to_owned()),
-                ("idempotency-database-url", database_url.to_owned()),
-                (
-                    "idempotency-purge-interval",
-                    format_duration(PURGE_INTERVAL),
-                ),
-            ])?;
-            let typed = idempotency_store_sql::open(&config).await?;
+    match config.store_type.as_str() {
+        sql::STORE_TYPE => {
+            // Reads and checks the SQL store's keys (a key it does not take is refused,
+            // named), connects and migrates.
+            let typed = idempotency_store_sql::open(config)
+                .await
+                .map_err(|error| format!("the idempotency records in --database: {error}"))?;
             config.spawn_purge_task(typed.clone());
             // `open` keeps the records in the default table. `--two-commit`: each
             // reservation committed on its own first, with a lease.
@@ -134,17 +171,40 @@ async fn records_layer<DB: CatalogDatabase>(
                 Some(Writes::with_records(store)),
             ))
         }
-        Records::Redis(url) => {
-            let store = examples::records::connect_redis(url).await?;
+        redis::STORE_TYPE => {
+            let store = idempotency_store_redis::open(config)
+                .await
+                .map_err(redis_error)?;
             // Records expire in Redis by themselves: no purge task. A clone shares the
             // connections.
             Ok((
-                IdempotencyLayer::iceberg(store.clone())
-                    .with_lifetime(lifetime)
+                config
+                    .iceberg_layer(Arc::new(store.clone()))
                     .with_scope(SingleScope),
                 Arc::new(store),
                 None,
             ))
         }
+        other => Err(format!(
+            "{STORE_TYPE}={other}: this catalog keeps its records in its database ({}) or in \
+             Redis ({})",
+            sql::STORE_TYPE,
+            redis::STORE_TYPE
+        )
+        .into()),
+    }
+}
+
+/// What the Redis store's `error` says, naming the flag that gave what it refused.
+fn redis_error(error: ConfigError) -> String {
+    match error {
+        // The URL, from `--idempotency-store`, cannot be used.
+        ConfigError::InvalidValue {
+            key: redis::REDIS_URL,
+            ..
+        } => format!(
+            "--idempotency-store: {error}; or leave it out to keep the records in --database"
+        ),
+        _ => format!("the idempotency records in --idempotency-store: {error}"),
     }
 }

@@ -126,6 +126,20 @@ struct Args {
     #[arg(long, value_name = "URL")]
     idempotency_store: Option<String>,
 
+    /// An `idempotency-*` property for the idempotency store, `KEY=VALUE`, as a catalog
+    /// configured from properties takes it; repeatable. The store's own keys, e.g.
+    /// `idempotency-database-pool-size=4` for the records in `--database`, or
+    /// `idempotency-redis-replica-acks=1` with `--idempotency-store`, and
+    /// `idempotency-purge-interval` or `idempotency-scope-max-records`. The store refuses
+    /// a key it does not take, naming the keys it does.
+    #[arg(
+        long = "idempotency-property",
+        value_name = "KEY=VALUE",
+        value_parser = key_value,
+        conflicts_with = "no_idempotency"
+    )]
+    idempotency_properties: Vec<(String, String)>,
+
     /// Serve without the idempotency layer: keys are ignored and not advertised.
     #[arg(long, conflicts_with = "idempotency_store")]
     no_idempotency: bool,
@@ -223,6 +237,7 @@ async fn serve<DB: CatalogDatabase>(
         let (layer, records, writes) = idempotency::layer(
             records,
             args.idempotency_lifetime,
+            &args.idempotency_properties,
             commits,
             catalog.pool(),
             metadata,
@@ -295,6 +310,18 @@ async fn serve<DB: CatalogDatabase>(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `KEY=VALUE`, as `--idempotency-property` takes it.
+fn key_value(pair: &str) -> Result<(String, String), String> {
+    match pair.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.to_owned()))
+        }
+        _ => Err(format!(
+            "expected KEY=VALUE, such as idempotency-database-pool-size=4, not {pair:?}"
+        )),
+    }
 }
 
 /// One line per request: method, path, status, what the idempotency layer did, time.
