@@ -503,8 +503,14 @@ mod tests {
         assert_eq!(settings.min_connections, 2);
         assert_eq!(settings.acquire_timeout, Duration::from_millis(1500));
         assert_eq!(settings.idle_timeout, None);
-        assert_eq!(settings.synchronous_replication, SynchronousReplication::Warn);
-        assert_eq!(PoolSettings::default().max_connections(0).max_connections, 1);
+        assert_eq!(
+            settings.synchronous_replication,
+            SynchronousReplication::Warn
+        );
+        assert_eq!(
+            PoolSettings::default().max_connections(0).max_connections,
+            1
+        );
     }
 
     /// Epoch milliseconds before 1970 (no record has them, but a column may) are read
