@@ -1,6 +1,6 @@
 //! The gRPC benchmark: one unary method (`bench.v1.Orders/CreateOrder`, in
 //! `benches/proto/bench.proto`) served by tonic bare or behind
-//! [`IdempotencyLayer::grpc`], and a tonic client load generator that drives it over
+//! [`idempotency_grpc::layer`], and a tonic client load generator that drives it over
 //! loopback (`grpc-server` and `grpc-load`; `compare --only grpc` runs both).
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use idempotency_core::IdempotencyLayer;
-use idempotency_core::grpc::GrpcProfile;
+use idempotency_grpc::GrpcProfile;
 use idempotency_store_memory::MemoryStore;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
@@ -65,7 +65,7 @@ impl Orders for BenchOrders {
 /// The layer of the `memory` mode: the gRPC profile over a memory store bounded high
 /// enough that a fresh-key load never fills it (as in the HTTP benchmark).
 pub fn memory_layer(max_entries: usize) -> IdempotencyLayer<idempotency_core::WrappedBodies> {
-    IdempotencyLayer::grpc(
+    idempotency_grpc::layer(
         MemoryStore::new()
             .with_max_entries(max_entries)
             .with_max_bytes(u64::MAX),

@@ -741,7 +741,7 @@ fn the_readme_shows_the_layer_as_the_example_sets_it_up() {
     );
 }
 
-/// The build script the README and the gRPC module docs tell users to copy is the one
+/// The build script the README and the gRPC crate docs tell users to copy is the one
 /// that builds this example.
 #[test]
 fn the_documented_build_script_is_the_one_that_builds_the_example() {
@@ -754,8 +754,8 @@ fn the_documented_build_script_is_the_one_that_builds_the_example() {
             std::fs::read_to_string(root.join("../README.md")).unwrap(),
         ),
         (
-            "idempotency-core/src/grpc/mod.rs",
-            std::fs::read_to_string(root.join("../idempotency-core/src/grpc/mod.rs")).unwrap(),
+            "idempotency-grpc/src/lib.rs",
+            std::fs::read_to_string(root.join("../idempotency-grpc/src/lib.rs")).unwrap(),
         ),
     ] {
         let snippet: Vec<&str> = text

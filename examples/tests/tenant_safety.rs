@@ -26,8 +26,8 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idempotency_core::grpc::GrpcProfile;
 use idempotency_core::{ExtensionScope, IdempotencyLayer};
+use idempotency_grpc::GrpcProfile;
 use idempotency_store_memory::MemoryStore;
 use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::Server;
@@ -218,7 +218,7 @@ impl Orders for Bank {
 }
 
 fn grpc_idempotency() -> IdempotencyLayer<idempotency_core::WrappedBodies> {
-    IdempotencyLayer::grpc(MemoryStore::new())
+    idempotency_grpc::layer(MemoryStore::new())
         .with_profile(
             GrpcProfile::new()
                 .with_file_descriptor_set(FILE_DESCRIPTOR_SET)

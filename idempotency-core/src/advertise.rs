@@ -1,5 +1,5 @@
 //! Advertising: answers to requests that do not take part, which the advertiser amends to
-//! tell clients about the layer (Iceberg: `idempotency-key-lifetime` in `GET /v1/config`).
+//! tell clients about the layer (e.g. the key lifetime in a catalog's config answer).
 //! Nothing here touches the store.
 
 use std::sync::Arc;

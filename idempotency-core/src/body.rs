@@ -10,8 +10,8 @@ use pin_project_lite::pin_project;
 
 pin_project! {
     /// The body of a service whose bodies the layer wraps
-    /// ([`IdempotencyLayer::wrap_bodies`](crate::IdempotencyLayer::wrap_bodies), and every
-    /// [gRPC](crate::grpc) layer): either another body, untouched, or a body the layer
+    /// ([`IdempotencyLayer::wrap_bodies`](crate::IdempotencyLayer::wrap_bodies)): either
+    /// another body, untouched, or a body the layer
     /// holds in memory, with the trailers it ends with.
     ///
     /// Requests and answers the layer does not take part in travel as [`new`](Self::new)
@@ -28,7 +28,7 @@ pin_project! {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let mut trailers = HeaderMap::new();
-    /// trailers.insert("grpc-status", "0".parse().unwrap());
+    /// trailers.insert("x-status", "0".parse().unwrap());
     /// let body = IdempotencyBody::<Empty<Bytes>>::buffered(Bytes::from_static(b"hi"), Some(trailers.clone()));
     /// let collected = body.collect().await.unwrap();
     /// assert_eq!(collected.trailers(), Some(&trailers));

@@ -1,5 +1,5 @@
 //! Configuration from a properties map, mirroring the `idempotency-*` keys of catalog
-//! configurations (Gravitino's design, Iceberg catalog properties).
+//! configurations (Gravitino's design, catalog properties).
 //!
 //! [`IdempotencyConfig::from_properties`] reads the keys every store shares (the table
 //! below) and keeps every other `idempotency-*` key, unread, in
@@ -508,24 +508,17 @@ impl IdempotencyConfig {
         Ok(&self.store_properties)
     }
 
-    /// The lifetime as the ISO-8601 duration to advertise in the Iceberg `/v1/config`
-    /// response (`PT30M` by default): the only setting ever shown to clients.
+    /// The lifetime as the ISO-8601 duration to advertise to clients (`PT30M` by
+    /// default), e.g. in a catalog's config response: the only setting ever shown to them.
     pub fn key_lifetime_iso8601(&self) -> String {
         format_duration(self.key_lifetime)
     }
 
     /// A layer over `store` with the configured lifetime and the layer's other defaults
-    /// (plain HTTP). Further options are the layer's builder methods; for an Iceberg
-    /// catalog use [`iceberg_layer`](Self::iceberg_layer).
+    /// (plain HTTP). Further options are the layer's builder methods; a profile crate's
+    /// own layer takes the lifetime the same way: `.with_lifetime(config.key_lifetime)`.
     pub fn layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
         IdempotencyLayer::from_shared_store(store).with_lifetime(self.key_lifetime)
-    }
-
-    /// [`IdempotencyLayer::iceberg`] over `store`, with the configured lifetime (which it
-    /// advertises in `GET /v1/config`). Feature `iceberg`.
-    #[cfg(feature = "iceberg")]
-    pub fn iceberg_layer(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayer {
-        IdempotencyLayer::iceberg(store).with_lifetime(self.key_lifetime)
     }
 
     /// Starts the purge task on `store` when `idempotency-purge-interval` is set (it must

@@ -17,7 +17,7 @@
 //! | answers amended although they do not take part | [`Advertise`] | [`with_advertiser`](crate::IdempotencyLayer::with_advertiser) | none |
 //!
 //! Each slot holds one decision: the last builder call that sets it wins, and nothing
-//! else changes it. A [`Profile`](crate::Profile) (Iceberg's, gRPC's, [`HttpProfile`](crate::HttpProfile), your own) is a
+//! else changes it. A [`Profile`](crate::Profile) (a protocol's, [`HttpProfile`](crate::HttpProfile), your own) is a
 //! set of these installed at once with
 //! [`with_profile`](crate::IdempotencyLayer::with_profile); a call after it replaces one
 //! of its decisions, and says so by being there.
@@ -87,7 +87,7 @@ pub enum Disposition {
 
 /// Whether an answer is stored or releases the key. Asked only about answers the generic
 /// rules keep (not 5xx, not a release status), with the trailers the body ended with, if
-/// any (gRPC sends its status there).
+/// any (an RPC protocol may send its status there).
 ///
 /// ```
 /// use http::StatusCode;
@@ -127,8 +127,8 @@ impl ClassifyAnswer for StoreAnswers {
 }
 
 /// What of an answer is kept in the store: what [`keep`](Self::keep) leaves out or keeps
-/// by reference, [`restore`](Self::restore) puts back before a replay. The Iceberg profile
-/// cuts vended credentials out, and keeps table metadata as a pointer to its immutable
+/// by reference, [`restore`](Self::restore) puts back before a replay. A catalog profile
+/// may cut vended credentials out, and keep table metadata as a pointer to its immutable
 /// file.
 ///
 /// The first caller always gets the whole answer, whatever is kept.
@@ -141,7 +141,7 @@ pub trait KeepAnswer: Send + Sync + 'static {
         answer
     }
 
-    /// Rebuilds what [`keep`](Self::keep) kept out of the store by reference (Iceberg:
+    /// Rebuilds what [`keep`](Self::keep) kept out of the store by reference (e.g.
     /// table metadata, read back from its immutable file), before a stored answer is
     /// replayed. `None` (the default) when `stored` is complete as it is. The future
     /// resolves to the answer to go on with: the rebuilt one, or, when what it refers to
@@ -159,7 +159,7 @@ pub struct KeepWhole;
 impl KeepAnswer for KeepWhole {}
 
 /// What a replay adds to the stored answer, from a request the layer sends the inner
-/// service first: the Iceberg profile loads the table again for fresh vended
+/// service first: a catalog profile may load the table again for fresh vended
 /// credentials, which it never stores. The two halves belong together:
 /// [`refresh`](Self::refresh)'s answer is what [`replay`](Self::replay) adds.
 pub trait ReplayAnswer: Send + Sync + 'static {
@@ -191,7 +191,7 @@ impl ReplayAnswer for ReplayAsStored {}
 pub type Restoring<'a> = Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>>;
 
 /// Answers the layer amends although their requests do not take part, to tell clients
-/// about the layer (Iceberg: `idempotency-key-lifetime` in `GET /v1/config`).
+/// about the layer (e.g. the key lifetime in a catalog's config answer).
 pub trait Advertise: Send + Sync + 'static {
     /// Whether the answer to this request is amended. Asked of every request, so keep it
     /// cheap.
@@ -212,7 +212,7 @@ pub struct RequestHead<'a> {
     pub method: &'a Method,
     /// The URI (path and query).
     pub uri: &'a Uri,
-    /// The headers (gRPC: the request metadata).
+    /// The headers (for an RPC protocol on HTTP/2, the request metadata).
     pub headers: &'a HeaderMap,
     /// The extensions other layers set (e.g. the authenticated principal).
     pub extensions: &'a Extensions,

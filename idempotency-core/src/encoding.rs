@@ -6,8 +6,8 @@
 //! - **An answer to be stored** (a keyed request's) that arrives encoded is not stored
 //!   at all (`keyed::classify`, not stored because encoded): a replay must never go out in an
 //!   encoding its retry did not accept, and a profile must be able to read what it keeps.
-//! - **An answer the layer only reads** (what a profile amends, such as Iceberg's
-//!   `GET /v1/config`, and the load that refreshes a replay) is decoded here when it is
+//! - **An answer the layer only reads** (what a profile amends, such as a
+//!   catalog's config answer, and the load that refreshes a replay) is decoded here when it is
 //!   gzip or deflate, the encodings HTTP servers send unasked, and goes on unencoded, which
 //!   every client accepts. Any other encoding is left alone and reported.
 

@@ -42,8 +42,8 @@ impl ReservationHandle {
     /// Reads `response` whole and applies the layer's rules to it, as the layer would
     /// after the handler returned: what is stored of it (the status, the
     /// [replayed headers](crate::IdempotencyLayer::with_replayed_headers) and the body,
-    /// after the layer's [`KeepAnswer::keep`](crate::KeepAnswer::keep), so that an Iceberg
-    /// answer's vended credentials are cut out here too), or nothing when the answer is
+    /// after the layer's [`KeepAnswer::keep`](crate::KeepAnswer::keep), so that what a profile
+    /// keeps out of the store is cut out here too), or nothing when the answer is
     /// not stored: a 5xx or a [release status](crate::IdempotencyLayer::with_release_statuses)
     /// (the layer releases the key), a body over the
     /// [limit](crate::IdempotencyLayer::with_max_response_body), or an encoded body (the
@@ -138,7 +138,7 @@ impl ReservationHandle {
 pub struct PreparedAnswer {
     reservation: ReservationHandle,
     response: Response<Bytes>,
-    /// The trailers the body ended with (gRPC's status), if any.
+    /// The trailers the body ended with, if any.
     trailers: Option<HeaderMap>,
     stored: Option<StoredResponse>,
 }

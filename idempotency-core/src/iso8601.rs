@@ -1,6 +1,6 @@
 //! ISO-8601 durations in the form Java's `java.time.Duration` reads and writes
-//! (`PT30M`, `PT1H`, `P1DT12H`, `PT0.5S`): how the Iceberg REST spec writes
-//! `idempotency-key-lifetime`, and how the [configuration](crate::config) takes its
+//! (`PT30M`, `PT1H`, `P1DT12H`, `PT0.5S`): how a profile can advertise the key
+//! lifetime, and how the [configuration](crate::config) takes its
 //! durations.
 
 use std::fmt::Write as _;

@@ -1,8 +1,8 @@
 //! Parsing the `Idempotency-Key` header value into the key a record is stored under.
 //!
 //! Two formats ship with the crate: [`OpaqueKey`] (the default: 1–255 printable ASCII
-//! bytes, kept as sent) and [`UuidKey`] (a hyphenated RFC 9562 UUID, lower-cased, as the
-//! Iceberg REST spec asks). Any `Fn(&[u8]) -> Result<String, KeyError>` is a format too.
+//! bytes, kept as sent) and [`UuidKey`] (a hyphenated RFC 9562 UUID, lower-cased, as some
+//! protocols ask). Any `Fn(&[u8]) -> Result<String, KeyError>` is a format too.
 //!
 //! Both check the length before they look at anything else, so a hostile multi-kilobyte
 //! header costs nothing.
@@ -94,7 +94,7 @@ impl UuidKey {
         Self { require_v7: false }
     }
 
-    /// Accepts version 7 UUIDs only, as the Iceberg REST spec recommends clients send.
+    /// Accepts version 7 UUIDs only, for protocols that recommend clients send them.
     ///
     /// ```
     /// use idempotency_core::{KeyFormat, UuidKey};

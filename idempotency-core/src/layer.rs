@@ -42,7 +42,7 @@ use crate::store::IdempotencyStore;
 ///
 /// Its parameter is how the services it makes type their bodies: [`InnerBodies`] (the
 /// default) keeps the inner service's own body types, [`WrappedBodies`] (after
-/// [`wrap_bodies`](Self::wrap_bodies), and for [gRPC](crate::grpc)) wraps them in
+/// [`wrap_bodies`](Self::wrap_bodies)) wraps them in
 /// [`IdempotencyBody`](crate::IdempotencyBody). See [`Idempotency`].
 pub struct IdempotencyLayer<M = InnerBodies> {
     settings: Arc<Settings>,
@@ -135,7 +135,7 @@ impl IdempotencyLayer {
 impl<M> IdempotencyLayer<M> {
     /// The same layer, making services that wrap their bodies in
     /// [`IdempotencyBody`](crate::IdempotencyBody) ([`WrappedBodies`]): they serve inner
-    /// services of any body types (hyper's `Incoming`, tonic's `Body`, your own) with no
+    /// services of any body types (hyper's `Incoming`, an RPC framework's, your own) with no
     /// adapter, and answers keep their trailers, first answers and replays alike. The
     /// inner service gets `Request<IdempotencyBody<ReqBody>>` and the caller
     /// `Response<IdempotencyBody<ResBody>>`; requests the layer does not take part in are
@@ -232,7 +232,7 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// The status a duplicate gets when the owner is still running after the wait
-    /// (default 409 Conflict; the Iceberg profile uses 503). `Retry-After` is always added.
+    /// (default 409 Conflict; a profile's layer may use 503). `Retry-After` is always added.
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -468,8 +468,7 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// Which requests take part, among mutations that carry a key (default: every
-    /// mutation, [`AllMutations`](crate::AllMutations); the Iceberg profile's routes, the
-    /// gRPC profile's unary calls). To narrow a profile's routes, ask them first in your
+    /// mutation, [`AllMutations`](crate::AllMutations); a profile's routes or calls). To narrow a profile's routes, ask them first in your
     /// own filter.
     ///
     /// ```
@@ -483,14 +482,14 @@ impl<M> IdempotencyLayer<M> {
         self.edit(|s| s.routes = Arc::new(routes))
     }
 
-    /// How keys are parsed (default [`OpaqueKey`](crate::OpaqueKey); the Iceberg
-    /// profile's [`UuidKey`](crate::UuidKey)).
+    /// How keys are parsed (default [`OpaqueKey`](crate::OpaqueKey); or
+    /// [`UuidKey`](crate::UuidKey)).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
     /// # use idempotency_store_memory::MemoryStore;
     /// use idempotency_core::UuidKey;
-    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new()).with_key_format(UuidKey::v7_only());
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_key_format(UuidKey::v7_only());
     /// ```
     pub fn with_key_format(self, format: impl KeyFormat) -> Self {
         self.edit(|s| s.key_format = Arc::new(format))
@@ -498,15 +497,15 @@ impl<M> IdempotencyLayer<M> {
 
     /// Whether an answer is stored or releases the key, beyond the generic rules (5xx and
     /// the [release statuses](Self::with_release_statuses) always release). Default:
-    /// stored ([`StoreAnswers`](crate::StoreAnswers)); the gRPC profile reads the gRPC
-    /// status. See [`ClassifyAnswer`].
+    /// stored ([`StoreAnswers`](crate::StoreAnswers)); an RPC profile may read the
+    /// RPC status. See [`ClassifyAnswer`].
     pub fn with_classifier(self, classifier: impl ClassifyAnswer) -> Self {
         self.edit(|s| s.classifier = Arc::new(classifier))
     }
 
     /// What of an answer is kept in the store (default: all of it,
-    /// [`KeepWhole`](crate::KeepWhole); the Iceberg profile keeps vended credentials out,
-    /// and table metadata by reference). See [`KeepAnswer`].
+    /// [`KeepWhole`](crate::KeepWhole); a catalog profile may keep vended credentials
+    /// out, and table metadata by reference). See [`KeepAnswer`].
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -519,8 +518,8 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// What a replay adds to the stored answer, from a request sent to the inner service
-    /// first (default: nothing, [`ReplayAsStored`](crate::ReplayAsStored); the Iceberg
-    /// profile loads the table again for fresh vended credentials). See
+    /// first (default: nothing, [`ReplayAsStored`](crate::ReplayAsStored); a catalog
+    /// profile may load the table again for fresh vended credentials). See
     /// [`ReplayAnswer`].
     ///
     /// ```
@@ -534,7 +533,7 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// How the layer's own answers are rendered (default
-    /// [`ProblemJson`](crate::ProblemJson); Iceberg's `ErrorModel`, gRPC statuses).
+    /// [`ProblemJson`](crate::ProblemJson); a profile renders its protocol's errors).
     ///
     /// ```
     /// # use idempotency_core::IdempotencyLayer;
@@ -551,7 +550,7 @@ impl<M> IdempotencyLayer<M> {
     }
 
     /// Answers the layer amends although their requests do not take part (default: none;
-    /// the Iceberg profile adds `idempotency-key-lifetime` to `GET /v1/config`). See
+    /// a catalog profile may add the key lifetime to its config answer). See
     /// [`Advertise`].
     pub fn with_advertiser(self, advertiser: impl Advertise) -> Self {
         self.edit(|s| s.advertiser = Some(Arc::new(advertiser)))
@@ -573,8 +572,8 @@ impl<M> IdempotencyLayer<M> {
     /// [`SingleScope`](crate::SingleScope).
     ///
     /// **Order matters.** In axum the layer added last runs first, so add this layer
-    /// *before* the authentication layer: `.layer(idempotency).layer(auth)`. In tonic,
-    /// authentication must be a layer on `Server::builder()` outside this one (a
+    /// *before* the authentication layer: `.layer(idempotency).layer(auth)`. In a server builder whose
+    /// first layer is the outermost, authentication must be a layer outside this one (a
     /// per-service interceptor runs too late). See the [crate docs](crate#security-scopes).
     ///
     /// ```

@@ -5,8 +5,8 @@
 //! the request again, a table may be created twice, a commit applied twice. The
 //! `Idempotency-Key` header fixes this: the client sends the same unique key with every
 //! retry of one operation, and the server runs the operation at most once per key and
-//! answers every retry with the first answer. The Apache Iceberg REST catalog spec
-//! defines exactly this header for its mutation endpoints.
+//! answers every retry with the first answer. Protocols (catalog APIs among them) define
+//! exactly this header for their mutation endpoints.
 //!
 //! This crate is the server side, as a `tower::Layer`:
 //!
@@ -29,7 +29,7 @@
 //!    ([`RouteFilter`]) that carry an `Idempotency-Key` header take part.
 //!    Everything else goes to the inner service untouched and unbuffered. A malformed,
 //!    empty, oversized or repeated header gets 400 before anything is read
-//!    ([`KeyFormat`]: [`OpaqueKey`] by default, [`UuidKey`] for Iceberg). The
+//!    ([`KeyFormat`]: [`OpaqueKey`] by default, [`UuidKey`] for UUID keys). The
 //!    [`ScopeExtractor`] says whose key it is; a request whose caller it cannot see is
 //!    refused.
 //! 2. **Bind.** The body is read whole (413 over the limit, 408 if it does not arrive in
@@ -85,18 +85,16 @@
 //! ([`KeyFormat`]), which answers are stored ([`ClassifyAnswer`]), what of an answer is
 //! stored ([`KeepAnswer`]), what a replay adds back ([`ReplayAnswer`]), how errors look
 //! ([`ErrorRenderer`]), what is advertised ([`Advertise`]). A [`Profile`] installs a
-//! protocol's set at once: [`HttpProfile`] by default, [`iceberg::IcebergProfile`]
-//! through [`IdempotencyLayer::iceberg`], [`grpc::GrpcProfile`] through
-//! [`IdempotencyLayer::grpc`] (tonic), or your own through
-//! [`IdempotencyLayer::with_profile`]. The request path above is the same for all.
+//! protocol's set at once: [`HttpProfile`] by default, a profile crate's, or your own
+//! through [`IdempotencyLayer::with_profile`]. The request path above is the same for all.
 //!
 //! # Bodies
 //!
 //! By default the service keeps the inner service's body types (axum's `Body`), so it
 //! costs nothing on requests it passes through and a wrapped axum `Router` is served as
 //! it is; those types must implement `From<Bytes>`. For services with other body types
-//! (tonic, hyper's `Incoming`) or answers with trailers, [`IdempotencyLayer::wrap_bodies`]
-//! (which the gRPC layer uses) wraps them in [`IdempotencyBody`] instead. See
+//! (hyper's `Incoming`, an RPC framework's) or answers with trailers,
+//! [`IdempotencyLayer::wrap_bodies`] wraps them in [`IdempotencyBody`] instead. See
 //! [`Idempotency`].
 //!
 //! # Security: scopes
@@ -161,13 +159,11 @@
 //! # }
 //! ```
 //!
-//! - **tonic**: authentication must be a tower layer on `Server::builder()` *outside*
-//!   the idempotency layer: `Server::builder().layer(auth).layer(idempotency)` (there the
-//!   first `.layer` is the outermost, the opposite of axum's `Router::layer`), with
-//!   `tonic::service::interceptor::InterceptorLayer` or an async auth layer. A
-//!   per-service interceptor (`FooServer::with_interceptor`) runs inside the server's
-//!   layers, after the idempotency layer has looked for the caller: too late. See
-//!   [`grpc`].
+//! - **a server builder**: authentication must be a tower layer on the builder *outside*
+//!   the idempotency layer: `builder.layer(auth).layer(idempotency)` (there the first
+//!   `.layer` is the outermost, the opposite of axum's `Router::layer`). A per-service
+//!   interceptor runs inside the server's layers, after the idempotency layer has
+//!   looked for the caller: too late.
 //! - **plain hyper / tower**: `ServiceBuilder::new().layer(auth).layer(idempotency)`:
 //!   in a `ServiceBuilder` the first layer is the outermost.
 //!
@@ -251,32 +247,28 @@
 //!
 //! | setting | default | why |
 //! |---|---|---|
-//! | lifetime | 30 min | the Iceberg default for `idempotency-key-lifetime` |
+//! | lifetime | 30 min | the catalog default for `idempotency-key-lifetime` |
 //! | lease | 20 s | renewed every ~7 s; a crashed owner's key is free again within 20 s |
 //! | in-flight wait | 10 s | most mutations finish well within it, so duplicates get the real answer |
-//! | request / response body | 8 MiB | fits real Iceberg metadata and MySQL's default packet size |
+//! | request / response body | 8 MiB | fits real table metadata and MySQL's default packet size |
 //! | store failure | fail closed (503) | running unprotected can execute a mutation twice |
 //!
 //! # Feature flags
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `iceberg` | on | the Iceberg REST profile: `iceberg::IcebergProfile`, `IdempotencyLayer::iceberg`, `IdempotencyConfig::iceberg_layer` |
-//! | `grpc` | on | the gRPC profile: `grpc::GrpcProfile`, `IdempotencyLayer::grpc` |
 //! | `conformance` | off | the [`conformance`] suite: the checks any [`IdempotencyStore`] implementation can run against itself (pulls in `uuid`) |
 //!
-//! Both profiles are built on the public API alone ([`Profile`] and the builder), as a
-//! profile of your own would be; a service that needs neither turns the defaults off.
+//! Protocol profiles are crates of their own, built on this crate's public API alone
+//! ([`Profile`] and the builder), as a profile of your own would be: `idempotency-iceberg`
+//! (the Iceberg REST catalog) and `idempotency-grpc` (gRPC, tonic).
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The docs point store authors at the `conformance` suite, which only exists with its
 // feature; a build of the docs without it (`cargo doc`) leaves those links unresolved.
 // The build with all features (docs.rs, `.ci/run`) checks every link.
-#![cfg_attr(
-    not(all(feature = "conformance", feature = "iceberg", feature = "grpc")),
-    allow(rustdoc::broken_intra_doc_links)
-)]
+#![cfg_attr(not(feature = "conformance"), allow(rustdoc::broken_intra_doc_links))]
 
 // The modules, in groups from the bottom up: a module uses only modules of its own group
 // or of the groups above it, and nothing imports upward (`modcycles.py` finds no cycle).
@@ -320,12 +312,6 @@ mod service;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-#[cfg(feature = "grpc")]
-pub mod grpc;
-#[cfg(feature = "iceberg")]
-pub mod iceberg;
-#[cfg(any(feature = "iceberg", feature = "grpc"))]
-mod presets;
 
 pub use body::IdempotencyBody;
 pub use decisions::{
@@ -369,11 +355,7 @@ pub use http;
 struct ReadmeDoctests;
 
 /// The snippets of the guides in `docs/`, compiled as doctests: one item per page that
-/// has Rust code.
-#[cfg(all(doctest, feature = "iceberg"))]
-#[doc = include_str!("../../docs/iceberg.md")]
-struct IcebergGuideDoctests;
-
+/// has Rust code (a profile's guide is compiled by the profile's crate).
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/operating.md")]
 struct OperatingGuideDoctests;

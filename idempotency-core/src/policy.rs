@@ -26,8 +26,8 @@ pub(crate) fn is_mutation(method: &Method) -> bool {
 /// request (500, and one `error` log line naming the misconfiguration) instead of putting
 /// every such caller in one shared scope. That is what happens when the layer runs before
 /// authentication, the commonest way to misplace it: in axum the layer added *last* runs
-/// *first*, so `.layer(idempotency)` must come before `.layer(auth)`; in tonic a
-/// per-service interceptor runs inside the server's layers, too late. A service that
+/// *first*, so `.layer(idempotency)` must come before `.layer(auth)`; in a server
+/// builder a per-service interceptor runs inside the server's layers, too late. A service that
 /// really has one tenant says so with [`SingleScope`]. When the authentication happens
 /// inside the wrapped service, where the layer cannot see its result,
 /// [`CredentialScope`] is the best the layer can do from outside.

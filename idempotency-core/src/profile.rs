@@ -9,7 +9,7 @@ use crate::rejection::ProblemJson;
 /// The decisions a protocol makes, installed on a layer at once with
 /// [`with_profile`](crate::IdempotencyLayer::with_profile): each through the builder
 /// method of its own slot, so that a profile can do nothing a user could not do with the
-/// builder. The Iceberg and gRPC profiles are written this way; read them as examples.
+/// builder. The profile crates are written this way; read them as examples.
 ///
 /// ```
 /// use http::Method;
@@ -58,7 +58,7 @@ impl Profile for HttpProfile {
 
 impl<M> IdempotencyLayer<M> {
     /// Installs a [`Profile`]'s decisions (see [`profile`](crate::Profile) for the
-    /// slots): [`iceberg`](Self::iceberg) and [`grpc`](Self::grpc) install theirs. A
+    /// slots); a profile crate's layer installs its own this way. A
     /// builder call after this one replaces the decision of its slot.
     ///
     /// ```

@@ -5,8 +5,8 @@
 //! what to do, and none repeats anything of another request: a message may name the
 //! caller's own method and path, never the path, query or body a key was first used
 //! with. The default renderer, [`ProblemJson`], writes a small
-//! `application/problem+json` document; the Iceberg profile writes Iceberg's
-//! `ErrorModel`. Any `Fn(&Rejection) -> http::Response<Bytes>` is a renderer.
+//! `application/problem+json` document; a profile writes its
+//! protocol's errors. Any `Fn(&Rejection) -> http::Response<Bytes>` is a renderer.
 
 use std::time::Duration;
 
@@ -177,9 +177,9 @@ impl Rejection {
             "this server cannot tell who sent the request: its idempotency layer's scope \
              extractor found no caller, most likely because the layer runs before \
              authentication (in axum the layer added last runs first: call \
-             .layer(idempotency) before .layer(auth); in tonic put authentication on \
-             Server::builder() outside the idempotency layer, not in a per-service \
-             interceptor). The request was refused, not run, rather than share answers \
+             .layer(idempotency) before .layer(auth); in a server builder put \
+             authentication on the builder outside the idempotency layer, not in a \
+             per-service interceptor). The request was refused, not run, rather than share answers \
              between callers"
         } else {
             "this server cannot tell callers apart: the request carries credentials but the \
@@ -256,7 +256,7 @@ impl Rejection {
         )
     }
 
-    /// An answer the layer reads to advertise (Iceberg's `/v1/config`) failed mid-way.
+    /// An answer the layer reads to advertise (e.g. a catalog's config answer) failed mid-way.
     pub(crate) fn advertised_answer_failed(error: &crate::BoxError) -> Self {
         Self::new(
             RejectionKind::ResponseFailed,

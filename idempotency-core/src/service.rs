@@ -3,8 +3,8 @@
 //!
 //! A request takes one of four ways, decided here without reading its body:
 //!
-//! 1. The layer's [advertiser](crate::Advertise) amends its answer (Iceberg's
-//!    `GET /v1/config`): the inner service answers and the advertiser amends the answer
+//! 1. The layer's [advertiser](crate::Advertise) amends its answer (e.g. a
+//!    catalog's config answer): the inner service answers and the advertiser amends the answer
 //!    ([`advertise`](crate::advertise)).
 //! 2. It does not take part (not a mutation, not one of the layer's routes, no key): the
 //!    inner service gets it untouched, and its future is returned as it is.
@@ -35,7 +35,7 @@ use crate::store::BoxError;
 /// How its bodies are typed is its second parameter, chosen by the layer:
 ///
 /// - [`InnerBodies`] (the default, [`IdempotencyLayer::new`](crate::IdempotencyLayer::new)
-///   and [`iceberg`](crate::IdempotencyLayer::iceberg)): requests and responses keep the
+///   and most profiles' layers): requests and responses keep the
 ///   inner service's own body types, so wrapping costs nothing on requests it passes
 ///   through, and an axum `Router` wrapped whole can still be served with `axum::serve`.
 ///   The bodies the layer makes itself (keyed requests for the inner service, replays,
@@ -44,7 +44,7 @@ use crate::store::BoxError;
 ///   cannot carry trailers: an answer that ends with trailers loses them (they are still
 ///   stored, and a warning is logged). Use [`WrappedBodies`] for such services.
 /// - [`WrappedBodies`] ([`IdempotencyLayer::wrap_bodies`](crate::IdempotencyLayer::wrap_bodies),
-///   and the [gRPC](crate::grpc) layer): any body types (tonic's, hyper's `Incoming`).
+///   and an RPC profile's layer): any body types (an RPC framework's, hyper's `Incoming`).
 ///   The inner service gets `Request<IdempotencyBody<ReqBody>>` and the caller
 ///   `Response<IdempotencyBody<ResBody>>`: the original bodies, wrapped untouched, or the
 ///   layer's own, with trailers.

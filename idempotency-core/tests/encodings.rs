@@ -384,7 +384,7 @@ async fn iceberg_compression_inside_keeps_secrets_out_and_the_advertisement_righ
     for outside in [false, true] {
         let loads = Arc::new(AtomicUsize::new(0));
         let store = MemoryStore::new();
-        let wrapped = IdempotencyLayer::iceberg(store.clone())
+        let wrapped = idempotency_iceberg::layer(store.clone())
             .with_scope(SingleScope)
             .layer(compressed(catalog(loads.clone()), Compressing::AsAsked));
         let mut app = Router::new().fallback_service(wrapped);
@@ -436,7 +436,7 @@ async fn iceberg_a_catalog_that_compresses_unasked_stores_no_secret_and_is_still
     let loads = Arc::new(AtomicUsize::new(0));
     let store = MemoryStore::new();
     let app = Router::new().fallback_service(
-        IdempotencyLayer::iceberg(store.clone())
+        idempotency_iceberg::layer(store.clone())
             .with_scope(SingleScope)
             .layer(compressed(catalog(loads.clone()), Compressing::Always)),
     );

@@ -13,8 +13,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Method, Request, StatusCode};
 use axum::routing::post;
-use idempotency_core::iceberg::operation;
-use idempotency_core::{IdempotencyLayer, KeyFormat, OpaqueKey, UuidKey};
+use idempotency_core::{KeyFormat, OpaqueKey, UuidKey};
+use idempotency_iceberg::operation;
 use idempotency_store_memory::MemoryStore;
 use proptest::prelude::*;
 use tower::ServiceExt;
@@ -84,7 +84,7 @@ proptest! {
                     counted.fetch_add(1, Ordering::SeqCst);
                     async { "{}" }
                 }))
-                .layer(IdempotencyLayer::iceberg(MemoryStore::new()));
+                .layer(idempotency_iceberg::layer(MemoryStore::new()));
             let request = Request::post("/v1/namespaces")
                 .header("idempotency-key", value)
                 .body(Body::from("{}"))

@@ -471,7 +471,7 @@ async fn empty_and_blank_keys_are_refused_on_every_profile() {
             "{blank:?}: {body}"
         );
         assert!(body.contains("empty"), "{body}");
-        let iceberg = app(calls.clone()).layer(IdempotencyLayer::iceberg(MemoryStore::new()));
+        let iceberg = app(calls.clone()).layer(idempotency_iceberg::layer(MemoryStore::new()));
         let mut request = keyed("/v1/namespaces", blank, "{}");
         *request.uri_mut() = "/v1/namespaces".parse().unwrap();
         let (status, _, body, _) = send(&iceberg, request).await;

@@ -337,7 +337,7 @@ async fn the_profiles_to_store_applies_to_an_answer_finalized_in_the_transaction
             }),
         );
     let app = Router::new().fallback_service(tower_layer::Layer::layer(
-        &IdempotencyLayer::iceberg(store.clone()),
+        &idempotency_iceberg::layer(store.clone()),
         app,
     ));
     let key = uuid::Uuid::new_v4().to_string();

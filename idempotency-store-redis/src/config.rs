@@ -27,7 +27,7 @@ use crate::{RedisOptions, RedisStore};
 ///     ("idempotency-redis-replica-ack-timeout", "250ms"),
 /// ])?;
 /// let store = idempotency_store_redis::open(&config).await?;
-/// let layer = config.iceberg_layer(Arc::new(store));
+/// let layer = config.layer(Arc::new(store));
 /// # drop(layer); Ok(()) }
 /// ```
 pub async fn open(config: &IdempotencyConfig) -> Result<RedisStore, ConfigError> {

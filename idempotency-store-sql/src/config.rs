@@ -282,7 +282,7 @@ impl SqlConfig {
 /// ])?;
 /// let store = idempotency_store_sql::open(&config).await?;
 /// config.spawn_purge_task(store.clone());
-/// let layer = config.iceberg_layer(store);
+/// let layer = config.layer(store);
 /// # drop(layer); Ok(()) }
 /// ```
 pub async fn open(config: &IdempotencyConfig) -> Result<Arc<dyn FullStore>, ConfigError> {

@@ -15,7 +15,7 @@ use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode};
 use axum::routing::{get, post};
 use http_body_util::BodyExt;
-use idempotency_core::{FullStore, IdempotencyLayer};
+use idempotency_core::FullStore;
 use serde_json::{Value, json};
 use tower::{Layer, ServiceExt};
 
@@ -63,7 +63,7 @@ async fn create(app: &Router) -> (StatusCode, bool, Value) {
 /// Drives a create and its retry through the profile over `store`; returns the replay.
 async fn create_and_retry(store: Arc<dyn FullStore>) -> Value {
     let loads = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::iceberg(store);
+    let layer = idempotency_iceberg::layer(store);
     let app = Router::new().fallback_service(layer.layer(catalog(loads)));
     let (status, replayed, first) = create(&app).await;
     assert_eq!((status, replayed), (StatusCode::OK, false));

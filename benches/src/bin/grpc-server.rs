@@ -1,7 +1,7 @@
 //! The gRPC benchmark service over HTTP/2: `grpc-server --mode bare|memory
 //! --listen 127.0.0.1:0 [--threads 1] [--max-entries N]`.
 //!
-//! `bare` is tonic alone; `memory` is the same server with `IdempotencyLayer::grpc` over a
+//! `bare` is tonic alone; `memory` is the same server with `idempotency_grpc::layer` over a
 //! memory store, added with tonic's `Server::builder().layer(…)` as the README shows.
 //! Prints `listening on ADDR` once it accepts connections, then serves until killed.
 

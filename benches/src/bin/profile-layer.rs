@@ -11,7 +11,7 @@
 //! `Router::layer`, no key). Compare two modes' totals, divided by the request count.
 //!
 //! gRPC modes, on the tonic service of the gRPC benchmark (`benches/proto/bench.proto`,
-//! `IdempotencyLayer::grpc` over a memory store, as `grpc-server --mode memory`):
+//! `idempotency_grpc::layer` over a memory store, as `grpc-server --mode memory`):
 //! `grpc-bare` (tonic's generated server alone), `grpc-none`, `grpc-fresh`, `grpc-replay`
 //! (the layer around it: no key, a new key per call, one key). Each call is a complete
 //! gRPC request (framed message, `content-type: application/grpc`); the answer is read to

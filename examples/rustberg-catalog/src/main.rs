@@ -15,7 +15,7 @@
 //! 1. **Access log**: one line per request with what the layer did.
 //! 2. **Compression** (tower-http): outside the layer, so the layer stores plain bytes and
 //!    every answer, first or replayed, is compressed for the request it goes to.
-//! 3. **The layer** (`IdempotencyLayer::iceberg`) around rustberg's whole router (so a
+//! 3. **The layer** (`idempotency_iceberg::layer`) around rustberg's whole router (so a
 //!    replay can reach `loadTable` for fresh credentials):
 //!    - keyed requests and `GET /v1/config` reach rustberg with `Accept-Encoding:
 //!      identity`, which rustberg's own compression honors;
@@ -57,10 +57,10 @@ use axum::http::{HeaderName, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use clap::Parser;
-use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::{
     BoxError, CredentialScope, IdempotencyLayer, IdempotencyStore, Outcome, spawn_purge_task,
 };
+use idempotency_iceberg::{IcebergProfile, MetadataReader};
 use idempotency_store_sql::{PoolSettings, SqliteStore};
 use tower_http::compression::CompressionLayer;
 use tower_layer::Layer as _;
@@ -241,7 +241,7 @@ fn idempotency_layer(
     ]
     .into_iter()
     .chain(RUSTBERG_RESPONSE_HEADERS.map(HeaderName::from_static));
-    IdempotencyLayer::iceberg(store)
+    idempotency_iceberg::layer(store)
         .with_profile(IcebergProfile::default().with_metadata_reader(metadata))
         .with_lifetime(args.idempotency_lifetime)
         // rustberg's credentials: a bearer token (OIDC/JWT, API key) or `X-API-Key`.

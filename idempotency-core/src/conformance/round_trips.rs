@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// A 6 MiB binary body (real Iceberg metadata can be this large) round-trips byte for byte.
+/// A 6 MiB binary body (real table metadata can be this large) round-trips byte for byte.
 pub async fn multi_megabyte_body_round_trips<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
     let id = fresh_id();
@@ -103,7 +103,7 @@ pub async fn header_values_that_are_not_utf8_round_trip<S: IdempotencyStore + ?S
     );
 }
 
-/// Trailers (gRPC's status travels in them) come back as they went in, in order, values
+/// Trailers (an RPC status can travel in them) come back as they went in, in order, values
 /// that are not UTF-8 included, and a response without trailers comes back without any.
 pub async fn trailers_round_trip<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let store = store.as_ref();
@@ -113,14 +113,14 @@ pub async fn trailers_round_trip<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
         status: 200,
         headers: vec![(
             "content-type".to_owned(),
-            Bytes::from_static(b"application/grpc"),
+            Bytes::from_static(b"application/x-rpc"),
         )],
         body: Bytes::from_static(b"\0\0\0\0\x02\x08\x01"),
         trailers: vec![
-            ("grpc-status".to_owned(), Bytes::from_static(b"0")),
-            ("grpc-message".to_owned(), Bytes::from_static(b"ok%3A done")),
+            ("x-status".to_owned(), Bytes::from_static(b"0")),
+            ("x-message".to_owned(), Bytes::from_static(b"ok%3A done")),
             (
-                "grpc-status-details-bin".to_owned(),
+                "x-status-details-bin".to_owned(),
                 Bytes::from_static(b"CAMSBGJhZA"),
             ),
             ("x-raw".to_owned(), Bytes::from_static(b"caf\xe9")),

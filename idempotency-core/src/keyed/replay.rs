@@ -1,8 +1,8 @@
 //! Stage 7, **replay**: a retry of a finished request gets the stored answer, byte for
 //! byte, with `idempotent-replayed: true`; the inner service is not called, unless the
-//! profile asks for a refresh (Iceberg loads the table again for fresh credentials). A
-//! profile that stored part of the answer by reference rebuilds it first (Iceberg reads
-//! table metadata back from its file).
+//! profile asks for a refresh (e.g. a catalog loads the table again for fresh credentials). A
+//! profile that stored part of the answer by reference rebuilds it first (e.g. table
+//! metadata read back from its file).
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};

@@ -110,8 +110,8 @@ pub struct StoredResponse {
     /// The body, byte for byte.
     pub body: Bytes,
     /// The trailers the body ended with (names lower-case, in the order they were sent):
-    /// empty when it had none. gRPC sends its status here (`grpc-status`,
-    /// `grpc-message`, `grpc-status-details-bin`); a replay sends them as a trailers frame.
+    /// empty when it had none. An RPC protocol may send its status here; a replay sends
+    /// them as a trailers frame.
     pub trailers: Vec<(String, Bytes)>,
 }
 
@@ -394,8 +394,8 @@ mod tests {
             ],
             body: Bytes::new(),
             trailers: vec![
-                ("grpc-status".into(), Bytes::from_static(b"0")),
-                ("grpc-message".into(), Bytes::from_static(b"a%3Ab")),
+                ("x-status".into(), Bytes::from_static(b"0")),
+                ("x-message".into(), Bytes::from_static(b"a%3Ab")),
             ],
         };
         let encoded = response.encode_headers();

@@ -40,7 +40,7 @@
 //! layer is set up in a few lines (the README shows the same ones):
 //!
 //! ```text
-//! IdempotencyLayer::grpc(store)
+//! idempotency_grpc::layer(store)
 //!     .with_profile(GrpcProfile::new().with_file_descriptor_set(orders::FILE_DESCRIPTOR_SET)?)
 //! ```
 
@@ -51,8 +51,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use idempotency_core::grpc::GrpcProfile;
-use idempotency_core::{ExtensionScope, FullStore, IdempotencyLayer};
+use idempotency_core::{ExtensionScope, FullStore};
+use idempotency_grpc::GrpcProfile;
 use idempotency_store_sql::{MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::Server;
@@ -126,7 +126,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let orders = OrdersService::new(database);
 
     // README: tonic
-    let layer = IdempotencyLayer::grpc(store)
+    let layer = idempotency_grpc::layer(store)
         .with_profile(GrpcProfile::new().with_file_descriptor_set(orders::FILE_DESCRIPTOR_SET)?)
         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone()))
         .with_in_flight_wait(Duration::from_millis(args.in_flight_wait_ms));

@@ -39,9 +39,9 @@ use std::time::Duration;
 use idempotency_core::config::{
     ConfigError, IdempotencyConfig, PURGE_INTERVAL as PURGE_INTERVAL_KEY, STORE_TYPE,
 };
-use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
 use idempotency_core::iso8601::format_duration;
 use idempotency_core::{IdempotencyLayer, RecordAdmin, SingleScope};
+use idempotency_iceberg::{IcebergProfile, MetadataReader};
 use idempotency_store_redis::properties as redis;
 use idempotency_store_sql::properties as sql;
 use idempotency_store_sql::{OneCommitStore, Reservations, TableName};
@@ -166,7 +166,9 @@ async fn records_layer<DB: CatalogDatabase>(
                 .with_reservations(reservations);
             let store = Arc::new(store);
             Ok((
-                config.iceberg_layer(store.clone()).with_scope(SingleScope),
+                idempotency_iceberg::layer(store.clone())
+                    .with_lifetime(config.key_lifetime)
+                    .with_scope(SingleScope),
                 store.clone(),
                 Some(Writes::with_records(store)),
             ))
@@ -178,8 +180,8 @@ async fn records_layer<DB: CatalogDatabase>(
             // Records expire in Redis by themselves: no purge task. A clone shares the
             // connections.
             Ok((
-                config
-                    .iceberg_layer(Arc::new(store.clone()))
+                idempotency_iceberg::layer(store.clone())
+                    .with_lifetime(config.key_lifetime)
                     .with_scope(SingleScope),
                 Arc::new(store),
                 None,

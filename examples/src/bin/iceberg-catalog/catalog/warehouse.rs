@@ -8,7 +8,7 @@ use std::io::Read as _;
 use bytes::Bytes;
 use iceberg::NamespaceIdent;
 use idempotency_core::BoxError;
-use idempotency_core::iceberg::MetadataReader;
+use idempotency_iceberg::MetadataReader;
 use serde_json::value::RawValue;
 
 use super::connection::Catalog;

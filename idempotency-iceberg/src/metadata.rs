@@ -24,7 +24,7 @@ use http::header;
 use xxhash_rust::xxh3::xxh3_128;
 
 use super::json;
-use crate::{BoxError, StoredResponse};
+use idempotency_core::{BoxError, StoredResponse};
 
 /// The note on a stored answer whose `metadata` was taken out: `at=OFFSET;length=N;
 /// xxh3=HEX`, where the `null` left in its place starts and the length and XXH3-128
@@ -50,7 +50,7 @@ const RETRY_AFTER_SECONDS: &str = "1";
 /// is a reader:
 ///
 /// ```
-/// use idempotency_core::iceberg::{IcebergProfile, MetadataReader};
+/// use idempotency_iceberg::{IcebergProfile, MetadataReader};
 ///
 /// let profile = IcebergProfile::default().with_metadata_reader(|location: String| async move {
 ///     let path = location.strip_prefix("file://").unwrap_or(&location).to_owned();

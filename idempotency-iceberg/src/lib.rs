@@ -1,7 +1,8 @@
-//! The Apache Iceberg REST catalog profile.
+//! The Apache Iceberg REST catalog profile for the
+//! [`idempotency-core`](idempotency_core) Idempotency-Key middleware.
 //!
-//! [`IdempotencyLayer::iceberg`](crate::IdempotencyLayer::iceberg) sets the layer up the way the Iceberg REST spec and its
-//! clients expect, with [`IcebergProfile`] and two statuses:
+//! [`layer`] sets the layer up the way the Iceberg REST spec and its clients expect, with
+//! [`IcebergProfile`] and two statuses:
 //!
 //! - **Routes**: the spec's mutation operations that take the header ([`operation`]),
 //!   with and without a `{prefix}` segment, plus `createView`. Other requests pass through.
@@ -58,11 +59,18 @@
 //!
 //! let catalog: axum::Router = axum::Router::new(); // your Iceberg REST routes
 //! let app: axum::Router = axum::Router::new()
-//!     .fallback_service(IdempotencyLayer::iceberg(MemoryStore::new()).layer(catalog));
+//!     .fallback_service(idempotency_iceberg::layer(MemoryStore::new()).layer(catalog));
 //! ```
 //!
-//! Everything here is built on the public decision traits and [`Profile`]; a catalog
-//! with needs of its own can write its own profile the same way.
+//! Everything here is built on idempotency-core's public decision traits and
+//! [`Profile`]; a catalog with needs of its own can write its own profile the same way.
+//!
+//! # Feature flags
+//!
+//! None: the crate is the profile, [`layer`] and the helpers it uses.
+#![deny(unsafe_code, unreachable_pub)]
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod json;
 mod metadata;
@@ -72,17 +80,36 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, Uri, header};
+use http::{Method, Request, Response, StatusCode, Uri, header};
 use serde_json::Value;
 
-use crate::iso8601::format_duration;
-use crate::{
-    Advertise, ErrorRenderer, IDEMPOTENCY_KEY, IdempotencyLayer, KeepAnswer, Profile, Rejection,
-    RejectionKind, ReplayAnswer, RequestHead, Restoring, RouteFilter, StoreAnswers, StoredResponse,
-    UuidKey,
+use idempotency_core::iso8601::format_duration;
+use idempotency_core::{
+    Advertise, ErrorRenderer, IDEMPOTENCY_KEY, IdempotencyLayer, IdempotencyStore, KeepAnswer,
+    Profile, Rejection, RejectionKind, ReplayAnswer, RequestHead, Restoring, RouteFilter,
+    StoreAnswers, StoredResponse, UuidKey,
 };
 
 pub use self::metadata::MetadataReader;
+
+/// A layer configured for an Iceberg REST catalog: [`IcebergProfile`], 503 while a
+/// duplicate is in flight, 500 for an answer too large to store. See the
+/// [crate docs](crate). The one way to set the profile up: further options are the
+/// layer's builder methods, e.g. the lifetime an [`IdempotencyConfig`] read.
+///
+/// [`IdempotencyConfig`]: idempotency_core::config::IdempotencyConfig
+///
+/// ```
+/// # use idempotency_store_memory::MemoryStore;
+/// use std::time::Duration;
+/// let layer = idempotency_iceberg::layer(MemoryStore::new()).with_lifetime(Duration::from_secs(3600));
+/// ```
+pub fn layer(store: impl IdempotencyStore) -> IdempotencyLayer {
+    IdempotencyLayer::new(store)
+        .with_profile(IcebergProfile::default())
+        .with_in_flight_status(StatusCode::SERVICE_UNAVAILABLE)
+        .with_not_stored_status(StatusCode::INTERNAL_SERVER_ERROR)
+}
 
 /// The config response field that advertises idempotency support.
 pub const LIFETIME_FIELD: &str = "idempotency-key-lifetime";
@@ -93,7 +120,7 @@ const CREDENTIALS_REMOVED: &str = "x-idempotency-iceberg-credentials-removed";
 
 /// The Iceberg REST profile: its routes, UUID keys, `ErrorModel` errors, the advertised
 /// lifetime, and vended credentials kept out of the store. See the
-/// [module docs](crate::iceberg).
+/// [crate docs](crate).
 ///
 /// Its routes are anchored at the catalog's base path: by default `/v1/…` at the root;
 /// a catalog served under `/catalog` sets [`with_base_path`](Self::with_base_path).
@@ -124,7 +151,7 @@ impl IcebergProfile {
     ///
     /// ```
     /// use idempotency_core::{RequestHead, RouteFilter};
-    /// use idempotency_core::iceberg::IcebergProfile;
+    /// use idempotency_iceberg::IcebergProfile;
     ///
     /// let profile = IcebergProfile::default().with_base_path("/catalog/");
     /// let takes_part = |path: &str| {
@@ -154,7 +181,7 @@ impl IcebergProfile {
     ///
     /// ```
     /// use idempotency_core::IdempotencyLayer;
-    /// use idempotency_core::iceberg::IcebergProfile;
+    /// use idempotency_iceberg::IcebergProfile;
     /// use idempotency_store_memory::MemoryStore;
     ///
     /// // Your catalog's own storage client; here, local files.
@@ -162,7 +189,7 @@ impl IcebergProfile {
     ///     let path = location.strip_prefix("file://").unwrap_or(&location).to_owned();
     ///     tokio::task::spawn_blocking(move || std::fs::read(path)).await?
     /// };
-    /// let layer = IdempotencyLayer::iceberg(MemoryStore::new())
+    /// let layer = idempotency_iceberg::layer(MemoryStore::new())
     ///     .with_profile(IcebergProfile::default().with_metadata_reader(read));
     /// # drop(layer);
     /// ```
@@ -322,7 +349,7 @@ impl Advertise for IcebergProfile {
 ///
 /// ```
 /// use http::Method;
-/// use idempotency_core::iceberg::operation;
+/// use idempotency_iceberg::operation;
 ///
 /// assert_eq!(operation(&Method::POST, "/v1/namespaces/db/tables"), Some("createTable"));
 /// assert_eq!(operation(&Method::POST, "/v1/warehouse-1/namespaces/db/tables/t"), Some("updateTable"));
@@ -387,6 +414,10 @@ impl ErrorRenderer for IcebergErrorModel {
             RejectionKind::ResponseNotStored | RejectionKind::ResponseFailed => {
                 "CommitStateUnknownException"
             }
+            // A kind a later idempotency-core adds (`RejectionKind` is non-exhaustive):
+            // by its status, the client's fault or the service's.
+            _ if rejection.status.is_client_error() => "BadRequestException",
+            _ => "ServiceFailureException",
         };
         let body = serde_json::json!({
             "error": {
@@ -411,7 +442,7 @@ impl ErrorRenderer for IcebergErrorModel {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idempotency_core::iceberg::advertise_lifetime;
+/// use idempotency_iceberg::advertise_lifetime;
 ///
 /// let mut config = serde_json::json!({"defaults": {}, "overrides": {}});
 /// advertise_lifetime(&mut config, Duration::from_secs(1800));
@@ -749,11 +780,11 @@ mod tests {
             r#"{{"metadata-location":"{location}", "metadata":{METADATA}, "config":{{}}}}"#
         );
         let whole = IcebergProfile::default().with_metadata_reader(|_: String| async {
-            Ok::<_, crate::BoxError>(METADATA.as_bytes().to_vec())
+            Ok::<_, idempotency_core::BoxError>(METADATA.as_bytes().to_vec())
         });
         let sliced = IcebergProfile::default().with_metadata_reader(|_: String| async {
             let read = Bytes::from(format!("  {METADATA}\n"));
-            Ok::<_, crate::BoxError>(read.slice(2..2 + METADATA.len()))
+            Ok::<_, idempotency_core::BoxError>(read.slice(2..2 + METADATA.len()))
         });
         for profile in [whole, sliced] {
             let stored = profile.keep_for(&commit_request(), answer(&first));
@@ -891,3 +922,13 @@ mod tests {
         }
     }
 }
+
+/// The README's snippets, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
+/// The Iceberg guide's snippets (docs/iceberg.md), compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/iceberg.md")]
+struct IcebergGuideDoctests;

@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::routing::{get, post};
 use http_body_util::BodyExt;
-use idempotency_core::{IdempotencyLayer, IdempotencyStore, RecordId, RecordState, SingleScope};
+use idempotency_core::{IdempotencyStore, RecordId, RecordState, SingleScope};
 use idempotency_store_memory::MemoryStore;
 use serde_json::{Value, json};
 use tower::{Layer, ServiceExt};
@@ -105,7 +105,7 @@ async fn send(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, V
 #[tokio::test]
 async fn config_responses_advertise_the_lifetime_at_the_top_level() {
     let app = catalog(Catalog::default()).layer(
-        IdempotencyLayer::iceberg(MemoryStore::new())
+        idempotency_iceberg::layer(MemoryStore::new())
             .with_scope(SingleScope)
             .with_lifetime(Duration::from_secs(3600)),
     );
@@ -131,7 +131,7 @@ async fn config_responses_advertise_the_lifetime_at_the_top_level() {
 async fn keys_must_be_uuids_and_errors_are_error_models() {
     let state = Catalog::default();
     let app = catalog(state.clone())
-        .layer(IdempotencyLayer::iceberg(MemoryStore::new()).with_scope(SingleScope));
+        .layer(idempotency_iceberg::layer(MemoryStore::new()).with_scope(SingleScope));
     let (status, _, error) = send(
         &app,
         request(
@@ -190,7 +190,7 @@ async fn keys_must_be_uuids_and_errors_are_error_models() {
 async fn a_commit_still_running_gets_503_with_retry_after() {
     let state = Catalog::default();
     let app = catalog(state.clone()).layer(
-        IdempotencyLayer::iceberg(MemoryStore::new())
+        idempotency_iceberg::layer(MemoryStore::new())
             .with_scope(SingleScope)
             .with_in_flight_wait(Duration::from_millis(50)),
     );
@@ -243,7 +243,7 @@ async fn vended_credentials_are_never_stored_and_replays_get_fresh_ones() {
     let state = Catalog::default();
     let store = MemoryStore::new();
     // The layer wraps the whole router, so that a replay can reach loadTable.
-    let wrapped = IdempotencyLayer::iceberg(store.clone())
+    let wrapped = idempotency_iceberg::layer(store.clone())
         .with_scope(SingleScope)
         .layer(catalog(state.clone()));
     let app = Router::new().fallback_service(wrapped);
@@ -315,7 +315,7 @@ async fn with_per_route_layering_a_replay_goes_out_without_credentials() {
     // `Router::layer` wraps each route on its own: the createTable route cannot reach
     // loadTable, so the replay carries no credentials (and never the stored ones).
     let app = catalog(Catalog::default())
-        .layer(IdempotencyLayer::iceberg(MemoryStore::new()).with_scope(SingleScope));
+        .layer(idempotency_iceberg::layer(MemoryStore::new()).with_scope(SingleScope));
     let create = || {
         request(
             "POST",
@@ -385,7 +385,7 @@ async fn raw(app: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, St
 async fn replays_are_the_first_answer_byte_for_byte_but_for_fresh_credentials() {
     let loads = Arc::new(AtomicUsize::new(0));
     let store = MemoryStore::new();
-    let wrapped = IdempotencyLayer::iceberg(store.clone())
+    let wrapped = idempotency_iceberg::layer(store.clone())
         .with_scope(SingleScope)
         .layer(handwritten_catalog(loads.clone()));
     let app = Router::new().fallback_service(wrapped);

@@ -1,12 +1,13 @@
-//! The gRPC profile, for tonic servers (and any gRPC server built on `http`).
+//! The gRPC profile for the [`idempotency-core`](idempotency_core) Idempotency-Key
+//! middleware, for tonic servers (and any gRPC server built on `http`).
 //!
-//! [`IdempotencyLayer::grpc`](crate::IdempotencyLayer::grpc) wraps a tonic server or router as it is, *inside* the
+//! [`layer`] wraps a tonic server or router as it is, *inside* the
 //! server's authentication:
 //!
 //! ```text
 //! tonic::transport::Server::builder()
 //!     .layer(InterceptorLayer::new(authenticate)) // first: the outermost, sets the Tenant
-//!     .layer(IdempotencyLayer::grpc(store)
+//!     .layer(idempotency_grpc::layer(store)
 //!         .with_profile(GrpcProfile::new().with_file_descriptor_set(FILE_DESCRIPTOR_SET)?)
 //!         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone())))
 //!     .add_service(OrdersServer::new(orders))
@@ -20,7 +21,7 @@
 //! **Authentication must run before the layer**, as a tower layer on `Server::builder()`
 //! added before this one (there the first `.layer` is the outermost, the opposite of
 //! axum's `Router::layer`): tonic's `InterceptorLayer`, or an async auth layer, that puts
-//! the caller into the request extensions for the [scope](crate::IdempotencyLayer::with_scope)
+//! the caller into the request extensions for the [scope](idempotency_core::IdempotencyLayer::with_scope)
 //! to read. A per-service interceptor (`OrdersServer::with_interceptor(svc, auth)`) runs
 //! *inside* the server's layers, after this layer looked for the caller: the scope then
 //! finds no caller and the layer refuses every keyed call (`INTERNAL`, with a message that
@@ -71,7 +72,7 @@
 //!   any other trailing metadata). A replay is the same message and the same status,
 //!   sent as a trailers frame, with `idempotent-replayed: true` in its metadata. Custom
 //!   initial metadata a handler sets is **not** replayed unless allow-listed:
-//!   `.with_replayed_headers(grpc::REPLAYED_METADATA.into_iter().chain([HeaderName::from_static("x-order-region")]))`.
+//!   `.with_replayed_headers(idempotency_grpc::REPLAYED_METADATA.into_iter().chain([HeaderName::from_static("x-order-region")]))`.
 //! - **The layer's own answers** are trailers-only gRPC statuses any client decodes (HTTP
 //!   200, `content-type: application/grpc`, `grpc-status`, percent-encoded
 //!   `grpc-message`), each with a message that says what to do: a malformed, empty,
@@ -84,10 +85,18 @@
 //!   does not arrive in time →
 //!   `DEADLINE_EXCEEDED`.
 //!
-//! The layer's services wrap bodies ([`WrappedBodies`](crate::WrappedBodies)): they take
-//! tonic's body and answer with [`IdempotencyBody`](crate::IdempotencyBody), which tonic's
+//! The layer's services wrap bodies ([`WrappedBodies`](idempotency_core::WrappedBodies)): they take
+//! tonic's body and answer with [`IdempotencyBody`](idempotency_core::IdempotencyBody), which tonic's
 //! server accepts, so trailers reach the client on first answers and replays alike.
 //!
+//!
+//! # Feature flags
+//!
+//! None: the crate is the profile, [`layer`] and the helpers it uses.
+#![deny(unsafe_code, unreachable_pub)]
+#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod descriptor;
 
 use std::collections::HashSet;
@@ -97,12 +106,33 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, header};
 
-use crate::{
-    ClassifyAnswer, Disposition, ErrorRenderer, IdempotencyLayer, KeepWhole, OpaqueKey, Profile,
-    Rejection, RejectionKind, ReplayAsStored, RequestHead, RouteFilter,
+use idempotency_core::{
+    ClassifyAnswer, Disposition, ErrorRenderer, IdempotencyLayer, IdempotencyStore, KeepWhole,
+    OpaqueKey, Profile, Rejection, RejectionKind, ReplayAsStored, RequestHead, RouteFilter,
+    WrappedBodies,
 };
 
 pub use descriptor::DescriptorError;
+
+/// A layer for a gRPC server (tonic's `Server::builder().layer(…)`, or around a
+/// `tonic::service::Routes`): [`GrpcProfile`], bodies wrapped so that trailers are
+/// kept, and the gRPC headers stored ([`REPLAYED_METADATA`]). See the
+/// [crate docs](crate). The one way to set the profile up: further options are the
+/// layer's builder methods.
+///
+/// ```
+/// # use idempotency_store_memory::MemoryStore;
+/// use idempotency_grpc::GrpcProfile;
+///
+/// let layer = idempotency_grpc::layer(MemoryStore::new())
+///     .with_profile(GrpcProfile::new().with_streaming_methods(["/orders.v1.Orders/ListOrders"]));
+/// ```
+pub fn layer(store: impl IdempotencyStore) -> IdempotencyLayer<WrappedBodies> {
+    IdempotencyLayer::new(store)
+        .with_profile(GrpcProfile::new())
+        .with_replayed_headers(REPLAYED_METADATA)
+        .wrap_bodies()
+}
 
 /// The header (and trailer) that carries a gRPC status code.
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -114,15 +144,15 @@ const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_RETRY_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// The initial metadata a gRPC replay carries (besides `idempotent-replayed`): what
-/// [`IdempotencyLayer::grpc`](crate::IdempotencyLayer::grpc) stores. Extend it to replay metadata of your own:
+/// [`layer`] stores. Extend it to replay metadata of your own:
 ///
 /// ```
 /// # use idempotency_core::IdempotencyLayer;
 /// # use idempotency_store_memory::MemoryStore;
-/// use idempotency_core::{grpc, http::HeaderName};
+/// use idempotency_core::http::HeaderName;
 ///
-/// let layer = IdempotencyLayer::grpc(MemoryStore::new()).with_replayed_headers(
-///     grpc::REPLAYED_METADATA.into_iter().chain([HeaderName::from_static("x-order-region")]),
+/// let layer = idempotency_grpc::layer(MemoryStore::new()).with_replayed_headers(
+///     idempotency_grpc::REPLAYED_METADATA.into_iter().chain([HeaderName::from_static("x-order-region")]),
 /// );
 /// ```
 pub const REPLAYED_METADATA: [HeaderName; 5] = [
@@ -181,7 +211,7 @@ impl Code {
     /// The code a `grpc-status` value names, if any.
     ///
     /// ```
-    /// use idempotency_core::grpc::Code;
+    /// use idempotency_grpc::Code;
     /// assert_eq!(Code::from_header(b"14"), Some(Code::Unavailable));
     /// assert_eq!(Code::from_header(b"17"), None);
     /// ```
@@ -242,7 +272,7 @@ impl fmt::Display for Code {
 
 /// The gRPC profile: unary `application/grpc` calls take part, answers are classified by
 /// their gRPC status, the layer's own answers are gRPC statuses. See the
-/// [module docs](crate::grpc).
+/// [crate docs](crate).
 #[derive(Clone, Debug)]
 pub struct GrpcProfile {
     streaming: HashSet<String>,
@@ -273,7 +303,7 @@ impl GrpcProfile {
     /// through; its unary methods take part.
     ///
     /// ```
-    /// use idempotency_core::grpc::GrpcProfile;
+    /// use idempotency_grpc::GrpcProfile;
     /// // An empty set is a valid one; garbage is not.
     /// assert!(GrpcProfile::new().with_file_descriptor_set(&[]).is_ok());
     /// assert!(GrpcProfile::new().with_file_descriptor_set(&[0x0a, 0x05]).is_err());
@@ -291,7 +321,7 @@ impl GrpcProfile {
     /// untouched and unbuffered.
     ///
     /// ```
-    /// use idempotency_core::grpc::GrpcProfile;
+    /// use idempotency_grpc::GrpcProfile;
     /// let profile = GrpcProfile::new().with_streaming_methods(["/orders.v1.Orders/ListOrders"]);
     /// ```
     pub fn with_streaming_methods<I>(mut self, paths: I) -> Self
@@ -308,7 +338,7 @@ impl GrpcProfile {
     /// releases it.
     ///
     /// ```
-    /// use idempotency_core::grpc::{Code, GrpcProfile};
+    /// use idempotency_grpc::{Code, GrpcProfile};
     /// // ABORTED is final for this service: replay it.
     /// let release = Code::DEFAULT_RELEASE.into_iter().filter(|code| *code != Code::Aborted);
     /// let profile = GrpcProfile::new().with_release_codes(release);
@@ -343,7 +373,7 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 /// trailers-only.
 ///
 /// ```
-/// use idempotency_core::grpc::{Code, status};
+/// use idempotency_grpc::{Code, status};
 /// let mut trailers = http::HeaderMap::new();
 /// trailers.insert("grpc-status", "5".parse().unwrap());
 /// assert_eq!(status(&http::HeaderMap::new(), Some(&trailers)), Some(Code::NotFound));
@@ -414,6 +444,9 @@ impl ErrorRenderer for GrpcStatuses {
             // It ran, and its answer is gone: retrying with the key cannot help.
             RejectionKind::ResponseNotStored => Code::FailedPrecondition,
             RejectionKind::ResponseFailed | RejectionKind::NoScope => Code::Internal,
+            // A kind a later idempotency-core adds (`RejectionKind` is non-exhaustive):
+            // gRPC's code for an error it has no better code for.
+            _ => Code::Unknown,
         };
         trailers_only(
             code,
@@ -568,3 +601,8 @@ mod tests {
         assert_eq!(percent_encode("a b%c\né"), "a b%25c%0A%C3%A9");
     }
 }
+
+/// The README's snippets, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
