@@ -1,5 +1,6 @@
 //! The Rust snippets of the README and of the guides in `docs/` compile as doctests of
-//! this crate (`ReadmeDoctests` and the guides' items in `lib.rs`), where every dependency
+//! this crate (`ReadmeDoctests` and the guides' items in `lib.rs`; the Iceberg guide's in
+//! `idempotency-iceberg`), where every dependency
 //! of this crate is in scope. A user who copies a snippet into a new service has only the
 //! crates the README tells them to add, so this test checks that no snippet names another
 //! crate (`http::…` without the `idempotency_core::http` re-export failed that way, E0433).
@@ -7,7 +8,7 @@
 use std::collections::BTreeSet;
 
 /// What a user of the README has: the crates it tells them to add, and the framework.
-const A_USERS_CRATES: [&str; 13] = [
+const A_USERS_CRATES: [&str; 15] = [
     "std",
     "axum",
     "hyper",      // the plain hyper screen's server
@@ -20,6 +21,8 @@ const A_USERS_CRATES: [&str; 13] = [
     "idempotency_store_memory",
     "idempotency_store_sql",
     "idempotency_store_redis",
+    "idempotency_iceberg", // the profile crates, which the README tells an Iceberg
+    "idempotency_grpc",    // catalog or a gRPC server to add
     "http", // only as `idempotency_core::http::{self, …}` brings it in (checked below)
 ];
 

@@ -85,7 +85,7 @@
 //!   does not arrive in time →
 //!   `DEADLINE_EXCEEDED`.
 //!
-//! The layer's services wrap bodies ([`WrappedBodies`](idempotency_core::WrappedBodies)): they take
+//! The layer's services wrap bodies ([`WrappedBodies`]): they take
 //! tonic's body and answer with [`IdempotencyBody`](idempotency_core::IdempotencyBody), which tonic's
 //! server accepts, so trailers reach the client on first answers and replays alike.
 //!
