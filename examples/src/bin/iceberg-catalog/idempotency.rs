@@ -1,7 +1,7 @@
 //! The Idempotency-Key layer in front of the catalog, and the store it keeps its records
 //! in.
 //!
-//! The layer is `idempotency_core`'s Iceberg profile: UUID keys, the spec's mutation
+//! The layer is `idempotency_iceberg`'s profile: UUID keys, the spec's mutation
 //! routes (with and without `{prefix}`), `ErrorModel` errors, 503 with `Retry-After` while
 //! a duplicate is in flight, and the top-level `idempotency-key-lifetime` added to this
 //! catalog's `GET /v1/config` answers.
