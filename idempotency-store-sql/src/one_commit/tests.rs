@@ -33,6 +33,24 @@ async fn pool<DB: sqlx::Database>(env: &str, url: &str) -> Option<sqlx::Pool<DB>
     }
 }
 
+/// The PostgreSQL server the tests use, or `None` outside CI without one.
+async fn postgres_pool() -> Option<sqlx::PgPool> {
+    pool(
+        "IDEMPOTENCY_TEST_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    )
+    .await
+}
+
+/// The MySQL/MariaDB server the tests use, or `None` outside CI without one.
+async fn mysql_pool() -> Option<MySqlPool> {
+    pool(
+        "IDEMPOTENCY_TEST_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+    )
+    .await
+}
+
 /// The one-commit store on `pool`, its committed records kept by `records` in `table`.
 async fn one_commit<DB: RecordDatabase>(
     records: impl idempotency_core::FullStore,
@@ -57,12 +75,7 @@ fn table() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres() {
-    let Some(pool) = pool::<sqlx::Postgres>(
-        "IDEMPOTENCY_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-    .await
-    else {
+    let Some(pool) = postgres_pool().await else {
         return;
     };
     let table = table();
@@ -77,15 +90,9 @@ async fn postgres() {
 }
 
 async fn on_mysql(mysql_8: bool) {
-    let Some(pool) = pool::<sqlx::MySql>(
-        "IDEMPOTENCY_TEST_MYSQL_URL",
-        "mysql://root@127.0.0.1:3306/test",
-    )
-    .await
-    else {
+    let Some(pool) = mysql_pool().await else {
         return;
     };
-    let pool: MySqlPool = pool;
     let table = table();
     let records = MySqlStore::new(pool.clone())
         .with_table_name(&table)
@@ -262,12 +269,7 @@ async fn conflicts_are_told_apart() {
         assert_eq!(conflict(&other_error), Conflict::Other, "{other_error}");
     }
 
-    if let Some(pool) = pool::<sqlx::Postgres>(
-        "IDEMPOTENCY_TEST_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-    )
-    .await
-    {
+    if let Some(pool) = postgres_pool().await {
         let lock = rand_lock();
         let mut holder = pool.begin().await.unwrap();
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -299,12 +301,7 @@ async fn conflicts_are_told_apart() {
         assert_eq!(conflict(&other), Conflict::Other, "{other}");
     }
 
-    let Some(pool) = pool::<sqlx::MySql>(
-        "IDEMPOTENCY_TEST_MYSQL_URL",
-        "mysql://root@127.0.0.1:3306/test",
-    )
-    .await
-    else {
+    let Some(pool) = mysql_pool().await else {
         return;
     };
     let table = table();
