@@ -1,7 +1,9 @@
 //! Helpers every backend shares: the row shape all three return, durations as
 //! milliseconds, fencing tokens, error mapping and pool settings.
 
+use std::fmt;
 use std::future::Future;
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -9,8 +11,6 @@ use idempotency_core::{
     Binding, EvictInFlight, Eviction, FencingToken, IdempotencyRecord, InspectedRecord,
     InspectedState, RecordState, StoreError, StoredResponse,
 };
-
-use crate::SynchronousReplication;
 
 /// Durations are clamped to this many milliseconds (about 100 years) so that
 /// `now + duration` never overflows a BIGINT.
@@ -299,6 +299,69 @@ pub enum Operation {
     /// Delete a live record as `Inspect` read it: same token, same state (operators).
     Evict,
 }
+
+/// Whether a SQL store checks, when it connects, that the database replicates its
+/// commits synchronously ([`PoolSettings::synchronous_replication`], the URL parameter
+/// `synchronous-replication`, the property
+/// `idempotency-database-synchronous-replication`; PostgreSQL).
+///
+/// With asynchronous streaming replication, a failover to a standby loses the commits the
+/// standby had not received yet: a lost reservation lets a duplicate run beside its
+/// owner, a lost answer runs the mutation again on the next retry. An operator who relies
+/// on a synchronous standby says so here, and the store checks the server it connected
+/// to: `synchronous_standby_names` must name a standby and `synchronous_commit` must wait
+/// for it (`on`, `remote_apply` or `remote_write`).
+///
+/// ```
+/// use idempotency_store_sql::SynchronousReplication;
+///
+/// assert_eq!("require".parse(), Ok(SynchronousReplication::Require));
+/// assert!("yes".parse::<SynchronousReplication>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SynchronousReplication {
+    /// No check (the default).
+    #[default]
+    Off,
+    /// Connects anyway, and logs one warning that names the settings and their values.
+    Warn,
+    /// Refuses to connect, with an error that names the settings, their values and what
+    /// to set.
+    Require,
+}
+
+impl SynchronousReplication {
+    /// What a value may be, for error messages.
+    pub const EXPECTED: &'static str = "`require`, `warn` or `off`";
+}
+
+impl FromStr for SynchronousReplication {
+    type Err = UnknownSynchronousReplication;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "off" => Ok(Self::Off),
+            "warn" => Ok(Self::Warn),
+            "require" => Ok(Self::Require),
+            _ => Err(UnknownSynchronousReplication),
+        }
+    }
+}
+
+impl fmt::Display for SynchronousReplication {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Off => "off",
+            Self::Warn => "warn",
+            Self::Require => "require",
+        })
+    }
+}
+
+/// A value that is not one of [`SynchronousReplication::EXPECTED`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("expected `require`, `warn` or `off`")]
+pub struct UnknownSynchronousReplication;
 
 /// Pool settings for the `connect` constructors. Stores built with `new` use the
 /// caller's pool as it is.

@@ -3,80 +3,16 @@
 //! ([`crate::properties`]) read and checked, and the types their values are.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use idempotency_core::FullStore;
 use idempotency_core::config::{ConfigError, IdempotencyConfig};
 
-use crate::common::PoolSettings;
+use crate::common::{PoolSettings, SynchronousReplication};
 use crate::properties::{
     DATABASE_PASSWORD, DATABASE_POOL_SIZE, DATABASE_SYNCHRONOUS_REPLICATION, DATABASE_URL,
     DATABASE_USER, KEYS, STORE_TYPE,
 };
-
-/// Whether a SQL store checks, when it connects, that the database replicates its
-/// commits synchronously ([`PoolSettings::synchronous_replication`], the URL parameter
-/// `synchronous-replication`, the property
-/// `idempotency-database-synchronous-replication`; PostgreSQL).
-///
-/// With asynchronous streaming replication, a failover to a standby loses the commits the
-/// standby had not received yet: a lost reservation lets a duplicate run beside its
-/// owner, a lost answer runs the mutation again on the next retry. An operator who relies
-/// on a synchronous standby says so here, and the store checks the server it connected
-/// to: `synchronous_standby_names` must name a standby and `synchronous_commit` must wait
-/// for it (`on`, `remote_apply` or `remote_write`).
-///
-/// ```
-/// use idempotency_store_sql::SynchronousReplication;
-///
-/// assert_eq!("require".parse(), Ok(SynchronousReplication::Require));
-/// assert!("yes".parse::<SynchronousReplication>().is_err());
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SynchronousReplication {
-    /// No check (the default).
-    #[default]
-    Off,
-    /// Connects anyway, and logs one warning that names the settings and their values.
-    Warn,
-    /// Refuses to connect, with an error that names the settings, their values and what
-    /// to set.
-    Require,
-}
-
-impl SynchronousReplication {
-    /// What a value may be, for error messages.
-    pub const EXPECTED: &'static str = "`require`, `warn` or `off`";
-}
-
-impl FromStr for SynchronousReplication {
-    type Err = UnknownSynchronousReplication;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "off" => Ok(Self::Off),
-            "warn" => Ok(Self::Warn),
-            "require" => Ok(Self::Require),
-            _ => Err(UnknownSynchronousReplication),
-        }
-    }
-}
-
-impl fmt::Display for SynchronousReplication {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Off => "off",
-            Self::Warn => "warn",
-            Self::Require => "require",
-        })
-    }
-}
-
-/// A value that is not one of [`SynchronousReplication::EXPECTED`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("expected `require`, `warn` or `off`")]
-pub struct UnknownSynchronousReplication;
 
 /// The SQL backends, as picked from a database URL's scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -243,14 +243,12 @@ mod table;
 mod transactions;
 
 pub use commit_outcome::{CommitError, OUTCOME_CHECK_FOR};
-pub use common::{Operation, PoolSettings};
+pub use common::{Operation, PoolSettings, SynchronousReplication, UnknownSynchronousReplication};
 // For the benchmarks, which bind the stores' statements through the stores' own
 // `reserve_query` and `finalize_query`; not part of the API.
 #[doc(hidden)]
 pub use common::EncodedAnswer;
-pub use config::{
-    SqlBackend, SqlConfig, SynchronousReplication, UnknownSynchronousReplication, open,
-};
+pub use config::{SqlBackend, SqlConfig, open};
 pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;

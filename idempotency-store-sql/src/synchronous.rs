@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use idempotency_core::StoreError;
 use sqlx::postgres::PgPool;
 
-use crate::SynchronousReplication;
+use crate::common::SynchronousReplication;
 use crate::common::backend;
 
 /// The PostgreSQL URL parameter that sets [`PoolSettings::synchronous_replication`]

@@ -13,7 +13,7 @@ use sqlx::{FromRow, Row};
 use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
-use crate::SynchronousReplication;
+use crate::common::SynchronousReplication;
 use crate::common::{
     EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage,
     backend, evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership,
