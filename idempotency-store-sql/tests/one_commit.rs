@@ -1082,6 +1082,32 @@ async fn scope_quotas_hold<DB: RecordDatabase>(backend: Backend) {
     database.drop_tables().await;
 }
 
+/// A write committed with its record through `Tx` leaves nothing of its reservation
+/// behind in the store: with a quota of two records, a second key of the scope still
+/// runs (a reservation left pending would count as the second record).
+async fn a_committed_write_leaves_its_scope_room<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let quota = ScopeQuota::default().with_max_records(2);
+    let Some(database) = Database::<DB>::open_with(backend, Some(quota), 4).await else {
+        return;
+    };
+    let app = app(&database);
+    let key = |n: u32| format!("room-{n}-{}", uuid::Uuid::new_v4());
+    for n in 1..=2 {
+        let (status, body, outcome) = send(&app, request(&key(n), r#"{"n":1}"#)).await;
+        assert_eq!(
+            (status, outcome),
+            (StatusCode::CREATED, Some(Outcome::Executed)),
+            "write {n} of a scope with room for two: {body}"
+        );
+    }
+    assert_eq!(database.records().await, 2);
+    database.drop_tables().await;
+}
+
 /// The tests above on `$backend`, the handlers on a pool of `$database` (the backend's
 /// typed driver, or `sqlx::Any`).
 macro_rules! on {
@@ -1148,6 +1174,11 @@ macro_rules! on {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_commit_without_the_answer_keeps_the_key_held() {
                 super::a_commit_without_the_answer_keeps_the_key_held::<$database>($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_committed_write_leaves_its_scope_room() {
+                super::a_committed_write_leaves_its_scope_room::<$database>($backend).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

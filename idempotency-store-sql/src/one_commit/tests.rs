@@ -85,7 +85,9 @@ async fn postgres() {
         .migrate()
         .await
         .unwrap();
-    holds_answers_and_replays_a_key(one_commit(records, &pool, &table).await).await;
+    let store = one_commit(records, &pool, &table).await;
+    nothing_of_an_uncommitted_reservation_lapses(&store).await;
+    holds_answers_and_replays_a_key(store).await;
     drop_table(&pool, &format!("DROP TABLE IF EXISTS \"{table}\"")).await;
 }
 
@@ -141,6 +143,31 @@ where
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
 {
     sqlx::Executor::execute(pool, statement).await.unwrap();
+}
+
+/// Renewing an uncommitted reservation (the layer never does: it has no lease) holds it
+/// under its own token, and nothing under another. (PostgreSQL: on MariaDB another
+/// token's renewal waits for the reservation's row lock.)
+async fn nothing_of_an_uncommitted_reservation_lapses<DB: RecordDatabase>(
+    store: &OneCommitStore<DB>,
+) {
+    let id = RecordId::new("renew", uuid::Uuid::new_v4().to_string());
+    let lease = Duration::from_secs(30);
+    let Reservation::ReservedUncommitted(token) =
+        store.reserve(&id, &binding(), lease, lease).await.unwrap()
+    else {
+        panic!("a free key is reserved");
+    };
+    assert_eq!(
+        store.renew(&id, token, lease).await.unwrap(),
+        Ownership::Held
+    );
+    let stale = FencingToken(token.0 ^ 1);
+    assert_eq!(
+        store.renew(&id, stale, lease).await.unwrap(),
+        Ownership::Lost
+    );
+    assert_eq!(store.release(&id, token).await.unwrap(), Ownership::Held);
 }
 
 /// A binding whose path text spliced into SQL would break.
