@@ -98,7 +98,9 @@ pub fn parse_duration(value: &str) -> Result<Duration, DurationError> {
                 .find(|c: char| !(c.is_ascii_digit() || c == '.'))
                 .ok_or_else(|| error("a number has no unit"))?;
             let (number, tail) = rest.split_at(end);
-            let unit = tail.chars().next().expect("find stopped at a char");
+            let Some(unit) = tail.chars().next() else {
+                return Err(error("a number has no unit"));
+            };
             let position = units
                 .iter()
                 .position(|(u, _)| *u == unit)
