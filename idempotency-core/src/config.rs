@@ -165,9 +165,8 @@ impl Default for IdempotencyConfig {
 /// The `idempotency-*` properties that are the store's own (every key but [`KEYS`]),
 /// trimmed and otherwise as given: [`IdempotencyConfig::store_properties`].
 ///
-/// A store reads them when it is opened: it checks that each key is one it knows
-/// ([`check_keys`](Self::check_keys), or
-/// [`IdempotencyConfig::store_properties_for`], which checks the store type too), then
+/// A store reads them when it is opened: it checks its store type and that each key is
+/// one it knows ([`IdempotencyConfig::store_properties_for`]), then
 /// reads each value with [`get`](Self::get) or a parsing helper, which names the key in
 /// its error.
 ///
@@ -223,8 +222,7 @@ impl StoreProperties {
     ///     ("idempotency-custom-pth", "/var/lib/records"),
     /// ])?;
     /// let error = config
-    ///     .store_properties
-    ///     .check_keys("custom", &["idempotency-custom-path"])
+    ///     .store_properties_for("custom", &["idempotency-custom-path"])
     ///     .unwrap_err();
     /// assert!(matches!(error, ConfigError::UnknownKey { .. }));
     /// let message = error.to_string();
@@ -233,7 +231,11 @@ impl StoreProperties {
     /// assert!(message.contains("idempotency-custom-path"), "{message}");
     /// # Ok::<(), ConfigError>(())
     /// ```
-    pub fn check_keys(&self, store_type: &str, accepted: &[&str]) -> Result<(), ConfigError> {
+    pub(crate) fn check_keys(
+        &self,
+        store_type: &str,
+        accepted: &[&str],
+    ) -> Result<(), ConfigError> {
         match self.keys().find(|key| !accepted.contains(key)) {
             Some(key) => Err(ConfigError::UnknownKey {
                 key: key.to_owned(),
@@ -468,8 +470,8 @@ impl IdempotencyConfig {
 
     /// The store properties, for the store named `store_type` that takes the keys
     /// `accepted`, once checked: the configuration must name that store
-    /// (`idempotency-store-type`), and every store property must be one of `accepted`
-    /// ([`StoreProperties::check_keys`]). A store crate calls this first when it opens
+    /// (`idempotency-store-type`), and every store property must be one of `accepted`.
+    /// A store crate calls this first when it opens
     /// its store from a configuration.
     ///
     /// ```
