@@ -213,9 +213,14 @@ pub(crate) async fn wait_for_key_lock<DB: RecordDatabase>(
     };
     let mut connection = connection?;
     let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
-    // `lock_timeout` 0 would mean "forever".
+    // Rounded up to whole milliseconds, so that the wait never ends before `timeout`
+    // (truncated, a 400 ms wait ended after 399.9 ms); `lock_timeout` 0 would mean
+    // "forever".
     let timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+    let ms = timeout
+        .as_micros()
+        .div_ceil(1000)
+        .clamp(1, i32::MAX as u128);
     DB::run(&mut transaction, &format!("SET LOCAL lock_timeout = {ms}")).await?;
     let waited = DB::run_with(
         &mut transaction,
