@@ -31,8 +31,9 @@ use axum::routing::post;
 use http_body_util::BodyExt;
 use idempotency_core::conformance::Leftovers;
 use idempotency_core::{
-    Binding, FullStore, IdempotencyLayer, IdempotencyStore, Outcome, OutcomeUnknown, Ownership,
-    RecordId, RejectionKind, Reservation, ReservationHandle, ScopeQuota, Waited,
+    Binding, EvictInFlight, Eviction, FullStore, IdempotencyLayer, IdempotencyStore, Outcome,
+    OutcomeUnknown, Ownership, RecordAdmin, RecordId, RejectionKind, Reservation,
+    ReservationHandle, ScopeQuota, Waited,
 };
 use idempotency_store_sql::{
     OneCommitStore, PoolSettings, RecordDatabase, Reservations, TableName, Transactions, Tx,
@@ -1108,6 +1109,163 @@ where
     database.drop_tables().await;
 }
 
+/// What `a_stale_owner_writes_nothing` hands between its two handlers.
+struct StaleOwner<DB: RecordDatabase> {
+    writes: Writes<DB>,
+    store: Arc<OneCommitStore<DB>>,
+    side_effects: String,
+    /// Told once the stale owner's record was evicted (and the owner still runs).
+    evicted: Arc<tokio::sync::Notify>,
+    /// Told once the stale owner is about to commit.
+    committing: Arc<tokio::sync::Notify>,
+}
+
+impl<DB: RecordDatabase> Clone for StaleOwner<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            writes: self.writes.clone(),
+            store: self.store.clone(),
+            side_effects: self.side_effects.clone(),
+            evicted: self.evicted.clone(),
+            committing: self.committing.clone(),
+        }
+    }
+}
+
+/// `POST /effects` for `a_stale_owner_writes_nothing`: writes one side effect in its `Tx`
+/// and commits it with a 201 saying `x-role`. `x-role: stale` has its record evicted
+/// (forced) first, and tells `committing` before it commits; `x-role: new` waits until
+/// the stale one is committing before it writes, so that its reservation is pending,
+/// its transaction taken, while the stale one finalizes.
+async fn stale_or_new<DB: RecordDatabase>(
+    State(app): State<StaleOwner<DB>>,
+    headers: HeaderMap,
+    reservation: Option<Extension<ReservationHandle>>,
+) -> Response
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let role = headers
+        .get("x-role")
+        .map_or("plain", |role| role.to_str().unwrap())
+        .to_owned();
+    if role == "stale" {
+        // Before its `Tx`: on SQLite that holds the database's one writer.
+        let id = reservation.as_deref().unwrap().id();
+        let evicted = app.store.evict(id, EvictInFlight::Force).await.unwrap();
+        assert!(
+            matches!(evicted, Eviction::Evicted(_)),
+            "the stale owner's record: {evicted:?}"
+        );
+    }
+    let mut tx = Tx::begin(&app.writes, reservation.as_deref())
+        .await
+        .unwrap();
+    match role.as_str() {
+        "stale" => app.evicted.notify_one(),
+        "new" => {
+            // SQLite: the new owner's `Tx` waits for the database's one writer, which
+            // the stale owner holds, so the stale one commits without this.
+            let _ = tokio::time::timeout(Duration::from_secs(2), app.committing.notified()).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        _ => {}
+    }
+    sqlx::query(&format!(
+        "INSERT INTO {} (name) VALUES ('{role}')",
+        app.side_effects
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    if role == "stale" {
+        // The new owner reserves the key meanwhile; give it time to take its `Tx`.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        app.committing.notify_one();
+    }
+    tx.commit((StatusCode::CREATED, role).into_response())
+        .await
+        .unwrap_or_else(TxError::into_response)
+}
+
+/// An owner whose record was taken from it (evicted while it ran, as an operator does
+/// for a stuck owner) and whose key a new owner then reserved in this process writes
+/// nothing when it commits: its `Tx` finds its record gone and rolls back (503), and the
+/// new owner's answer is the key's. (The stale owner's reservation is a committed one:
+/// its key held an expired record. The new owner's is pending in this process, its
+/// transaction taken, when the stale one finalizes: the store must not write the new
+/// owner's record for the stale one.) PostgreSQL and MariaDB: SQLite reserves a key
+/// whose record expired as its free keys, with a claim of this process that nothing
+/// evicts.
+async fn a_stale_owner_writes_nothing<DB: RecordDatabase>(backend: Backend)
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    let Some(database) = Database::<DB>::open(backend).await else {
+        return;
+    };
+    let lifetime = Duration::from_secs(1);
+    let state = StaleOwner {
+        writes: Writes::with_records(database.store.clone()),
+        store: database.store.clone(),
+        side_effects: format!("{}_side_effects", database.table),
+        evicted: Arc::new(tokio::sync::Notify::new()),
+        committing: Arc::new(tokio::sync::Notify::new()),
+    };
+    let app = Router::new()
+        .route("/effects", post(stale_or_new::<DB>))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::from_shared_store(database.store.clone()).with_lifetime(lifetime));
+    let key = uuid::Uuid::new_v4().to_string();
+    let as_role = |role: &'static str| {
+        let mut request = request(&key, "a");
+        request
+            .headers_mut()
+            .insert("x-role", role.parse().unwrap());
+        request
+    };
+    let (status, _, _) = send(&app, as_role("plain")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    tokio::time::sleep(lifetime + Duration::from_millis(500)).await;
+
+    let stale = tokio::spawn({
+        let (app, request) = (app.clone(), as_role("stale"));
+        async move { send(&app, request).await }
+    });
+    tokio::time::timeout(Duration::from_secs(5), state.evicted.notified())
+        .await
+        .expect("the stale owner's record was evicted");
+    let new = tokio::spawn({
+        let (app, request) = (app.clone(), as_role("new"));
+        async move { send(&app, request).await }
+    });
+    let (stale, new) = (stale.await.unwrap(), new.await.unwrap());
+    assert_eq!(
+        (stale.0, stale.2),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(Outcome::Unsettled)),
+        "the stale owner's record is gone: it must not commit ({})",
+        stale.1
+    );
+    assert_eq!(
+        (new.0, new.1.as_str(), new.2),
+        (StatusCode::CREATED, "new", Some(Outcome::Executed))
+    );
+    let (status, body, outcome) = send(&app, as_role("plain")).await;
+    assert_eq!(
+        (status, body.as_str(), outcome),
+        (StatusCode::CREATED, "new", Some(Outcome::Replayed)),
+        "the key's answer is the new owner's"
+    );
+    assert_eq!(
+        database.side_effects().await,
+        2,
+        "the first write and the new owner's"
+    );
+    database.drop_tables().await;
+}
+
 /// The tests above on `$backend`, the handlers on a pool of `$database` (the backend's
 /// typed driver, or `sqlx::Any`).
 macro_rules! on {
@@ -1196,6 +1354,27 @@ macro_rules! on {
         }
     };
 }
+
+/// `a_stale_owner_writes_nothing` where a reservation can go stale: one committed in a
+/// transaction of its own (SQLite's reservation of a key whose record expired is the
+/// process's claim, which nothing evicts).
+macro_rules! stale_owner {
+    ($module:ident, $backend:expr, $database:ty) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stale_owner_writes_nothing() {
+                super::a_stale_owner_writes_nothing::<$database>($backend).await;
+            }
+        }
+    };
+}
+
+stale_owner!(postgres_stale_owner, Backend::Postgres, sqlx::Postgres);
+stale_owner!(postgres_any_stale_owner, Backend::Postgres, sqlx::Any);
+stale_owner!(mariadb_stale_owner, Backend::MariaDb, sqlx::MySql);
+stale_owner!(mariadb_any_stale_owner, Backend::MariaDb, sqlx::Any);
 
 /// `a_typed_replica_waits_for_a_one_commit_owner` where a replica's typed store shares
 /// the table with one-commit owners (several processes on one SQLite file keep the
