@@ -374,3 +374,60 @@ async fn conflicts_are_told_apart() {
 fn rand_lock() -> i64 {
     uuid::Uuid::new_v4().as_u64_pair().0 as i64
 }
+
+/// A transaction a handler drops rolls back before the next write begins: on SQLite, whose
+/// one writer it held, the next `BEGIN IMMEDIATE` never meets the writer still held
+/// ("database is locked"), even on a pool that never waits for a busy database (busy
+/// timeout zero), and on another connection than the dropped one's.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_transaction_lets_the_writer_go_before_its_room() {
+    use std::str::FromStr;
+
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/dropped.db?mode=rwc", dir.path().display());
+    let options = SqliteConnectOptions::from_str(&url)
+        .unwrap()
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::ZERO);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let table = table();
+    let records = crate::SqliteStore::new(pool.clone())
+        .with_table_name(&table)
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let store = one_commit(records, &pool, &table).await;
+    sqlx::query("CREATE TABLE writes (n INTEGER NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Every connection open and idle, so that the next write begins on another one than
+    // the dropped transaction's.
+    let warm: Vec<_> = futures_util::future::join_all((0..4).map(|_| pool.acquire())).await;
+    drop(warm);
+    for n in 0..100 {
+        let mut transaction = store
+            .begin(None)
+            .await
+            .unwrap_or_else(|error| panic!("write {n} after a dropped one: {error}"));
+        sqlx::query("INSERT INTO writes (n) VALUES (?)")
+            .bind(n)
+            .execute(&mut **transaction)
+            .await
+            .unwrap();
+        drop(transaction);
+    }
+    let written: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM writes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(written, 0, "every dropped transaction rolled back");
+}
