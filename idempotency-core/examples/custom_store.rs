@@ -408,4 +408,113 @@ mod tests {
             "{report}"
         );
     }
+
+    /// `MapStore`'s request path with the operators' trait at its defaults: `inspect`
+    /// tells no times, `evict` answers `Unsupported`.
+    struct DefaultAdmin(MapStore);
+
+    #[async_trait]
+    impl IdempotencyStore for DefaultAdmin {
+        async fn reserve(
+            &self,
+            id: &RecordId,
+            binding: &Binding,
+            lease: Duration,
+            lifetime: Duration,
+        ) -> Result<Reservation, StoreError> {
+            self.0.reserve(id, binding, lease, lifetime).await
+        }
+
+        async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+            self.0.load(id).await
+        }
+
+        async fn renew(
+            &self,
+            id: &RecordId,
+            token: FencingToken,
+            lease: Duration,
+        ) -> Result<Ownership, StoreError> {
+            self.0.renew(id, token, lease).await
+        }
+
+        async fn finalize(
+            &self,
+            id: &RecordId,
+            token: FencingToken,
+            response: &StoredResponse,
+        ) -> Result<Ownership, StoreError> {
+            self.0.finalize(id, token, response).await
+        }
+
+        async fn release(
+            &self,
+            id: &RecordId,
+            token: FencingToken,
+        ) -> Result<Ownership, StoreError> {
+            self.0.release(id, token).await
+        }
+
+        async fn take_over(
+            &self,
+            id: &RecordId,
+            lapsed: FencingToken,
+            lease: Duration,
+        ) -> Result<Option<FencingToken>, StoreError> {
+            self.0.take_over(id, lapsed, lease).await
+        }
+    }
+
+    impl RecordAdmin for DefaultAdmin {}
+
+    /// A store whose `RecordAdmin` keeps the trait's defaults is found out, and still
+    /// gets every other check, the operators' checks it can pass included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_store_without_eviction_or_timed_inspection_runs_everything_else() {
+        let store = Arc::new(DefaultAdmin(MapStore::default()));
+        let report = Suite::new(store.clone()).with_admin(store).run().await;
+        let skipped: Vec<_> = report.skipped.iter().map(|(check, _)| *check).collect();
+        assert_eq!(
+            skipped,
+            [
+                "purge_removes_expired_in_batches",
+                "in_flight_record_outlives_its_lifetime_under_a_live_lease",
+                "check_random_sequences",
+                "inspect_shows_state_and_times_without_the_body",
+                "evict_deletes_a_completed_record_and_the_key_runs_again",
+                "evict_refuses_an_in_flight_record_unless_forced",
+                "evict_of_an_absent_or_expired_record_finds_nothing",
+                "evict_wakes_waiters",
+                "evict_never_acts_on_a_stale_verdict",
+            ],
+            "{report}"
+        );
+        assert!(report.ran.contains(&"finalize_then_replay"), "{report}");
+        assert!(
+            report.ran.contains(&"nothing_outlives_its_request"),
+            "{report}"
+        );
+    }
+
+    /// One check runs alone by its name; a name the suite does not know is refused with
+    /// the names it knows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_check_runs_by_its_name() {
+        let store = Arc::new(MapStore::default());
+        let report = Suite::full(store.clone())
+            .only("evict_wakes_waiters")
+            .run()
+            .await;
+        assert_eq!(report.ran, ["evict_wakes_waiters"]);
+        assert!(report.skipped.is_empty(), "{report}");
+        let unknown = tokio::spawn(Suite::full(store).only("no_such_check").run())
+            .await
+            .expect_err("an unknown check's name fails the run");
+        let message = unknown.into_panic();
+        let message = message
+            .downcast_ref::<String>()
+            .expect("a formatted message");
+        assert!(message.contains("\"no_such_check\""), "{message}");
+        assert!(message.contains("finalize_is_fenced"), "{message}");
+    }
 }

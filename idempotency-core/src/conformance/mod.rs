@@ -26,17 +26,22 @@
 //! # }
 //! ```
 //!
-//! [`run_all`] is `Suite::full(store).run()`.
+//! The [`Suite`] is the one way to run the contract: a check added, split or renamed in
+//! a new release reaches every store that runs it, with no edit of the store's tests, and
+//! its [`Report`] says what ran and what was skipped and why. The checks inside it are
+//! public functions only for this workspace's own tests, and hidden from these docs:
+//! don't list them in your tests (a check renamed or split would silently fall out of
+//! them); run the suite, and [`Suite::only`] to debug one check.
 //!
-//! Each check is also a public `async fn`, generic over the store (`&Arc<S>`, where `S`
-//! may be your store type or a `dyn` trait object), so a backend can run them one by
-//! one. [`through_layer`] checks run an [`IdempotencyLayer`](crate::IdempotencyLayer)
-//! over the store, for what the store alone cannot show (what a waiting retry is
-//! answered). [`model`] compares random sequences of operations from several owners with
-//! a reference model. Checks panic with a message that says what the store did wrong.
-//! They use random keys and scopes, so they can run against a shared database, in
-//! parallel, and repeatedly. Timing checks use leases and lifetimes of a few hundred
-//! milliseconds and tolerate a slow machine.
+//! Beside the suite, for what one store handle cannot show:
+//! [`run_multi_node`] runs the checks that need two handles on one backend, as two
+//! replicas hold it; [`through_layer`] checks run an
+//! [`IdempotencyLayer`](crate::IdempotencyLayer) over the store, for what the store alone
+//! cannot show (what a waiting retry is answered); [`model`] compares random sequences
+//! of operations from several owners with a reference model. Checks panic with a message
+//! that says what the store did wrong. They use random keys and scopes, so they can run
+//! against a shared database, in parallel, and repeatedly. Timing checks use leases and
+//! lifetimes of a few hundred milliseconds and tolerate a slow machine.
 //!
 //! The rules they check are written on the [request path's trait](crate::IdempotencyStore#the-rules-every-store-keeps)
 //! and on [`RecordAdmin`](crate::RecordAdmin#the-rules).
@@ -53,24 +58,29 @@ mod suite;
 pub mod through_layer;
 mod waiting;
 
+#[doc(hidden)]
 pub use expiry::{
     a_held_key_stays_reserved_until_it_expires, expired_record_counts_as_absent,
     expired_reservation_fences_its_owner,
     in_flight_record_outlives_its_lifetime_under_a_live_lease, purge_removes_expired_in_batches,
     renewals_keep_a_record_alive_past_its_lifetime,
 };
+pub use leftovers::Leftovers;
+#[doc(hidden)]
 pub use leftovers::{
-    Leftovers, an_unknown_outcome_frees_its_key_once_it_expires, nothing_outlives_its_request,
+    an_unknown_outcome_frees_its_key_once_it_expires, nothing_outlives_its_request,
 };
 pub use multi_node::{
     concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
 };
+#[doc(hidden)]
 pub use operator::{
     evict_deletes_a_completed_record_and_the_key_runs_again, evict_never_acts_on_a_stale_verdict,
     evict_of_an_absent_or_expired_record_finds_nothing,
     evict_refuses_an_in_flight_record_unless_forced, evict_wakes_waiters,
     inspect_shows_state_and_times_without_the_body,
 };
+#[doc(hidden)]
 pub use ownership::{
     completed_record_is_not_taken_over, finalize_is_fenced, finalize_then_replay,
     lapsed_lease_is_taken_over_once, lapsed_owner_may_finish_until_taken_over,
@@ -78,16 +88,19 @@ pub use ownership::{
     renew_extends_the_lease, repeated_renewals_are_held, takeover_keeps_the_binding,
     tokens_are_never_reused,
 };
+#[doc(hidden)]
 pub use reservation::{
     a_held_key_shows_its_owners_binding_or_busy, concurrent_reserves_from_tasks,
     concurrent_reserves_have_one_winner, reserve_then_load, scope_and_key_never_run_together,
     scope_quota_holds_under_concurrency, scopes_are_isolated,
 };
+#[doc(hidden)]
 pub use round_trips::{
     empty_response_without_headers_round_trips, header_values_that_are_not_utf8_round_trip,
     multi_megabyte_body_round_trips, trailers_round_trip,
 };
 pub use suite::{Report, Suite};
+#[doc(hidden)]
 pub use waiting::{
     a_wait_sees_the_key_released_and_finished_by_another_request,
     a_wait_sees_the_key_released_and_left_by_another_request_whose_lease_lapses,
@@ -109,11 +122,6 @@ use crate::store::{
 
 const LONG: Duration = Duration::from_secs(60);
 const SHORT: Duration = Duration::from_millis(300);
-
-/// Runs every check that applies to a store with every capability ([`Suite::full`]).
-pub async fn run_all(store: &Arc<dyn FullStore>) {
-    Suite::full(store.clone()).run().await;
-}
 
 fn fresh_id() -> RecordId {
     RecordId::new(

@@ -5,16 +5,28 @@ use std::sync::Arc;
 
 use super::model::check_random_sequences;
 use super::*;
+use crate::store::{EvictInFlight, Eviction};
 
-/// The checks that apply to a store, run one after another.
+/// The checks that apply to a store, run one after another: the one way a store runs the
+/// contract, so that a check added, split or renamed in a new release reaches every
+/// store that runs the suite, with no edit of its tests.
 ///
 /// Built from the capabilities the store has: the request path always
 /// ([`Suite::new`]), [`RecordAdmin`] and [`PurgeExpired`] when given
 /// ([`with_admin`](Self::with_admin), [`with_purge`](Self::with_purge), or all three with
-/// [`Suite::full`]). Whether the store's reservations have a lease is found out from its
-/// first reservation: a store that answers
-/// [`ReservedUncommitted`](Reservation::ReservedUncommitted) is not asked to renew, lapse
-/// or take over, nor to show an uncommitted reservation to anyone.
+/// [`Suite::full`]). What a store does not do is found out, never assumed, and the
+/// checks that need it are skipped by name, with the reason, in the [`Report`]:
+///
+/// - whether its reservations have a lease, from its first reservation: a store that
+///   answers [`ReservedUncommitted`](Reservation::ReservedUncommitted) is not asked to
+///   renew, lapse or take over, nor to show an uncommitted reservation to anyone;
+/// - whether it can evict (the trait's default `evict` answers
+///   [`StoreError::Unsupported`](crate::StoreError::Unsupported));
+/// - whether its `inspect` tells times (the trait's default leaves them `None`).
+///
+/// A failing check panics; its message says at which step, and the suite adds which
+/// check failed on which store ([`with_store_name`](Self::with_store_name)). To run one
+/// check alone while debugging, name it with [`only`](Self::only).
 ///
 /// ```
 /// # #[tokio::main(flavor = "multi_thread")]
@@ -33,6 +45,8 @@ pub struct Suite {
     admin: Option<Arc<dyn RecordAdmin>>,
     purge: Option<Arc<dyn PurgeExpired>>,
     leftovers: Option<Arc<dyn Leftovers>>,
+    store_name: String,
+    only: Option<String>,
 }
 
 /// What a [`Suite`] ran, and what it skipped and why. Every check that ran passed (a
@@ -59,6 +73,9 @@ impl fmt::Display for Report {
 const NO_ADMIN: &str = "the store was given without RecordAdmin (Suite::with_admin)";
 const NO_PURGE: &str = "the store was given without PurgeExpired (Suite::with_purge)";
 const NO_LEASE: &str = "the store's reservations are uncommitted: no lease to renew, lapse or take over, and nobody else sees them before they commit";
+const NO_EVICT: &str = "the store's RecordAdmin::evict answers Unsupported";
+const NO_TIMES: &str =
+    "the store's RecordAdmin::inspect tells no times (created_at, expires_at, inspected_at)";
 
 impl Suite {
     /// The request-path checks, for a store that implements [`IdempotencyStore`] alone.
@@ -68,6 +85,8 @@ impl Suite {
             admin: None,
             purge: None,
             leftovers: None,
+            store_name: "the store".to_owned(),
+            only: None,
         }
     }
 
@@ -78,7 +97,45 @@ impl Suite {
             admin: Some(store.clone()),
             purge: Some(store),
             leftovers: None,
+            store_name: "the store".to_owned(),
+            only: None,
         }
+    }
+
+    /// Names the store in a failing check's message (default "the store"): useful where
+    /// one test binary runs the suite on several stores or configurations.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use idempotency_core::conformance::Suite;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let suite = Suite::full(Arc::new(MemoryStore::new())).with_store_name("memory, default settings");
+    /// ```
+    pub fn with_store_name(mut self, name: impl Into<String>) -> Self {
+        self.store_name = name.into();
+        self
+    }
+
+    /// Runs the check named `check` alone (as the [`Report`] names it), to debug it; the
+    /// others are neither run nor reported. A name the suite does not know fails the run
+    /// with the list of the names it knows.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "multi_thread")]
+    /// # async fn main() {
+    /// # use std::sync::Arc;
+    /// # use idempotency_core::conformance::Suite;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let report = Suite::full(Arc::new(MemoryStore::new()))
+    ///     .only("finalize_is_fenced")
+    ///     .run()
+    ///     .await;
+    /// assert_eq!(report.ran, ["finalize_is_fenced"]);
+    /// # }
+    /// ```
+    pub fn only(mut self, check: impl Into<String>) -> Self {
+        self.only = Some(check.into());
+        self
     }
 
     /// Adds the operators' checks (inspect, evict), run on `admin`: the same store.
@@ -106,17 +163,36 @@ impl Suite {
     /// fails. The checks skipped are printed (to standard error) and reported.
     pub async fn run(self) -> Report {
         let leased = has_leases(self.store.as_ref()).await;
-        let mut report = Report::default();
-        self.run_request_path(leased, &mut report).await;
-        self.run_purge(leased, &mut report).await;
-        self.run_admin(leased, &mut report).await;
+        let mut runner = Runner {
+            report: Report::default(),
+            known: Vec::new(),
+            only: self.only.clone(),
+            store_name: &self.store_name,
+        };
+        self.run_request_path(leased, &mut runner).await;
+        self.run_purge(leased, &mut runner).await;
+        self.run_admin(leased, &mut runner).await;
+        let Runner {
+            report,
+            known,
+            only,
+            ..
+        } = runner;
+        if let Some(only) = only
+            && !known.contains(&only.as_str())
+        {
+            panic!(
+                "conformance: no check is named {only:?}; the suite's checks are: {}",
+                known.join(", ")
+            );
+        }
         if !report.skipped.is_empty() {
-            eprintln!("conformance: {report}");
+            eprintln!("conformance ({}): {report}", self.store_name);
         }
         report
     }
 
-    async fn run_request_path(&self, leased: bool, report: &mut Report) {
+    async fn run_request_path(&self, leased: bool, report: &mut Runner<'_>) {
         let store = &self.store;
         let always = Ok(());
         let lease = if leased { Ok(()) } else { Err(NO_LEASE) };
@@ -182,7 +258,7 @@ impl Suite {
             .await;
     }
 
-    async fn run_purge(&self, leased: bool, report: &mut Report) {
+    async fn run_purge(&self, leased: bool, report: &mut Runner<'_>) {
         let (purge, applies) = match &self.purge {
             Some(purge) => (Some(purge), Ok(())),
             None => (None, Err(NO_PURGE)),
@@ -205,12 +281,23 @@ impl Suite {
         check!(lease, check_random_sequences, 0, 20, 60);
     }
 
-    async fn run_admin(&self, leased: bool, report: &mut Report) {
+    async fn run_admin(&self, leased: bool, report: &mut Runner<'_>) {
         let (admin, applies) = match &self.admin {
             Some(admin) => (Some(admin), Ok(())),
             None => (None, Err(NO_ADMIN)),
         };
         let lease = applies.and(leased.then_some(()).ok_or(NO_LEASE));
+        let (evicts, timed) = match admin {
+            Some(admin) => (
+                evicts(admin.as_ref()).await.then_some(()).ok_or(NO_EVICT),
+                inspects_times(admin.as_ref())
+                    .await
+                    .then_some(())
+                    .ok_or(NO_TIMES),
+            ),
+            None => (Ok(()), Ok(())),
+        };
+        let (applies_evicting, lease_evicting) = (applies.and(evicts), lease.and(evicts));
         macro_rules! check {
             ($applies:expr, $check:ident) => {
                 report
@@ -220,34 +307,118 @@ impl Suite {
                     .await
             };
         }
-        check!(lease, inspect_shows_state_and_times_without_the_body);
         check!(
-            applies,
+            lease.and(timed),
+            inspect_shows_state_and_times_without_the_body
+        );
+        check!(
+            applies_evicting,
             evict_deletes_a_completed_record_and_the_key_runs_again
         );
-        check!(lease, evict_refuses_an_in_flight_record_unless_forced);
-        check!(applies, evict_of_an_absent_or_expired_record_finds_nothing);
-        check!(lease, evict_wakes_waiters);
-        check!(lease, evict_never_acts_on_a_stale_verdict);
+        check!(
+            lease_evicting,
+            evict_refuses_an_in_flight_record_unless_forced
+        );
+        check!(
+            applies_evicting,
+            evict_of_an_absent_or_expired_record_finds_nothing
+        );
+        check!(lease_evicting, evict_wakes_waiters);
+        check!(lease_evicting, evict_never_acts_on_a_stale_verdict);
     }
 }
 
-impl Report {
-    /// Runs `check` if it `applies`, else notes why not.
+/// A run in progress: the report so far, and which checks to run.
+struct Runner<'a> {
+    report: Report,
+    /// Every check the suite has, run or not.
+    known: Vec<&'static str>,
+    only: Option<String>,
+    store_name: &'a str,
+}
+
+impl Runner<'_> {
+    /// Runs `check` if it `applies` (and is the one asked for, if one is), else notes why
+    /// not.
     async fn check(
         &mut self,
         name: &'static str,
         applies: Result<(), &'static str>,
         check: impl Future<Output = ()>,
     ) {
+        self.known.push(name);
+        if self.only.as_deref().is_some_and(|only| only != name) {
+            return;
+        }
         match applies {
             Ok(()) => {
+                let _failing = OnPanic {
+                    check: name,
+                    store_name: self.store_name,
+                };
                 check.await;
-                self.ran.push(name);
+                self.report.ran.push(name);
             }
-            Err(why) => self.skipped.push((name, why)),
+            Err(why) => self.report.skipped.push((name, why)),
         }
     }
+}
+
+/// Says which check failed on which store, beside the check's own panic message (the
+/// step), when a check panics.
+struct OnPanic<'a> {
+    check: &'static str,
+    store_name: &'a str,
+}
+
+impl Drop for OnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        eprintln!(
+            "conformance: check `{}` failed on {} (its message above says at which step; \
+             `Suite::only({:?})` runs it alone)",
+            self.check, self.store_name, self.check
+        );
+    }
+}
+
+/// Whether `admin` evicts: the trait's default `evict` answers
+/// [`Unsupported`](crate::StoreError::Unsupported).
+async fn evicts<S: RecordAdmin + ?Sized>(admin: &S) -> bool {
+    match admin.evict(&fresh_id(), EvictInFlight::Refuse).await {
+        Err(crate::StoreError::Unsupported { .. }) => false,
+        answer => {
+            assert_eq!(
+                answer.expect("evict failed"),
+                Eviction::NotFound,
+                "evicting a key nobody used"
+            );
+            true
+        }
+    }
+}
+
+/// Whether `admin`'s `inspect` tells a finished record's times (the trait's default
+/// tells none).
+async fn inspects_times<S: RecordAdmin + ?Sized>(admin: &S) -> bool {
+    let id = fresh_id();
+    let token = reserve_new(admin, &id, LONG, LONG).await;
+    assert_eq!(
+        admin
+            .finalize(&id, token, &response(b"{}"))
+            .await
+            .expect("finalize failed"),
+        Ownership::Held,
+        "the owner of a fresh reservation could not finalize it"
+    );
+    let inspected = admin
+        .inspect(&id)
+        .await
+        .expect("inspect failed")
+        .expect("inspect of a finished record found nothing");
+    inspected.created_at.is_some()
 }
 
 /// Whether the store's reservations have a lease: it reserves a key of its own and

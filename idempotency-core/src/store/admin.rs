@@ -140,9 +140,10 @@ pub trait RecordAdmin: IdempotencyStore {
     /// (see [`InspectedRecord`]). The layer never calls it.
     ///
     /// The default derives it from [`load`](IdempotencyStore::load), which knows no times: they are
-    /// `None`. Every store in this workspace overrides it, and the conformance suite's
-    /// [`inspect_shows_state_and_times_without_the_body`](crate::conformance::inspect_shows_state_and_times_without_the_body)
-    /// check requires the times, so a store that passes the suite reports them.
+    /// `None`. Every store in this workspace overrides it. The [conformance
+    /// suite](crate::conformance::Suite) finds out whether a store's `inspect` tells the
+    /// times, and runs its check of them (`inspect_shows_state_and_times_without_the_body`)
+    /// only then, reporting it skipped otherwise.
     async fn inspect(&self, id: &RecordId) -> Result<Option<InspectedRecord>, StoreError> {
         Ok(self
             .load(id)
@@ -160,8 +161,9 @@ pub trait RecordAdmin: IdempotencyStore {
     /// The trait's rules say what must hold (eviction decides on the record as it stands
     /// when it deletes it, and wakes waiters). There is no default way to delete a
     /// completed record through the other operations, so the default answers
-    /// [`StoreError::Unsupported`]; every store in this workspace overrides it, and the
-    /// conformance suite checks it.
+    /// [`StoreError::Unsupported`]; every store in this workspace overrides it. The
+    /// conformance suite checks eviction where a store has it, and reports those checks
+    /// skipped where it answers `Unsupported`.
     async fn evict(&self, id: &RecordId, in_flight: EvictInFlight) -> Result<Eviction, StoreError> {
         let _ = (id, in_flight);
         Err(StoreError::Unsupported {

@@ -57,7 +57,9 @@ async fn the_mysql_8_reserve_passes_the_conformance_suite() {
     let store = store.migrate().await.unwrap();
     assert!(!store.sql(Operation::Reserve).contains("RETURNING"));
     let shared: Arc<dyn idempotency_core::FullStore> = Arc::new(store.clone());
-    idempotency_core::conformance::run_all(&shared).await;
+    idempotency_core::conformance::Suite::full(shared)
+        .run()
+        .await;
     drop_table(&store).await;
 }
 
