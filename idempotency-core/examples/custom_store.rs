@@ -496,6 +496,81 @@ mod tests {
         );
     }
 
+    /// A store whose `release` answers `Held` without letting the key go.
+    struct KeepsReleasedKeys(MapStore);
+
+    #[async_trait]
+    impl IdempotencyStore for KeepsReleasedKeys {
+        async fn reserve(
+            &self,
+            id: &RecordId,
+            binding: &Binding,
+            lease: Duration,
+            lifetime: Duration,
+        ) -> Result<Reservation, StoreError> {
+            self.0.reserve(id, binding, lease, lifetime).await
+        }
+
+        async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+            self.0.load(id).await
+        }
+
+        async fn renew(
+            &self,
+            id: &RecordId,
+            token: FencingToken,
+            lease: Duration,
+        ) -> Result<Ownership, StoreError> {
+            self.0.renew(id, token, lease).await
+        }
+
+        async fn finalize(
+            &self,
+            id: &RecordId,
+            token: FencingToken,
+            response: &StoredResponse,
+        ) -> Result<Ownership, StoreError> {
+            self.0.finalize(id, token, response).await
+        }
+
+        async fn release(&self, _: &RecordId, _: FencingToken) -> Result<Ownership, StoreError> {
+            Ok(Ownership::Held)
+        }
+
+        async fn take_over(
+            &self,
+            id: &RecordId,
+            lapsed: FencingToken,
+            lease: Duration,
+        ) -> Result<Option<FencingToken>, StoreError> {
+            self.0.take_over(id, lapsed, lease).await
+        }
+    }
+
+    /// A failing check says which check, on which store, and at which step.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_failure_names_the_check_the_store_and_the_step() {
+        let store = Arc::new(KeepsReleasedKeys(MapStore::default()));
+        let suite = Suite::new(store)
+            .with_store_name("a store that keeps released keys")
+            .only("release_frees_the_key");
+        let failure = tokio::spawn(suite.run())
+            .await
+            .expect_err("the check fails")
+            .into_panic();
+        let message = failure
+            .downcast_ref::<String>()
+            .expect("a formatted message");
+        assert!(
+            message.starts_with(
+                "conformance: check `release_frees_the_key` failed on a store that keeps \
+                 released keys: "
+            ),
+            "{message}"
+        );
+        assert!(message.contains("release"), "the step: {message}");
+    }
+
     /// One check runs alone by its name; a name the suite does not know is refused with
     /// the names it knows.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use super::model::check_random_sequences;
 use super::*;
+use futures_util::FutureExt;
+
 use crate::store::{EvictInFlight, Eviction};
 
 /// The checks that apply to a store, run one after another: the one way a store runs the
@@ -24,8 +26,8 @@ use crate::store::{EvictInFlight, Eviction};
 ///   [`StoreError::Unsupported`](crate::StoreError::Unsupported));
 /// - whether its `inspect` tells times (the trait's default leaves them `None`).
 ///
-/// A failing check panics; its message says at which step, and the suite adds which
-/// check failed on which store ([`with_store_name`](Self::with_store_name)). To run one
+/// A failing check panics with a message that names the check, the store
+/// ([`with_store_name`](Self::with_store_name)) and the step that failed. To run one
 /// check alone while debugging, name it with [`only`](Self::only).
 ///
 /// ```
@@ -352,35 +354,23 @@ impl Runner<'_> {
         }
         match applies {
             Ok(()) => {
-                let _failing = OnPanic {
-                    check: name,
-                    store_name: self.store_name,
-                };
-                check.await;
+                let ran = std::panic::AssertUnwindSafe(check).catch_unwind().await;
+                if let Err(failure) = ran {
+                    let step = failure
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| failure.downcast_ref::<&str>().copied())
+                        .unwrap_or("(a panic without a message)");
+                    panic!(
+                        "conformance: check `{name}` failed on {}: {step}\n\
+                         (`Suite::only({name:?})` runs it alone)",
+                        self.store_name
+                    );
+                }
                 self.report.ran.push(name);
             }
             Err(why) => self.report.skipped.push((name, why)),
         }
-    }
-}
-
-/// Says which check failed on which store, beside the check's own panic message (the
-/// step), when a check panics.
-struct OnPanic<'a> {
-    check: &'static str,
-    store_name: &'a str,
-}
-
-impl Drop for OnPanic<'_> {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        eprintln!(
-            "conformance: check `{}` failed on {} (its message above says at which step; \
-             `Suite::only({:?})` runs it alone)",
-            self.check, self.store_name, self.check
-        );
     }
 }
 
