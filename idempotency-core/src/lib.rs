@@ -363,3 +363,7 @@ struct OperatingGuideDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/profiles.md")]
 struct ProfilesGuideDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/writing-a-store.md")]
+struct StoreGuideDoctests;

@@ -100,10 +100,12 @@ use super::record::{
 /// A store depends on this crate alone: it re-exports [`async_trait`](crate::async_trait)
 /// and [`Bytes`](crate::Bytes). Implement [`IdempotencyStore`] (and, for operators and
 /// maintenance, [`RecordAdmin`] and [`PurgeExpired`]: the store is then a
-/// [`FullStore`]) and run the public [`conformance`](crate::conformance) suite against
-/// it (feature `conformance`), which runs the checks that apply to what the store
-/// implements; the `custom_store` example in this crate is a skeleton that does all of
-/// it.
+/// [`FullStore`]) and run the conformance [`Suite`](crate::conformance::Suite) against
+/// it (feature `conformance`), which runs every check that applies to what the store
+/// implements and reports the others skipped, with the reason. The `custom_store`
+/// example in this crate is a skeleton that does all of it, and the repository's
+/// `docs/writing-a-store.md` walks through it: the traits, the suite, concurrency and
+/// time in tests, the simulation.
 ///
 /// [`RecordAdmin`]: super::RecordAdmin
 /// [`PurgeExpired`]: super::PurgeExpired
