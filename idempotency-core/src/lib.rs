@@ -305,6 +305,7 @@ mod keyed;
 mod reservation;
 // The service and the layer, at the top, and the profiles that configure a layer.
 mod layer;
+mod once;
 mod profile;
 mod service;
 // Built on the public API only: the profiles and their layers, properties, and the
@@ -324,6 +325,7 @@ pub use in_transaction::PreparedAnswer;
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use keyed::bind::MAX_KEPT_PATH;
 pub use layer::{IdempotencyLayer, InFlightRequests};
+pub use once::{AtMostOnce, RunError, WorkError};
 pub use outcome::Outcome;
 pub use policy::{CredentialScope, ExtensionScope, ScopeExtractor, SingleScope};
 pub use profile::{HttpProfile, Profile};
