@@ -250,6 +250,13 @@ impl Suite {
                 through_layer::a_waiting_retry_never_gets_another_requests_answer(store),
             )
             .await;
+        report
+            .check(
+                "through_layer::work_runs_at_most_once",
+                always,
+                through_layer::work_runs_at_most_once(store),
+            )
+            .await;
         check!(always, an_unknown_outcome_frees_its_key_once_it_expires);
         report
             .check(

@@ -1,5 +1,6 @@
 //! Checks that run an [`IdempotencyLayer`] over the store, for what the store alone
-//! cannot show: what a retry that waited for its key's owner is answered.
+//! cannot show: what a retry that waited for its key's owner is answered, and what
+//! callers of [`AtMostOnce`](crate::AtMostOnce) get.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -275,4 +276,70 @@ async fn swap_round<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
         }
         _ => panic!("B and C must get one 201 and one 422 between them: {what}"),
     }
+}
+
+/// Work run through [`AtMostOnce`](crate::AtMostOnce) over the store runs once for many
+/// concurrent callers of one key, each getting its result; a retryable failure lets the
+/// next call run; the same key with another fingerprint is refused.
+pub async fn work_runs_at_most_once<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
+    use crate::{AtMostOnce, RunError, WorkError};
+
+    let once = AtMostOnce::new(
+        IdempotencyLayer::from_shared_store(Arc::new(store.clone()))
+            .with_in_flight_wait(Duration::from_secs(10)),
+    );
+    let scope = format!("scope-{}", uuid::Uuid::new_v4());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (once, scope, runs) = (once.clone(), scope.clone(), runs.clone());
+            tokio::spawn(async move {
+                once.run(&scope, "once", &"fingerprint", move || async move {
+                    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<usize, WorkError<()>>(run)
+                })
+                .await
+            })
+        })
+        .collect();
+    for caller in callers {
+        let result = caller.await.expect("a caller panicked");
+        assert_eq!(
+            result.expect("a caller got no result"),
+            1,
+            "every caller of one key gets the one run's result"
+        );
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "8 callers of one key ran the work more than once"
+    );
+
+    let reused = once
+        .run(&scope, "once", &"another fingerprint", || async {
+            Ok::<usize, WorkError<()>>(0)
+        })
+        .await;
+    assert!(
+        matches!(reused, Err(RunError::KeyReused)),
+        "the key with another fingerprint must be refused as reused: {reused:?}"
+    );
+
+    let failed = once
+        .run(&scope, "retryable", &"fingerprint", || async {
+            Err::<usize, _>(WorkError::Retryable(()))
+        })
+        .await;
+    assert!(matches!(failed, Err(RunError::Failed(()))), "{failed:?}");
+    let again = once
+        .run(&scope, "retryable", &"fingerprint", || async {
+            Ok::<usize, WorkError<()>>(2)
+        })
+        .await;
+    assert_eq!(
+        again.expect("after a retryable failure the key must run again"),
+        2
+    );
 }
