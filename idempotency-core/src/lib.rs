@@ -74,6 +74,10 @@
 //! was stored (less what the profile keeps out of the store). A store of your own
 //! builds the same on [`ReservationHandle::prepare_answer`].
 //!
+//! Work that does not arrive as an HTTP request (a job, a message's effect) runs at most
+//! once per key through [`AtMostOnce`]: one keyed request on this same path, the work as
+//! its inner service.
+//!
 //! Every response the layer took part in carries an [`Outcome`] extension, and every
 //! outcome is a `tracing` event with an `outcome` field. Logs never show a key: they
 //! show a short hash of it.
