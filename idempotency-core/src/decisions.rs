@@ -15,6 +15,7 @@
 //! | what a replay adds to the stored answer | [`ReplayAnswer`] | [`with_answer_replayer`](crate::IdempotencyLayer::with_answer_replayer) | nothing ([`ReplayAsStored`]) |
 //! | how the layer's own answers look | [`ErrorRenderer`](crate::ErrorRenderer) | [`with_error_renderer`](crate::IdempotencyLayer::with_error_renderer) | [`ProblemJson`](crate::ProblemJson) |
 //! | answers amended although they do not take part | [`Advertise`] | [`with_advertiser`](crate::IdempotencyLayer::with_advertiser) | none |
+//! | a key carried in the body | [`PayloadKey`](crate::PayloadKey) | [`with_payload_key`](crate::IdempotencyLayer::with_payload_key) | none: the header's |
 //!
 //! Each slot holds one decision: the last builder call that sets it wins, and nothing
 //! else changes it. A [`Profile`](crate::Profile) (a protocol's, [`HttpProfile`](crate::HttpProfile), your own) is a

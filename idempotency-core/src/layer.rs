@@ -91,6 +91,7 @@ impl IdempotencyLayer {
                 replayer: Arc::new(ReplayAsStored),
                 renderer: Arc::new(ProblemJson),
                 advertiser: None,
+                payload_key: None,
                 scope: Arc::new(NoScopeSet),
                 scope_chosen: false,
                 no_scope_logged: Arc::new(std::sync::Once::new()),
@@ -559,6 +560,24 @@ impl<M> IdempotencyLayer<M> {
     /// Amends no answer (the default).
     pub fn without_advertiser(self) -> Self {
         self.edit(|s| s.advertiser = None)
+    }
+
+    /// Reads the key from the request's body on the routes `payload_key` applies to
+    /// (see [`PayloadKey`](crate::PayloadKey): there the body's key wins over the header).
+    ///
+    /// ```
+    /// # use idempotency_core::{IdempotencyLayer, JsonPointerKey};
+    /// # use idempotency_store_memory::MemoryStore;
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .with_payload_key(JsonPointerKey::new("/clientToken"));
+    /// ```
+    pub fn with_payload_key(self, payload_key: impl crate::PayloadKey) -> Self {
+        self.edit(|s| s.payload_key = Some(Arc::new(payload_key)))
+    }
+
+    /// Reads keys from the `Idempotency-Key` header only (the default).
+    pub fn without_payload_key(self) -> Self {
+        self.edit(|s| s.payload_key = None)
     }
 
     /// How callers are told apart. See [`ScopeExtractor`]: read the scope from what your

@@ -38,8 +38,8 @@ pub trait Profile {
 }
 
 /// The plain HTTP profile, what a new layer starts with: every mutation takes part, keys
-/// are opaque, answers are stored whole, the layer's own answers are problem+json
-/// documents, nothing is advertised. Applying it puts those decisions back.
+/// are opaque and read from the `Idempotency-Key` header, answers are stored whole, the
+/// layer's own answers are problem+json documents, nothing is advertised. Applying it puts those decisions back.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpProfile;
 
@@ -53,6 +53,7 @@ impl Profile for HttpProfile {
             .with_answer_replayer(ReplayAsStored)
             .with_error_renderer(ProblemJson)
             .without_advertiser()
+            .without_payload_key()
     }
 }
 

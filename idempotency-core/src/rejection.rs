@@ -202,6 +202,23 @@ impl Rejection {
         )
     }
 
+    /// A body that cannot carry the key its route reads from it; `message` says why.
+    pub(crate) fn payload_key(message: String) -> Self {
+        Self::new(RejectionKind::InvalidKey, StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A body without the key its route requires.
+    pub(crate) fn missing_payload_key(method: &Method, path: &str) -> Self {
+        Self::new(
+            RejectionKind::MissingKey,
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{method} {path} requires an idempotency key in the request body; send one \
+                 (a new UUID per operation, the same one on every retry)"
+            ),
+        )
+    }
+
     pub(crate) fn missing_key(method: &Method, path: &str) -> Self {
         Self::new(
             RejectionKind::MissingKey,

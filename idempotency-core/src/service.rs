@@ -149,11 +149,11 @@ impl<S, M> Idempotency<S, M> {
             Parsed::Refused(rejection) => {
                 ResponseFuture::ready(rejection.into_response::<B>(settings))
             }
-            Parsed::Keyed(request, id, span) => {
+            Parsed::Keyed(request, keyed_by, span) => {
                 let settings = settings.clone();
                 let inner = self.take_ready_inner();
                 ResponseFuture::in_span(
-                    Box::pin(keyed::respond::<S, B>(settings, inner, request, id)),
+                    Box::pin(keyed::respond::<S, B>(settings, inner, request, keyed_by)),
                     span,
                 )
             }

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::budget::MemoryBudget;
 use crate::decisions::{Advertise, ClassifyAnswer, KeepAnswer, ReplayAnswer, RouteFilter};
 use crate::key::KeyFormat;
+use crate::payload_key::PayloadKey;
 use crate::policy::ScopeExtractor;
 use crate::rejection::{ErrorRenderer, Rejection};
 use crate::store::{IdempotencyStore, LogHash, RecordId};
@@ -43,6 +44,7 @@ pub(crate) struct Settings {
     pub(crate) replayer: Arc<dyn ReplayAnswer>,
     pub(crate) renderer: Arc<dyn ErrorRenderer>,
     pub(crate) advertiser: Option<Arc<dyn Advertise>>,
+    pub(crate) payload_key: Option<Arc<dyn PayloadKey>>,
     pub(crate) scope: Arc<dyn ScopeExtractor>,
     /// Whether the user chose the scope (`with_scope`), which decides how a request
     /// without one is explained.

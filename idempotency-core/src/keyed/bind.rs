@@ -75,8 +75,9 @@ where
     }
 }
 
-/// The binding of a keyed request, its body read whole.
-pub(crate) fn binding(request: &Request<Bytes>) -> Binding {
+/// The binding of a keyed request, its body read whole: to `fingerprint` instead of the
+/// body when its key's [`PayloadKey`](crate::PayloadKey) names what it is bound to.
+pub(crate) fn binding(request: &Request<Bytes>, fingerprint: Option<&[u8]>) -> Binding {
     let uri = request.uri();
     let mut path = normalized_path(uri.path());
     if path.len() > MAX_KEPT_PATH {
@@ -92,7 +93,7 @@ pub(crate) fn binding(request: &Request<Bytes>) -> Binding {
     Binding {
         method: request.method().as_str().to_owned(),
         path,
-        body_sha256: Sha256::digest(request.body()).into(),
+        body_sha256: Sha256::digest(fingerprint.unwrap_or(request.body())).into(),
     }
 }
 
@@ -167,7 +168,10 @@ mod tests {
     use super::*;
 
     fn binding_of(uri: &str) -> Binding {
-        binding(&Request::post(uri).body(Bytes::from_static(b"{}")).unwrap())
+        binding(
+            &Request::post(uri).body(Bytes::from_static(b"{}")).unwrap(),
+            None,
+        )
     }
 
     #[test]

@@ -36,10 +36,12 @@ use crate::body_types::{Answer, Bodies, InnerService};
 use crate::budget::Held;
 use crate::future::FinishOnDrop;
 use crate::outcome::Outcome;
+use crate::payload_key::FoundKey;
 use crate::reservation::ReservationHandle;
 use crate::settings::Settings;
 use crate::store::{FencingToken, RecordId};
 
+use self::parse::KeyedBy;
 use self::reserve::Next;
 use self::settle::recorded;
 
@@ -48,7 +50,7 @@ pub(crate) async fn respond<S, B>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<B::RequestIn>,
-    id: RecordId,
+    keyed_by: KeyedBy,
 ) -> Answer<B, S::Error>
 where
     S: InnerService<B::RequestOut, B::ResponseIn>,
@@ -60,12 +62,43 @@ where
     let body = match bind::read_body(&settings, &parts.headers, body, &mut held).await {
         Ok(body) => body,
         Err(rejection) => {
-            tracing::info!(outcome = rejection.kind.as_str(), key = %settings.log_key(&id), "idempotency: refused the request body: {}", rejection.message);
+            tracing::info!(
+                outcome = rejection.kind.as_str(),
+                "idempotency: refused the request body: {}",
+                rejection.message
+            );
             return Ok(recorded(&settings, rejection.into_response::<B>(&settings)));
         }
     };
     let request = Request::from_parts(parts, body);
-    let binding = bind::binding(&request);
+    // A key in the body is known now (1. Parse, finished).
+    let (id, fingerprint) = match keyed_by {
+        KeyedBy::Header(id) => (id, None),
+        KeyedBy::Payload { scope } => match parse::key_in_body(&settings, &request) {
+            Ok(Some(FoundKey { key, fingerprint })) => {
+                let id = RecordId::new(scope, key);
+                tracing::Span::current()
+                    .record("key", tracing::field::display(settings.log_key(&id)));
+                (id, fingerprint)
+            }
+            // No key in the body, and none required: it runs unprotected, as a request
+            // without a key header does.
+            Ok(None) => {
+                let mut inner = inner;
+                let request = request.map(B::keyed_request);
+                return Ok(inner.call(request).await?.map(B::ResponseOut::from));
+            }
+            Err(rejection) => {
+                tracing::info!(
+                    outcome = rejection.kind.as_str(),
+                    "idempotency: refused the key in the body: {}",
+                    rejection.message
+                );
+                return Ok(recorded(&settings, rejection.into_response::<B>(&settings)));
+            }
+        },
+    };
+    let binding = bind::binding(&request, fingerprint.as_deref());
     // 3. Reserve.
     match reserve::reserve(&settings, &id, &binding).await {
         // 4 to 6.

@@ -8,6 +8,7 @@ use http::Request;
 use crate::decisions::RequestHead;
 use crate::headers::IDEMPOTENCY_KEY;
 use crate::outcome::Outcome;
+use crate::payload_key::FoundKey;
 use crate::policy::is_mutation;
 use crate::rejection::Rejection;
 use crate::settings::Settings;
@@ -19,8 +20,23 @@ pub(crate) enum Parsed<B> {
     PassThrough(Request<B>),
     /// Its key header is bad, or its caller cannot be seen: the layer answers at once.
     Refused(Rejection),
-    /// It takes part: its record's id (scope and key), and its span.
-    Keyed(Request<B>, RecordId, tracing::Span),
+    /// It takes part: where its key is, and its span.
+    Keyed(Request<B>, KeyedBy, tracing::Span),
+}
+
+/// Where a keyed request's key is.
+pub(crate) enum KeyedBy {
+    /// In its header: the record's id (scope and key).
+    Header(RecordId),
+    /// In its body (a [`PayloadKey`](crate::PayloadKey) route), found once the body is
+    /// read ([`key_in_body`]); the scope is known already.
+    Payload { scope: String },
+}
+
+/// Where a request's key is, as far as its head tells.
+enum KeyIn {
+    Header(String),
+    Body,
 }
 
 /// Parses a request: whether it takes part, its key, its scope.
@@ -40,7 +56,7 @@ pub(crate) fn parse<B>(settings: &Settings, request: Request<B>) -> Parsed<B> {
         }
     };
     match scope_and_span(settings, request, key) {
-        Ok((request, id, span)) => Parsed::Keyed(request, id, span),
+        Ok((request, keyed, span)) => Parsed::Keyed(request, keyed, span),
         Err(rejection) => {
             crate::metrics::count(settings, Outcome::Rejected(rejection.kind));
             Parsed::Refused(rejection)
@@ -49,11 +65,18 @@ pub(crate) fn parse<B>(settings: &Settings, request: Request<B>) -> Parsed<B> {
 }
 
 /// The key: `Ok(None)` for a request that does not take part or carries no key
-/// (it passes through), `Err` for a bad key header.
-fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<String>, Rejection> {
+/// (it passes through), `Err` for a bad key header. On a route whose key is in the body,
+/// the header is not read: the body's key wins (see [`PayloadKey`](crate::PayloadKey)).
+fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<KeyIn>, Rejection> {
     let method = request.method();
     if !is_mutation(method) {
         return Ok(None);
+    }
+    if let Some(payload_key) = &settings.payload_key {
+        let head = RequestHead::of(request);
+        if settings.routes.takes_part(&head) && payload_key.applies(&head) {
+            return Ok(Some(KeyIn::Body));
+        }
     }
     let mut values = request.headers().get_all(&IDEMPOTENCY_KEY).iter();
     let value = values.next().map(|v| v.as_bytes().trim_ascii());
@@ -74,9 +97,36 @@ fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<Strin
         Some(value) => settings
             .key_format
             .parse(value)
-            .map(Some)
+            .map(|key| Some(KeyIn::Header(key)))
             .map_err(|error| Rejection::invalid_key(&error)),
         None => Err(Rejection::missing_key(method, request.uri().path())),
+    }
+}
+
+/// The key of a request whose route reads it from the body, once the body is read
+/// whole (checked by the key format), and what the request is bound to. `Ok(None)`: the
+/// body carries no key (refused if the layer requires one).
+pub(crate) fn key_in_body(
+    settings: &Settings,
+    request: &Request<bytes::Bytes>,
+) -> Result<Option<FoundKey>, Rejection> {
+    let Some(payload_key) = &settings.payload_key else {
+        return Ok(None);
+    };
+    match payload_key.find(request.body()) {
+        Ok(Some(found)) => {
+            let key = settings
+                .key_format
+                .parse(found.key.as_bytes())
+                .map_err(|error| Rejection::invalid_key(&error))?;
+            Ok(Some(FoundKey { key, ..found }))
+        }
+        Ok(None) if settings.require_key => Err(Rejection::missing_payload_key(
+            request.method(),
+            request.uri().path(),
+        )),
+        Ok(None) => Ok(None),
+        Err(message) => Err(Rejection::payload_key(message)),
     }
 }
 
@@ -92,8 +142,8 @@ fn read_key<B>(settings: &Settings, request: &Request<B>) -> Result<Option<Strin
 fn scope_and_span<Body>(
     settings: &Settings,
     request: Request<Body>,
-    key: String,
-) -> Result<(Request<Body>, RecordId, tracing::Span), Rejection> {
+    key: KeyIn,
+) -> Result<(Request<Body>, KeyedBy, tracing::Span), Rejection> {
     let (parts, body) = request.into_parts();
     let Some(scope) = settings.scope.scope(&parts) else {
         let rejection = Rejection::no_scope(settings.scope_chosen);
@@ -105,17 +155,25 @@ fn scope_and_span<Body>(
         });
         return Err(rejection);
     };
-    let id = RecordId::new(scope, key);
+    let keyed = match key {
+        KeyIn::Header(key) => KeyedBy::Header(RecordId::new(scope, key)),
+        KeyIn::Body => KeyedBy::Payload { scope },
+    };
     // Without a `tracing` subscriber that wants INFO, no span at all: a disabled span
     // still feeds the `log` crate fallback (on in every axum application) at each poll.
+    // A key in the body is recorded in the span once it is read.
     let span = if tracing::level_enabled!(tracing::Level::INFO) {
-        tracing::info_span!(
+        let span = tracing::info_span!(
             "idempotency",
-            key = %settings.log_key(&id),
+            key = tracing::field::Empty,
             outcome = tracing::field::Empty,
-        )
+        );
+        if let KeyedBy::Header(id) = &keyed {
+            span.record("key", tracing::field::display(settings.log_key(id)));
+        }
+        span
     } else {
         tracing::Span::none()
     };
-    Ok((Request::from_parts(parts, body), id, span))
+    Ok((Request::from_parts(parts, body), keyed, span))
 }
