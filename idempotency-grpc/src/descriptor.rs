@@ -1,8 +1,9 @@
 //! Reading which methods stream from a serialized `google.protobuf.FileDescriptorSet`,
-//! with a protobuf reader just large enough for the few fields it needs, so that this
-//! crate does not depend on a protobuf library.
+//! with the crate's own protobuf reader ([`wire`](crate::wire)).
 
 use std::fmt;
+
+use crate::wire::{Fields, Value, WireError};
 
 /// Why a file descriptor set could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,74 +89,9 @@ fn text(bytes: &[u8]) -> Result<&str, DescriptorError> {
     std::str::from_utf8(bytes).map_err(|_| DescriptorError("a name is not UTF-8"))
 }
 
-enum Value<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Fixed,
-}
-
-/// The fields of one message, in order: (field number, value).
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Iterator for Fields<'a> {
-    type Item = Result<(u64, Value<'a>), DescriptorError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        let field = self.field();
-        if field.is_err() {
-            self.0 = &[];
-        }
-        Some(field)
-    }
-}
-
-impl<'a> Fields<'a> {
-    fn field(&mut self) -> Result<(u64, Value<'a>), DescriptorError> {
-        let tag = self.varint()?;
-        let value = match tag & 7 {
-            0 => Value::Varint(self.varint()?),
-            1 => self.skip(8)?,
-            2 => {
-                let len = usize::try_from(self.varint()?)
-                    .map_err(|_| DescriptorError("a length does not fit in memory"))?;
-                let bytes = self
-                    .0
-                    .get(..len)
-                    .ok_or(DescriptorError("a field runs past the end"))?;
-                self.0 = &self.0[len..];
-                Value::Bytes(bytes)
-            }
-            5 => self.skip(4)?,
-            _ => return Err(DescriptorError("an unknown wire type")),
-        };
-        Ok((tag >> 3, value))
-    }
-
-    fn skip(&mut self, len: usize) -> Result<Value<'a>, DescriptorError> {
-        self.0 = self
-            .0
-            .get(len..)
-            .ok_or(DescriptorError("a field runs past the end"))?;
-        Ok(Value::Fixed)
-    }
-
-    fn varint(&mut self) -> Result<u64, DescriptorError> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = self
-                .0
-                .split_first()
-                .ok_or(DescriptorError("a number runs past the end"))?;
-            self.0 = rest;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        Err(DescriptorError("a number is longer than 10 bytes"))
+impl From<WireError> for DescriptorError {
+    fn from(error: WireError) -> Self {
+        Self(error.0)
     }
 }
 

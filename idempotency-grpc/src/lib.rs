@@ -98,6 +98,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod descriptor;
+mod request_id;
+mod wire;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -113,6 +115,7 @@ use idempotency_core::{
 };
 
 pub use descriptor::DescriptorError;
+pub use request_id::RequestIdField;
 
 /// A layer for a gRPC server (tonic's `Server::builder().layer(…)`, or around a
 /// `tonic::service::Routes`): [`GrpcProfile`], bodies wrapped so that trailers are
