@@ -29,7 +29,7 @@ mod pb {
 }
 
 use pb::orders_client::OrdersClient;
-use pb::{CreateOrderRequest, ListOrdersRequest, Order};
+use pb::{CreateOrderRequest, ListOrdersRequest, Order, PlaceOrderRequest};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_grpc-orders");
 /// Every call of these tests ends well within this.
@@ -235,6 +235,64 @@ async fn a_keyed_call_runs_once_and_its_retries_get_the_same_order_and_status() 
     // Without a key every call runs.
     create(&mut client, "pen", &[]).await.order();
     create(&mut client, "pen", &[]).await.order();
+    let (orders, _) = list(&mut client, None).await;
+    assert_eq!(items(&orders), [(1, "book"), (2, "pen"), (3, "pen")]);
+}
+
+/// `PlaceOrder` (AIP-155): a call with the message's `request_id` `id`, and metadata keys.
+async fn place(client: &mut OrdersClient<Channel>, item: &str, id: &str, keys: &[&str]) -> Answer {
+    let mut request = Request::new(PlaceOrderRequest {
+        item: item.to_owned(),
+        request_id: id.to_owned(),
+    });
+    for key in keys {
+        request
+            .metadata_mut()
+            .append("idempotency-key", MetadataValue::try_from(*key).unwrap());
+    }
+    let result = tokio::time::timeout(CALL_TIMEOUT, client.place_order(request))
+        .await
+        .expect("the call hung");
+    let replayed = |metadata: &tonic::metadata::MetadataMap| {
+        metadata
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true")
+    };
+    match result {
+        Ok(response) => Answer {
+            replayed: replayed(response.metadata()),
+            result: Ok(response.into_inner()),
+        },
+        Err(status) => Answer {
+            replayed: replayed(status.metadata()),
+            result: Err(status),
+        },
+    }
+}
+
+/// AIP-155: `PlaceOrder`'s key is its message's `request_id`, with no metadata: a retry
+/// gets the first order; a retry whose client added a metadata key of its own still
+/// does (the message's key wins); another order under the same `request_id` never runs;
+/// a message without one runs every time.
+#[tokio::test]
+async fn the_messages_request_id_is_the_key_and_no_metadata_is_needed() {
+    let server = Server::start(&[]);
+    let mut client = server.client().await;
+    let first = place(&mut client, "book", "req-1", &[]).await;
+    assert!(!first.replayed);
+    let retry = place(&mut client, "book", "req-1", &[]).await;
+    assert_eq!((retry.order(), retry.replayed), (first.order(), true));
+    let minted = place(&mut client, "book", "req-1", &["a-fresh-metadata-key"]).await;
+    assert_eq!((minted.order(), minted.replayed), (first.order(), true));
+    let other = place(&mut client, "pen", "req-1", &[]).await;
+    assert_eq!(
+        other.status().code(),
+        Code::FailedPrecondition,
+        "{:?}",
+        other.status()
+    );
+    place(&mut client, "pen", "", &[]).await.order();
+    place(&mut client, "pen", "", &[]).await.order();
     let (orders, _) = list(&mut client, None).await;
     assert_eq!(items(&orders), [(1, "book"), (2, "pen"), (3, "pen")]);
 }

@@ -97,6 +97,22 @@ def main(address):
         call(stub, "pen")
         assert len(listed(stub, "py-list")) == 4
 
+        # AIP-155: PlaceOrder's key is the message's request_id, with no metadata.
+        placed, rpc = stub.PlaceOrder.with_call(
+            orders_pb2.PlaceOrderRequest(item="mug", request_id="py-aip-1"), timeout=TIMEOUT
+        )
+        assert placed.item == "mug" and not replayed(rpc.initial_metadata()), placed
+        again, rpc = stub.PlaceOrder.with_call(
+            orders_pb2.PlaceOrderRequest(item="mug", request_id="py-aip-1"), timeout=TIMEOUT
+        )
+        assert again == placed and replayed(rpc.initial_metadata()), (again, placed)
+        try:
+            stub.PlaceOrder(orders_pb2.PlaceOrderRequest(item="cup", request_id="py-aip-1"), timeout=TIMEOUT)
+            raise AssertionError("another message with the same request_id ran")
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error
+        assert len(listed(stub)) == 5
+
     print("grpcio: all checks passed")
 
 

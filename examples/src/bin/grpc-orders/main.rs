@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use idempotency_core::{ExtensionScope, FullStore};
-use idempotency_grpc::GrpcProfile;
+use idempotency_grpc::{GrpcProfile, RequestIdField};
 use idempotency_store_sql::{MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use tonic::service::interceptor::InterceptorLayer;
 use tonic::transport::Server;
@@ -129,6 +129,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let layer = idempotency_grpc::layer(store)
         .with_profile(GrpcProfile::new().with_file_descriptor_set(orders::FILE_DESCRIPTOR_SET)?)
         .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone()))
+        // AIP-155: PlaceOrder's key is its message's `string request_id = 2`.
+        .with_payload_key(RequestIdField::new(2).on_methods(["/orders.v1.Orders/PlaceOrder"]))
         .with_in_flight_wait(Duration::from_millis(args.in_flight_wait_ms));
     let in_flight = layer.in_flight();
     let server = Server::builder()

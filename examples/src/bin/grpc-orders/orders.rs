@@ -13,7 +13,7 @@ mod pb {
 }
 
 pub(crate) use pb::orders_server::OrdersServer;
-use pb::{CreateOrderRequest, ListOrdersRequest, Order};
+use pb::{CreateOrderRequest, ListOrdersRequest, Order, PlaceOrderRequest};
 
 /// The serialized file descriptor set of `orders.proto`: it tells the idempotency layer
 /// that `ListOrders` streams.
@@ -137,13 +137,9 @@ fn database_error(error: sqlx::Error) -> Status {
     Status::unavailable("the orders database is unavailable; retry with the same idempotency-key")
 }
 
-#[tonic::async_trait]
-impl pb::orders_server::Orders for OrdersService {
-    async fn create_order(
-        &self,
-        request: Request<CreateOrderRequest>,
-    ) -> Result<Response<Order>, Status> {
-        let item = request.into_inner().item;
+impl OrdersService {
+    /// Creates an order of `item`: the work of `CreateOrder` and `PlaceOrder`.
+    async fn order(&self, item: String) -> Result<Response<Order>, Status> {
         match item.as_str() {
             "unavailable" => {
                 return Err(Status::unavailable(
@@ -157,6 +153,24 @@ impl pb::orders_server::Orders for OrdersService {
         let order = self.database.insert(&item).await.map_err(database_error)?;
         tracing::info!(id = order.id, "created an order");
         Ok(Response::new(order))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::orders_server::Orders for OrdersService {
+    async fn create_order(
+        &self,
+        request: Request<CreateOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
+        self.order(request.into_inner().item).await
+    }
+
+    /// `CreateOrder` whose key is the message's `request_id` (AIP-155), not metadata.
+    async fn place_order(
+        &self,
+        request: Request<PlaceOrderRequest>,
+    ) -> Result<Response<Order>, Status> {
+        self.order(request.into_inner().item).await
     }
 
     type ListOrdersStream = Pin<Box<dyn Stream<Item = Result<Order, Status>> + Send>>;
