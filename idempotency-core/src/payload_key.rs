@@ -19,8 +19,8 @@ use crate::decisions::{AllMutations, RequestHead, RouteFilter};
 /// body is checked by the layer's [`KeyFormat`](crate::KeyFormat) as a header's would
 /// be, and refused with the same 400.
 ///
-/// A profile's crate (gRPC's, for a protobuf field) implements it for its own bodies;
-/// [`JsonPointerKey`] is the one for JSON.
+/// A profile's crate implements it for its protocol's messages (`idempotency-grpc`'s
+/// `RequestIdField` reads a protobuf field); [`JsonPointerKey`] is the one for JSON.
 pub trait PayloadKey: Send + Sync + 'static {
     /// Whether `request`'s key is in its body.
     fn applies(&self, request: &RequestHead<'_>) -> bool;
