@@ -409,9 +409,14 @@ mod tests {
         );
     }
 
-    /// `MapStore`'s request path with the operators' trait at its defaults: `inspect`
-    /// tells no times, `evict` answers `Unsupported`.
-    struct DefaultAdmin(MapStore);
+    /// `MapStore`'s request path with the operators' trait at its defaults (`inspect`
+    /// tells no times, `evict` answers `Unsupported`), and, if `keeps_released_keys`, a
+    /// `release` that answers `Held` without letting the key go.
+    #[derive(Default)]
+    struct DefaultAdmin {
+        store: MapStore,
+        keeps_released_keys: bool,
+    }
 
     #[async_trait]
     impl IdempotencyStore for DefaultAdmin {
@@ -422,11 +427,11 @@ mod tests {
             lease: Duration,
             lifetime: Duration,
         ) -> Result<Reservation, StoreError> {
-            self.0.reserve(id, binding, lease, lifetime).await
+            self.store.reserve(id, binding, lease, lifetime).await
         }
 
         async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
-            self.0.load(id).await
+            self.store.load(id).await
         }
 
         async fn renew(
@@ -435,7 +440,7 @@ mod tests {
             token: FencingToken,
             lease: Duration,
         ) -> Result<Ownership, StoreError> {
-            self.0.renew(id, token, lease).await
+            self.store.renew(id, token, lease).await
         }
 
         async fn finalize(
@@ -444,7 +449,7 @@ mod tests {
             token: FencingToken,
             response: &StoredResponse,
         ) -> Result<Ownership, StoreError> {
-            self.0.finalize(id, token, response).await
+            self.store.finalize(id, token, response).await
         }
 
         async fn release(
@@ -452,7 +457,10 @@ mod tests {
             id: &RecordId,
             token: FencingToken,
         ) -> Result<Ownership, StoreError> {
-            self.0.release(id, token).await
+            if self.keeps_released_keys {
+                return Ok(Ownership::Held);
+            }
+            self.store.release(id, token).await
         }
 
         async fn take_over(
@@ -461,7 +469,7 @@ mod tests {
             lapsed: FencingToken,
             lease: Duration,
         ) -> Result<Option<FencingToken>, StoreError> {
-            self.0.take_over(id, lapsed, lease).await
+            self.store.take_over(id, lapsed, lease).await
         }
     }
 
@@ -471,7 +479,7 @@ mod tests {
     /// gets every other check, the operators' checks it can pass included.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_store_without_eviction_or_timed_inspection_runs_everything_else() {
-        let store = Arc::new(DefaultAdmin(MapStore::default()));
+        let store = Arc::new(DefaultAdmin::default());
         let report = Suite::new(store.clone()).with_admin(store).run().await;
         let skipped: Vec<_> = report.skipped.iter().map(|(check, _)| *check).collect();
         assert_eq!(
@@ -496,61 +504,13 @@ mod tests {
         );
     }
 
-    /// A store whose `release` answers `Held` without letting the key go.
-    struct KeepsReleasedKeys(MapStore);
-
-    #[async_trait]
-    impl IdempotencyStore for KeepsReleasedKeys {
-        async fn reserve(
-            &self,
-            id: &RecordId,
-            binding: &Binding,
-            lease: Duration,
-            lifetime: Duration,
-        ) -> Result<Reservation, StoreError> {
-            self.0.reserve(id, binding, lease, lifetime).await
-        }
-
-        async fn load(&self, id: &RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
-            self.0.load(id).await
-        }
-
-        async fn renew(
-            &self,
-            id: &RecordId,
-            token: FencingToken,
-            lease: Duration,
-        ) -> Result<Ownership, StoreError> {
-            self.0.renew(id, token, lease).await
-        }
-
-        async fn finalize(
-            &self,
-            id: &RecordId,
-            token: FencingToken,
-            response: &StoredResponse,
-        ) -> Result<Ownership, StoreError> {
-            self.0.finalize(id, token, response).await
-        }
-
-        async fn release(&self, _: &RecordId, _: FencingToken) -> Result<Ownership, StoreError> {
-            Ok(Ownership::Held)
-        }
-
-        async fn take_over(
-            &self,
-            id: &RecordId,
-            lapsed: FencingToken,
-            lease: Duration,
-        ) -> Result<Option<FencingToken>, StoreError> {
-            self.0.take_over(id, lapsed, lease).await
-        }
-    }
-
     /// A failing check says which check, on which store, and at which step.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_failure_names_the_check_the_store_and_the_step() {
-        let store = Arc::new(KeepsReleasedKeys(MapStore::default()));
+        let store = Arc::new(DefaultAdmin {
+            keeps_released_keys: true,
+            ..DefaultAdmin::default()
+        });
         let suite = Suite::new(store)
             .with_store_name("a store that keeps released keys")
             .only("release_frees_the_key");

@@ -38,6 +38,21 @@ fn counted(runs: &Arc<AtomicUsize>, takes: Duration) -> impl FnOnce() -> Work + 
     }
 }
 
+/// `counted` work, instant, for a charge of one cent under `key` in scope `tenant`.
+async fn run_counted(
+    once: &AtMostOnce,
+    key: &str,
+    runs: &Arc<AtomicUsize>,
+) -> Result<Receipt, RunError<String>> {
+    once.run(
+        "tenant",
+        key,
+        &Charge { cents: 1 },
+        counted(runs, Duration::ZERO),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_retry_gets_the_first_result_and_runs_nothing() {
     let once = once(|layer| layer);
@@ -73,14 +88,7 @@ async fn a_duplicate_while_it_runs_waits_and_gets_its_result() {
 async fn the_same_key_with_another_fingerprint_is_refused() {
     let once = once(|layer| layer);
     let runs = Arc::new(AtomicUsize::new(0));
-    once.run(
-        "tenant",
-        "k",
-        &Charge { cents: 1 },
-        counted(&runs, Duration::ZERO),
-    )
-    .await
-    .unwrap();
+    run_counted(&once, "k", &runs).await.unwrap();
     let reused = once
         .run(
             "tenant",
@@ -124,15 +132,7 @@ async fn a_retryable_failure_releases_the_key() {
         "{failed:?}"
     );
     let runs = Arc::new(AtomicUsize::new(0));
-    let receipt = once
-        .run(
-            "tenant",
-            "k",
-            &Charge { cents: 1 },
-            counted(&runs, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let receipt = run_counted(&once, "k", &runs).await.unwrap();
     assert_eq!(receipt, Receipt { run: 1 }, "the retry runs the work again");
 }
 
@@ -154,26 +154,11 @@ async fn an_unknown_outcome_holds_the_key_until_it_expires() {
         "{unknown:?}"
     );
     let runs = Arc::new(AtomicUsize::new(0));
-    let held = once
-        .run(
-            "tenant",
-            "k",
-            &Charge { cents: 1 },
-            counted(&runs, Duration::ZERO),
-        )
-        .await;
+    let held = run_counted(&once, "k", &runs).await;
     assert!(matches!(held, Err(RunError::InFlight)), "{held:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     tokio::time::sleep(lifetime + Duration::from_millis(200)).await;
-    let receipt = once
-        .run(
-            "tenant",
-            "k",
-            &Charge { cents: 1 },
-            counted(&runs, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let receipt = run_counted(&once, "k", &runs).await.unwrap();
     assert_eq!(
         receipt,
         Receipt { run: 1 },
@@ -196,15 +181,7 @@ async fn the_lease_is_renewed_while_the_work_runs() {
         async move { once.run("tenant", "k", &Charge { cents: 1 }, work).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let duplicate = once
-        .run(
-            "tenant",
-            "k",
-            &Charge { cents: 1 },
-            counted(&runs, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let duplicate = run_counted(&once, "k", &runs).await.unwrap();
     assert_eq!(duplicate, Receipt { run: 1 });
     assert_eq!(first.await.unwrap().unwrap(), Receipt { run: 1 });
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -280,14 +257,6 @@ async fn a_panicking_run_releases_its_key() {
         "the caller gets the panic"
     );
     let runs = Arc::new(AtomicUsize::new(0));
-    let receipt = once
-        .run(
-            "tenant",
-            "k",
-            &Charge { cents: 1 },
-            counted(&runs, Duration::ZERO),
-        )
-        .await
-        .unwrap();
+    let receipt = run_counted(&once, "k", &runs).await.unwrap();
     assert_eq!(receipt, Receipt { run: 1 });
 }
