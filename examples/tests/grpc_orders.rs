@@ -170,11 +170,8 @@ fn keyed(item: &str, keys: &[&str]) -> Request<CreateOrderRequest> {
     request
 }
 
-async fn create(client: &mut OrdersClient<Channel>, item: &str, keys: &[&str]) -> Answer {
-    let call = client.create_order(keyed(item, keys));
-    let result = tokio::time::timeout(CALL_TIMEOUT, call)
-        .await
-        .expect("the call hung");
+/// A call's result as an [`Answer`].
+fn answer(result: Result<tonic::Response<Order>, Status>) -> Answer {
     let replayed = |metadata: &tonic::metadata::MetadataMap| {
         metadata
             .get("idempotent-replayed")
@@ -190,6 +187,14 @@ async fn create(client: &mut OrdersClient<Channel>, item: &str, keys: &[&str]) -
             result: Err(status),
         },
     }
+}
+
+async fn create(client: &mut OrdersClient<Channel>, item: &str, keys: &[&str]) -> Answer {
+    let call = client.create_order(keyed(item, keys));
+    let result = tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .expect("the call hung");
+    answer(result)
 }
 
 async fn list(client: &mut OrdersClient<Channel>, key: Option<&str>) -> (Vec<Order>, bool) {
@@ -253,21 +258,7 @@ async fn place(client: &mut OrdersClient<Channel>, item: &str, id: &str, keys: &
     let result = tokio::time::timeout(CALL_TIMEOUT, client.place_order(request))
         .await
         .expect("the call hung");
-    let replayed = |metadata: &tonic::metadata::MetadataMap| {
-        metadata
-            .get("idempotent-replayed")
-            .is_some_and(|value| value == "true")
-    };
-    match result {
-        Ok(response) => Answer {
-            replayed: replayed(response.metadata()),
-            result: Ok(response.into_inner()),
-        },
-        Err(status) => Answer {
-            replayed: replayed(status.metadata()),
-            result: Err(status),
-        },
-    }
+    answer(result)
 }
 
 /// AIP-155: `PlaceOrder`'s key is its message's `request_id`, with no metadata: a retry
