@@ -258,6 +258,58 @@ pub fn run(settings: Settings) -> Vec<Row> {
         Verdict::Info,
     ));
 
+    // The function API: work run through `AtMostOnce` (a keyed request on the layer's own
+    // path) against the same work called directly. The work is the handler's: it makes
+    // the answer's JSON. Fresh keys: first executions; one key: replays.
+    let once = idempotency_core::AtMostOnce::new(layer().with_scope(idempotency_core::SingleScope));
+    let work = || async {
+        let value: serde_json::Value =
+            serde_json::from_str(app::RESPONSE_BODY).expect("the handler's JSON");
+        Ok::<_, idempotency_core::WorkError<()>>(value)
+    };
+    let runtime = &runtime;
+    let direct = |n: u64| {
+        runtime.block_on(async {
+            let start = Instant::now();
+            for _ in 0..n {
+                black_box(work().await.ok());
+            }
+            start.elapsed()
+        })
+    };
+    let through_once = |fixed: bool| {
+        let (once, counter) = (&once, &bench.counter);
+        move |n: u64| {
+            runtime.block_on(async {
+                let start = Instant::now();
+                for _ in 0..n {
+                    let i = counter.get();
+                    counter.set(i + 1);
+                    let key = if fixed {
+                        "once-fixed".to_owned()
+                    } else {
+                        format!("once-{i}")
+                    };
+                    let result = once.run("bench", &key, &app::REQUEST_BODY, work).await;
+                    black_box(result.expect("the work's result"));
+                }
+                start.elapsed()
+            })
+        }
+    };
+    for (name, fixed) in [("first execution", false), ("replay", true)] {
+        let result = paired(settings.rounds, settings.iters, direct, through_once(fixed));
+        rows.push(row(
+            &format!(
+                "in-process `AtMostOnce::run`, {name} (memory store) vs the work called directly"
+            ),
+            result,
+            "direct call",
+            "",
+            Verdict::Info,
+        ));
+    }
+
     // Metrics: the layer records every outcome, store call and wait through the `metrics`
     // facade. No recorder is installed here, the case whose target is "no cost beyond a
     // branch": against the same layer built `with_metrics(false)` (no metrics call, no

@@ -471,7 +471,8 @@ pub fn run(
                 continue;
             }
         };
-        let db = &db;
+        let shared = Arc::new(db);
+        let db = &*shared;
         let timer = Timer {
             runtime: &runtime,
             counter: Cell::new(0),
@@ -539,6 +540,48 @@ pub fn run(
             "raw SELECT",
             "one round trip (≤ 1.2× one SELECT)",
             Some(1.2),
+        ));
+        // The function API over this store: a piece of work that is one raw `SELECT`
+        // through the store's pool, run through `AtMostOnce` with a fresh key each time,
+        // against the same work called directly.
+        let once = idempotency_core::AtMostOnce::new(
+            idempotency_core::IdempotencyLayer::from_shared_store(db.store.clone())
+                .with_scope(idempotency_core::SingleScope),
+        );
+        let work = |db: Arc<Db>| async move {
+            db.raw_load("the-work")
+                .await
+                .map(drop)
+                .map_err(|error| idempotency_core::WorkError::Retryable(error.to_string()))
+        };
+        let function = paired(
+            settings.rounds,
+            settings.iters,
+            |n| {
+                timer.time(n, |_, _| {
+                    let db = shared.clone();
+                    async move { work(db).await.map_err(|error| format!("{error:?}").into()) }
+                })
+            },
+            |n| {
+                timer.time(n, |key, _| {
+                    let (db, once) = (shared.clone(), &once);
+                    async move {
+                        once.run("", &key, &(), move || work(db))
+                            .await
+                            .map_err(|error| error.to_string().into())
+                    }
+                })
+            },
+        );
+        rows.push(cost_row(
+            format!(
+                "{name}: `AtMostOnce::run` (first execution) of one `SELECT` vs the `SELECT` called directly"
+            ),
+            function,
+            "direct call",
+            "",
+            None,
         ));
         for (op, result) in [
             ("reserve + finalize", first),
