@@ -288,6 +288,52 @@ async fn the_messages_request_id_is_the_key_and_no_metadata_is_needed() {
     assert_eq!(items(&orders), [(1, "book"), (2, "pen"), (3, "pen")]);
 }
 
+/// AIP-155 under concurrency and failure: sixteen `PlaceOrder` calls with one
+/// `request_id` on a slow item create one order; `UNAVAILABLE` releases the key (the
+/// retry runs again); `INVALID_ARGUMENT` is stored (the retry gets it, replayed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_calls_with_one_request_id_create_one_order_and_statuses_keep_their_rules() {
+    let server = Server::start(&[]);
+    let client = server.client().await;
+    let calls = (0..16).map(|_| {
+        let mut client = client.clone();
+        tokio::spawn(async move { place(&mut client, "slow", "one-request", &[]).await })
+    });
+    let answers: Vec<Answer> = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        answers.iter().all(|answer| answer.order().id == 1),
+        "{answers:?}"
+    );
+    assert_eq!(answers.iter().filter(|a| !a.replayed).count(), 1);
+
+    let mut client = client.clone();
+    for _ in 0..2 {
+        let released = place(&mut client, "unavailable", "req-unavailable", &[]).await;
+        assert_eq!(released.status().code(), Code::Unavailable);
+        assert!(
+            !released.replayed,
+            "UNAVAILABLE releases the key: the retry runs"
+        );
+    }
+    let stored = place(&mut client, "invalid", "req-invalid", &[]).await;
+    assert_eq!(stored.status().code(), Code::InvalidArgument);
+    let again = place(&mut client, "invalid", "req-invalid", &[]).await;
+    assert_eq!(
+        (
+            again.status().code(),
+            again.status().message(),
+            again.replayed
+        ),
+        (Code::InvalidArgument, "item is invalid", true)
+    );
+    let (orders, _) = list(&mut client, None).await;
+    assert_eq!(items(&orders), [(1, "slow")]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_concurrent_calls_with_one_key_create_one_order() {
     let server = Server::start(&[]);
