@@ -35,6 +35,9 @@ pub struct Settings {
     /// How far apart the store's clock and the simulation's may be (zero on the memory
     /// store under a paused clock; a database's clock and its round trips need some).
     pub clock_tolerance: Duration,
+    /// Whether requests carry their key in a JSON body (`{"key": …, "body": …}`, read by
+    /// a `JsonPointerKey` bound to `/body`) instead of the `Idempotency-Key` header.
+    pub keys_in_body: bool,
 }
 
 impl Settings {
@@ -59,6 +62,7 @@ impl Settings {
                 stall_for: Duration::from_millis(200),
             },
             clock_tolerance: Duration::ZERO,
+            keys_in_body: false,
         }
     }
 }

@@ -15,8 +15,8 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use idempotency_core::conformance::Leftovers;
 use idempotency_core::{
-    IdempotencyBody, IdempotencyLayer, IdempotencyStore, OutcomeUnknown, PurgeExpired,
-    ReservationHandle, WrappedBodies,
+    IdempotencyBody, IdempotencyLayer, IdempotencyStore, JsonPointerKey, OutcomeUnknown,
+    PurgeExpired, ReservationHandle, WrappedBodies,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -279,9 +279,13 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         .with_grace_period(Duration::ZERO)
         .with_lease(settings.lease)
         .with_in_flight_wait(settings.in_flight_wait)
-        .with_replayed_headers([CONTENT_TYPE, EXEC_HEADER])
-        .wrap_bodies()
-        .layer(handler);
+        .with_replayed_headers([CONTENT_TYPE, EXEC_HEADER]);
+    let service = if settings.keys_in_body {
+        service.with_payload_key(JsonPointerKey::new("/key").with_fingerprint(["/body"]))
+    } else {
+        service
+    };
+    let service = service.wrap_bodies().layer(handler);
 
     if let Some(own_faults) = &target.own_faults {
         let history = history.clone();
@@ -300,6 +304,7 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         })
     });
 
+    let keys_in_body = settings.keys_in_body;
     // Each seed's keys are its own: a run never meets the records of the run before.
     let scope = |index: usize| format!("{}{seed}-s{index}", target.namespace);
     let next_request = Arc::new(AtomicU64::new(0));
@@ -317,7 +322,7 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
                         key: format!("k{}", step.key),
                     };
                     let number = next_request.fetch_add(1, Ordering::SeqCst) + 1;
-                    send(&service, &history, number, key, &step).await;
+                    send(&service, &history, number, key, &step, keys_in_body).await;
                 }
             })
         })
@@ -367,7 +372,7 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
                 scope: scope(scope_index),
                 key: format!("k{key}"),
             };
-            send(&service, &history, number, key, &step).await;
+            send(&service, &history, number, key, &step, keys_in_body).await;
             final_requests.push(number);
         }
     }
@@ -400,22 +405,36 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
 
 /// Sends one request on a task of its own (a panicking handler fails only it), records
 /// it and how it ended.
-async fn send(service: &Layered, history: &Arc<History>, number: u64, key: KeyOf, step: &Step) {
+async fn send(
+    service: &Layered,
+    history: &Arc<History>,
+    number: u64,
+    key: KeyOf,
+    step: &Step,
+    key_in_body: bool,
+) {
     history.push(Event::Sent {
         request: number,
         key: key.clone(),
         body: step.body,
         behaviour: step.behaviour.name().to_owned(),
     });
-    let request = Request::post("/simulated")
-        .header("idempotency-key", &key.key)
+    let (mut request, body) = if key_in_body {
+        let body = serde_json::json!({"key": key.key, "body": step.body}).to_string();
+        (Request::post("/simulated"), Bytes::from(body))
+    } else {
+        let request = Request::post("/simulated").header("idempotency-key", &key.key);
+        (request, Bytes::from_static(step.body.as_bytes()))
+    };
+    request = request
         .header("x-scope", &key.scope)
         .header("x-request", number)
         .header("x-behaviour", step.behaviour.name())
         .header("x-sleep-ms", step.handler_time.as_millis() as u64)
-        .header("x-body", step.body)
+        .header("x-body", step.body);
+    let request = request
         .body(
-            Full::new(Bytes::from_static(step.body.as_bytes()))
+            Full::new(body)
                 .map_err(|never| match never {})
                 .boxed_unsync(),
         )

@@ -40,6 +40,42 @@ fn every_seed_keeps_every_rule() {
     }
 }
 
+/// The same rules with every key in the request's JSON body (`JsonPointerKey`, bound to
+/// the body's `/body`), not in the header: the payload-key path is the same request path.
+#[test]
+fn keys_in_the_body_keep_every_rule() {
+    let settings = Settings {
+        keys_in_body: true,
+        ..Settings::quick()
+    };
+    let seeds = seeds(300);
+    eprintln!(
+        "memory store, keys in the body: seeds {}..={}",
+        seeds[0],
+        seeds[seeds.len() - 1]
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in seeds {
+        let run = run(seed, &settings);
+        run.assert_passed("the memory store, keys in the body");
+        let history = run.history.render(None);
+        for (what, text) in [
+            ("replay", "(replay)"),
+            ("reused key", "answered 422"),
+            ("takeover", "took over as"),
+        ] {
+            if history.contains(text) {
+                seen.insert(what);
+            }
+        }
+        assert!(
+            !history.contains("invalid-key") && !history.contains("missing-key"),
+            "seed {seed}: the layer refused a key in the body:\n{history}"
+        );
+    }
+    assert_eq!(seen.len(), 3, "the keys in the body took part: {seen:?}");
+}
+
 #[test]
 fn a_seed_replays_its_schedule_exactly() {
     let settings = Settings::quick();
