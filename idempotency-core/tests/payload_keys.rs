@@ -175,3 +175,53 @@ async fn at_most_once_reads_no_payload_key() {
         assert_eq!(result.unwrap(), 1);
     }
 }
+
+/// As a client meets it over the network: `curl` posts an order twice to a server on
+/// loopback, the retry a minute later by its `sentAt` and with a header key its client
+/// minted afresh; the retry gets the first answer, marked replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_gets_the_first_answer_for_the_same_client_token() {
+    let (app, runs) = app(|layer| layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let post = |header_key: &'static str, body: &'static str| {
+        tokio::task::spawn_blocking(move || {
+            let output = std::process::Command::new("curl")
+                .args(["--silent", "--include", "--request", "POST"])
+                .args(["--header", "content-type: application/json"])
+                .args(["--header", &format!("idempotency-key: {header_key}")])
+                .args(["--data", body])
+                .arg(format!("http://{address}/orders"))
+                .output()
+                .expect("curl runs (Debian package `curl`)");
+            assert!(output.status.success(), "curl failed: {output:?}");
+            String::from_utf8(output.stdout)
+                .unwrap()
+                .to_ascii_lowercase()
+        })
+    };
+    let first = post(
+        "minted-1",
+        r#"{"clientToken":"c-9","account":7,"amount":100,"sentAt":"10:00"}"#,
+    )
+    .await
+    .unwrap();
+    let retry = post(
+        "minted-2",
+        r#"{"clientToken":"c-9","account":7,"amount":100,"sentAt":"10:01"}"#,
+    )
+    .await
+    .unwrap();
+    assert!(
+        first.starts_with("http/1.1 201") && first.ends_with("run 1"),
+        "{first}"
+    );
+    assert!(!first.contains("idempotent-replayed"), "{first}");
+    assert!(
+        retry.starts_with("http/1.1 201") && retry.ends_with("run 1"),
+        "{retry}"
+    );
+    assert!(retry.contains("idempotent-replayed: true"), "{retry}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
