@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotency_core::{AtMostOnce, FullStore, IdempotencyLayer, RunError, WorkError};
-use idempotency_store_sql::{MySqlStore, PoolSettings, SqliteStore};
+use idempotency_store_sql::{PoolSettings, SqliteStore};
 
 const LIFETIME: Duration = Duration::from_secs(2);
 
@@ -129,31 +129,17 @@ async fn postgres() {
     common::drop_postgres_table(&a).await;
 }
 
-/// A MariaDB node on `table`, migrated; `None` (skip) when the server does not answer
-/// outside CI.
-async fn mariadb_node(table: &str) -> Option<MySqlStore> {
-    const ENV: &str = "IDEMPOTENCY_TEST_MYSQL_URL";
-    let url = std::env::var(ENV).unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
-    let settings = PoolSettings::default().max_connections(4);
-    match MySqlStore::connect(&url, &settings).await {
-        Ok(store) => Some(
-            store
-                .with_table_name(table)
-                .unwrap()
-                .migrate()
-                .await
-                .unwrap(),
-        ),
-        Err(error) => common::unreachable("MariaDB", &url, ENV, error),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mariadb() {
     let table = common::unique_table();
-    let (Some(a), Some(b)) = (mariadb_node(&table).await, mariadb_node(&table).await) else {
+    let (Some(a), Some(b)) = (
+        common::mysql_node(&table).await,
+        common::mysql_node(&table).await,
+    ) else {
         return;
     };
+    let a = a.migrate().await.unwrap();
+    let b = b.migrate().await.unwrap();
     runs_once_across_replicas(Arc::new(a.clone()), Arc::new(b)).await;
     sqlx::query(&format!("DROP TABLE IF EXISTS `{table}`"))
         .execute(a.pool())

@@ -10,22 +10,7 @@ use std::time::Duration;
 use idempotency_core::{FullStore, IdempotencyStore};
 use idempotency_store_sql::{MySqlStore, PoolSettings};
 
-const ENV: &str = "IDEMPOTENCY_TEST_MYSQL_URL";
-
-fn url() -> String {
-    std::env::var(ENV).unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
-}
-
-/// A node: a store with a pool of its own, on `table` (not migrated).
-async fn node(table: &str) -> Option<MySqlStore> {
-    let settings = PoolSettings::default()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(10));
-    match MySqlStore::connect(&url(), &settings).await {
-        Ok(store) => Some(store.with_table_name(table).expect("valid table name")),
-        Err(error) => common::unreachable("MySQL", &url(), ENV, error),
-    }
-}
+use common::{MYSQL_ENV as ENV, mysql_node as node, mysql_url as url};
 
 async fn drop_table(store: &MySqlStore) {
     sqlx::query(&format!("DROP TABLE IF EXISTS `{}`", store.table_name()))

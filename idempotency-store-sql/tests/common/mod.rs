@@ -180,3 +180,25 @@ pub async fn counting_postgres_node(
         .unwrap();
     (node, queries)
 }
+
+/// The variable that names the MySQL/MariaDB server the tests use.
+#[cfg(feature = "mysql")]
+pub const MYSQL_ENV: &str = "IDEMPOTENCY_TEST_MYSQL_URL";
+
+#[cfg(feature = "mysql")]
+pub fn mysql_url() -> String {
+    std::env::var(MYSQL_ENV).unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A MySQL/MariaDB node: a store with a pool of its own, on `table` (not migrated);
+/// `None` (after [`unreachable`]) when the server does not answer.
+#[cfg(feature = "mysql")]
+pub async fn mysql_node(table: &str) -> Option<idempotency_store_sql::MySqlStore> {
+    let settings = idempotency_store_sql::PoolSettings::default()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(10));
+    match idempotency_store_sql::MySqlStore::connect(&mysql_url(), &settings).await {
+        Ok(store) => Some(store.with_table_name(table).expect("valid table name")),
+        Err(error) => unreachable("MySQL", &mysql_url(), MYSQL_ENV, error),
+    }
+}
