@@ -162,18 +162,20 @@ fn scope_and_span<Body>(
     // Without a `tracing` subscriber that wants INFO, no span at all: a disabled span
     // still feeds the `log` crate fallback (on in every axum application) at each poll.
     // A key in the body is recorded in the span once it is read.
-    let span = if tracing::level_enabled!(tracing::Level::INFO) {
-        let span = tracing::info_span!(
+    let span = if !tracing::level_enabled!(tracing::Level::INFO) {
+        tracing::Span::none()
+    } else if let KeyedBy::Header(id) = &keyed {
+        tracing::info_span!(
+            "idempotency",
+            key = %settings.log_key(id),
+            outcome = tracing::field::Empty,
+        )
+    } else {
+        tracing::info_span!(
             "idempotency",
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,
-        );
-        if let KeyedBy::Header(id) = &keyed {
-            span.record("key", tracing::field::display(settings.log_key(id)));
-        }
-        span
-    } else {
-        tracing::Span::none()
+        )
     };
     Ok((Request::from_parts(parts, body), keyed, span))
 }
