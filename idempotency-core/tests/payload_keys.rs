@@ -225,3 +225,78 @@ async fn curl_gets_the_first_answer_for_the_same_client_token() {
     assert!(retry.contains("idempotent-replayed: true"), "{retry}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Two tenants, behind real authentication in front of the layer (axum: the layer added
+/// before the auth layer runs after it), send the same `clientToken`: each gets its own
+/// run, never the other's answer.
+#[tokio::test]
+async fn a_second_tenant_never_gets_the_first_ones_answer() {
+    use axum::extract::Request as AxumRequest;
+    use axum::middleware::{self, Next};
+    use idempotency_core::ExtensionScope;
+
+    #[derive(Clone)]
+    struct Tenant(String);
+
+    async fn authenticate(mut request: AxumRequest, next: Next) -> axum::response::Response {
+        let tenant = request.headers().get("authorization").and_then(|value| {
+            value
+                .to_str()
+                .ok()?
+                .strip_prefix("Bearer ")
+                .map(str::to_owned)
+        });
+        match tenant {
+            Some(tenant) => {
+                request.extensions_mut().insert(Tenant(tenant));
+                next.run(request).await
+            }
+            None => StatusCode::UNAUTHORIZED.into_response(),
+        }
+    }
+    use axum::response::IntoResponse;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    async fn run(
+        State(runs): State<Arc<AtomicUsize>>,
+        axum::Extension(tenant): axum::Extension<Tenant>,
+    ) -> (StatusCode, String) {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        (StatusCode::CREATED, format!("run {n} for {}", tenant.0))
+    }
+    let app = Router::new()
+        .route("/orders", post(run))
+        .with_state(runs.clone())
+        .layer(
+            IdempotencyLayer::new(MemoryStore::new())
+                .with_scope(ExtensionScope::new(|tenant: &Tenant| tenant.0.clone()))
+                .with_payload_key(JsonPointerKey::new("/clientToken")),
+        )
+        .layer(middleware::from_fn(authenticate));
+    let send_as = |tenant: &'static str| {
+        let app = app.clone();
+        async move {
+            let request = Request::post("/orders")
+                .header("authorization", format!("Bearer {tenant}"))
+                .header("content-type", "application/json")
+                .body(Body::from(r#"{"clientToken":"shared-token","amount":1}"#))
+                .unwrap();
+            let response = app.oneshot(request).await.unwrap();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(bytes.to_vec()).unwrap()
+        }
+    };
+    assert_eq!(send_as("alice").await, "run 1 for alice");
+    assert_eq!(send_as("bob").await, "run 2 for bob");
+    assert_eq!(
+        send_as("alice").await,
+        "run 1 for alice",
+        "alice's retry: her own answer"
+    );
+    assert_eq!(
+        send_as("bob").await,
+        "run 2 for bob",
+        "bob's retry: his own answer"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
