@@ -25,7 +25,11 @@ async fn passes_the_conformance_suite_and_the_model_on_a_cluster() {
     let cluster = RedisCluster::start();
     bounded(240, async {
         let store = store(&cluster).await;
-        checks::conformance_suite(Arc::new(store.clone())).await;
+        checks::conformance_suite(
+            Arc::new(store.clone()),
+            Arc::new(self::store(&cluster).await),
+        )
+        .await;
         checks::reference_model(Arc::new(store.clone()), 2_000, 100).await;
         checks::expiry_is_native(&store).await;
     })
@@ -71,7 +75,6 @@ async fn two_store_handles_act_as_two_replicas_on_a_cluster() {
     let cluster = RedisCluster::start();
     bounded(120, async {
         let (a, b) = (store(&cluster).await, store(&cluster).await);
-        checks::two_handles(Arc::new(a.clone()), Arc::new(b.clone())).await;
         checks::sixty_four_racers_over_two_handles_run_once(a, b).await;
     })
     .await;
@@ -138,8 +141,7 @@ async fn passes_the_conformance_suite_with_a_scope_quota_on_a_cluster() {
             .with_max_records(1_000_000)
             .with_max_bytes(1 << 40);
         let store = store(&cluster).await.with_scope_quota(quota);
-        checks::conformance_suite(Arc::new(store.clone())).await;
-        checks::two_handles(
+        checks::conformance_suite(
             Arc::new(store.clone()),
             Arc::new(self::store(&cluster).await.with_scope_quota(quota)),
         )

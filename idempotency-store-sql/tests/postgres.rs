@@ -13,12 +13,16 @@ use idempotency_store_sql::PostgresStore;
 use common::{drop_postgres_table, postgres_node, postgres_url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn passes_the_conformance_suite() {
-    let Some(store) = postgres_node(&common::unique_table()).await else {
+async fn passes_the_conformance_suite_with_two_nodes() {
+    let table = common::unique_table();
+    let Some(store) = postgres_node(&table).await else {
+        return;
+    };
+    let Some(second_node) = postgres_node(&table).await else {
         return;
     };
     let store = store.migrate().await.expect("migrate");
-    common::passes_every_check(common::shared(store.clone())).await;
+    common::passes_every_check(common::shared(store.clone()), common::shared(second_node)).await;
     drop_postgres_table(&store).await;
 }
 
@@ -109,22 +113,6 @@ async fn eight_nodes_upgrade_a_table_of_the_previous_release() {
     let store = nodes[0].clone().migrate().await.expect("second migrate");
     common::check_upgraded_table(common::shared(store.clone())).await;
     drop_postgres_table(&store).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_nodes_share_keys_leases_and_takeovers() {
-    let table = common::unique_table();
-    let Some(a) = postgres_node(&table).await else {
-        return;
-    };
-    let Some(b) = postgres_node(&table).await else {
-        return;
-    };
-    let a = a.migrate().await.expect("migrate");
-    let (a_dyn, b_dyn): (Arc<dyn FullStore>, Arc<dyn FullStore>) =
-        (Arc::new(a.clone()), Arc::new(b));
-    idempotency_core::conformance::run_multi_node(&a_dyn, &b_dyn).await;
-    drop_postgres_table(&a).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

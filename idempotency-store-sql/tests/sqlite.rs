@@ -36,14 +36,15 @@ fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn passes_the_conformance_suite() {
+async fn passes_the_conformance_suite_with_two_pools() {
     let (_dir, path) = temp_db();
     let store = node(&path, "idempotency_records")
         .await
         .migrate()
         .await
         .expect("migrate");
-    common::passes_every_check(common::shared(store)).await;
+    let second_pool = node(&path, "idempotency_records").await;
+    common::passes_every_check(common::shared(store), common::shared(second_pool)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -113,15 +114,6 @@ async fn eight_pools_upgrade_a_table_of_the_previous_release() {
     }
     let store = nodes[0].clone().migrate().await.expect("second migrate");
     common::check_upgraded_table(common::shared(store)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_pools_share_keys_leases_and_takeovers() {
-    let (_dir, path) = temp_db();
-    let a = migrated(&path).await;
-    let b = node(&path, "records").await;
-    let (a, b): (Arc<dyn FullStore>, Arc<dyn FullStore>) = (Arc::new(a), Arc::new(b));
-    idempotency_core::conformance::run_multi_node(&a, &b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -20,9 +20,9 @@
 //! Suite::new(request_path_only).run().await;
 //! // A store that also implements RecordAdmin and PurgeExpired:
 //! Suite::full(full.clone()).run().await;
-//! // A store shared by several processes, with two handles on one backend (two pools,
-//! // two connections), as two replicas would hold them:
-//! idempotency_core::conformance::run_multi_node(&full, &second_handle).await;
+//! // A store shared by several processes also runs the multi-node checks, with a second
+//! // handle on the same backend (its own pool or connection), as two replicas hold it:
+//! Suite::full(full).with_second_node(second_handle).run().await;
 //! # }
 //! ```
 //!
@@ -33,9 +33,7 @@
 //! don't list them in your tests (a check renamed or split would silently fall out of
 //! them); run the suite, and [`Suite::only`] to debug one check.
 //!
-//! Beside the suite, for what one store handle cannot show:
-//! [`run_multi_node`] runs the checks that need two handles on one backend, as two
-//! replicas hold it; [`through_layer`] checks run an
+//! Beside the suite: [`through_layer`] checks run an
 //! [`IdempotencyLayer`](crate::IdempotencyLayer) over the store, for what the store alone
 //! cannot show (what a waiting retry is answered); [`model`] compares random sequences
 //! of operations from several owners with a reference model. Checks panic with a message
@@ -70,9 +68,8 @@ pub use leftovers::Leftovers;
 pub use leftovers::{
     an_unknown_outcome_frees_its_key_once_it_expires, nothing_outlives_its_request,
 };
-pub use multi_node::{
-    concurrent_purges, run_multi_node, takeover_across_nodes, two_nodes_race_one_winner,
-};
+#[doc(hidden)]
+pub use multi_node::{concurrent_purges, takeover_across_nodes, two_nodes_race_one_winner};
 #[doc(hidden)]
 pub use operator::{
     evict_deletes_a_completed_record_and_the_key_runs_again, evict_never_acts_on_a_stale_verdict,

@@ -6,27 +6,11 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use super::suite::has_leases;
 use super::{LONG, binding, fresh_id, response};
 use crate::purge::purge_all_expired;
 use crate::store::{
     IdempotencyStore, Ownership, PurgeExpired, Purged, RecordId, RecordState, Reservation,
 };
-
-/// Runs every multi-node check that applies with `a` and `b` as two nodes on one
-/// backend: the takeover and the purge of reservations that expired in flight need
-/// reservations with a lease.
-pub async fn run_multi_node<S: PurgeExpired + ?Sized>(a: &Arc<S>, b: &Arc<S>) {
-    two_nodes_race_one_winner(a, b).await;
-    if has_leases(a.as_ref()).await {
-        takeover_across_nodes(a, b).await;
-        concurrent_purges(a, b).await;
-    } else {
-        eprintln!(
-            "conformance: skipped takeover_across_nodes and concurrent_purges: the store's reservations are uncommitted"
-        );
-    }
-}
 
 /// Two nodes race 64 reserves of each of several keys: exactly one winner per key, every
 /// loser sees the winner's token, and a record finalized on one node is a replay on the

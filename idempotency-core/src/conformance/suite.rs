@@ -37,7 +37,9 @@ use crate::store::{EvictInFlight, Eviction};
 /// use idempotency_core::conformance::Suite;
 /// use idempotency_store_memory::MemoryStore;
 ///
-/// let report = Suite::full(Arc::new(MemoryStore::new())).run().await;
+/// let store = Arc::new(MemoryStore::new());
+/// // A store shared by replicas also names a second handle on its backend.
+/// let report = Suite::full(store.clone()).with_second_node(store).run().await;
 /// assert!(report.skipped.is_empty(), "{report}");
 /// # }
 /// ```
@@ -47,6 +49,7 @@ pub struct Suite {
     admin: Option<Arc<dyn RecordAdmin>>,
     purge: Option<Arc<dyn PurgeExpired>>,
     leftovers: Option<Arc<dyn Leftovers>>,
+    second_node: Option<Arc<dyn PurgeExpired>>,
     store_name: String,
     only: Option<String>,
 }
@@ -75,6 +78,8 @@ impl fmt::Display for Report {
 const NO_ADMIN: &str = "the store was given without RecordAdmin (Suite::with_admin)";
 const NO_PURGE: &str = "the store was given without PurgeExpired (Suite::with_purge)";
 const NO_LEASE: &str = "the store's reservations are uncommitted: no lease to renew, lapse or take over, and nobody else sees them before they commit";
+const NO_SECOND_NODE: &str =
+    "the store was given no second handle on its backend (Suite::with_second_node)";
 const NO_EVICT: &str = "the store's RecordAdmin::evict answers Unsupported";
 const NO_TIMES: &str =
     "the store's RecordAdmin::inspect tells no times (created_at, expires_at, inspected_at)";
@@ -87,6 +92,7 @@ impl Suite {
             admin: None,
             purge: None,
             leftovers: None,
+            second_node: None,
             store_name: "the store".to_owned(),
             only: None,
         }
@@ -99,6 +105,7 @@ impl Suite {
             admin: Some(store.clone()),
             purge: Some(store),
             leftovers: None,
+            second_node: None,
             store_name: "the store".to_owned(),
             only: None,
         }
@@ -161,6 +168,33 @@ impl Suite {
         self
     }
 
+    /// Adds the checks for a store shared by several processes, run with `second_node` as
+    /// a second replica: another handle on the same backend (its own pool or connection,
+    /// the same table or key prefix), racing, taking over and purging beside the first.
+    /// The concurrent purge also needs the first node's [`PurgeExpired`]
+    /// ([`with_purge`](Self::with_purge) or [`Suite::full`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "multi_thread")]
+    /// # async fn main() {
+    /// # use std::sync::Arc;
+    /// # use idempotency_core::conformance::Suite;
+    /// # use idempotency_store_memory::MemoryStore;
+    /// // Two handles on one map stand in for two pools on one database.
+    /// let store = Arc::new(MemoryStore::new());
+    /// let report = Suite::full(store.clone())
+    ///     .with_second_node(store)
+    ///     .only("two_nodes_race_one_winner")
+    ///     .run()
+    ///     .await;
+    /// assert_eq!(report.ran, ["two_nodes_race_one_winner"]);
+    /// # }
+    /// ```
+    pub fn with_second_node(mut self, second_node: Arc<dyn PurgeExpired>) -> Self {
+        self.second_node = Some(second_node);
+        self
+    }
+
     /// Runs every check that applies, one after another; panics at the first that
     /// fails. The checks skipped are printed (to standard error) and reported.
     pub async fn run(self) -> Report {
@@ -174,6 +208,7 @@ impl Suite {
         self.run_request_path(leased, &mut runner).await;
         self.run_purge(leased, &mut runner).await;
         self.run_admin(leased, &mut runner).await;
+        self.run_multi_node(leased, &mut runner).await;
         let Runner {
             report,
             known,
@@ -335,6 +370,41 @@ impl Suite {
         check!(lease_evicting, evict_wakes_waiters);
         check!(lease_evicting, evict_never_acts_on_a_stale_verdict);
     }
+
+    async fn run_multi_node(&self, leased: bool, report: &mut Runner<'_>) {
+        let (second, applies) = match &self.second_node {
+            Some(second) => (Some(second), Ok(())),
+            None => (None, Err(NO_SECOND_NODE)),
+        };
+        let lease = applies.and(leased.then_some(()).ok_or(NO_LEASE));
+        let purges = lease.and(self.purge.as_ref().map(|_| ()).ok_or(NO_PURGE));
+        let first = &self.store;
+        let second_store = second
+            .cloned()
+            .map(|second| second as Arc<dyn IdempotencyStore>);
+        let second_store = second_store.as_ref();
+        report
+            .check("two_nodes_race_one_winner", applies, async {
+                two_nodes_race_one_winner(first, second_store.expect("applies with a second node"))
+                    .await
+            })
+            .await;
+        report
+            .check("takeover_across_nodes", lease, async {
+                takeover_across_nodes(first, second_store.expect("applies with a second node"))
+                    .await
+            })
+            .await;
+        report
+            .check("concurrent_purges", purges, async {
+                concurrent_purges(
+                    self.purge.as_ref().expect("applies only with PurgeExpired"),
+                    second.expect("applies with a second node"),
+                )
+                .await
+            })
+            .await;
+    }
 }
 
 /// A run in progress: the report so far, and which checks to run.
@@ -420,7 +490,7 @@ async fn inspects_times<S: RecordAdmin + ?Sized>(admin: &S) -> bool {
 
 /// Whether the store's reservations have a lease: it reserves a key of its own and
 /// releases it.
-pub(super) async fn has_leases<S: IdempotencyStore + ?Sized>(store: &S) -> bool {
+async fn has_leases<S: IdempotencyStore + ?Sized>(store: &S) -> bool {
     let id = fresh_id();
     let answer = store
         .reserve(&id, &binding(b"{}"), LONG, LONG)

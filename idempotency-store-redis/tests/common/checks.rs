@@ -23,10 +23,14 @@ use tower::ServiceExt as _;
 
 use super::{binding, id, response};
 
-/// The public conformance suite: every check (the store's reservations have a lease, and
-/// it has every capability, so nothing is skipped) and the reference model.
-pub async fn conformance_suite(store: Arc<dyn FullStore>) {
-    let report = conformance::Suite::full(store).run().await;
+/// The public conformance suite, with `second_node` (another handle on the same server
+/// or cluster) as a second replica: every check runs (the store's reservations have a
+/// lease, and it has every capability, so nothing is skipped).
+pub async fn conformance_suite(store: Arc<dyn FullStore>, second_node: Arc<dyn FullStore>) {
+    let report = conformance::Suite::full(store)
+        .with_second_node(second_node)
+        .run()
+        .await;
     assert!(report.skipped.is_empty(), "{report}");
 }
 
@@ -104,11 +108,6 @@ pub async fn expiry_is_native(store: &RedisStore) {
             "no {field} in {fields:?}"
         );
     }
-}
-
-/// The public multi-node checks with two store handles (two connections) as two replicas.
-pub async fn two_handles(a: Arc<dyn FullStore>, b: Arc<dyn FullStore>) {
-    conformance::run_multi_node(&a, &b).await;
 }
 
 /// The service's side effect, shared by both replicas.

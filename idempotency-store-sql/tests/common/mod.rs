@@ -78,9 +78,11 @@ pub fn shared(store: impl FullStore) -> Arc<dyn FullStore> {
     Arc::new(store)
 }
 
-/// The whole conformance suite: a store whose reservations have a lease skips nothing.
-pub async fn passes_every_check(store: Arc<dyn FullStore>) {
+/// The whole conformance suite, with `second_node` (another pool on the same table) as a
+/// second replica: a store whose reservations have a lease skips nothing.
+pub async fn passes_every_check(store: Arc<dyn FullStore>, second_node: Arc<dyn FullStore>) {
     let report = idempotency_core::conformance::Suite::full(store)
+        .with_second_node(second_node)
         .run()
         .await;
     assert!(report.skipped.is_empty(), "{report}");
