@@ -330,7 +330,7 @@ pub use in_transaction::PreparedAnswer;
 pub use key::{KeyError, KeyFormat, MAX_OPAQUE_KEY_LEN, OpaqueKey, UuidKey};
 pub use keyed::bind::MAX_KEPT_PATH;
 pub use layer::{IdempotencyLayer, InFlightRequests};
-pub use once::{AtMostOnce, RunError, WorkError};
+pub use once::{AtMostOnce, RunError, WorkError, WorkReservation};
 pub use outcome::Outcome;
 pub use payload_key::{FoundKey, JsonPointerKey, PayloadKey};
 pub use policy::{CredentialScope, ExtensionScope, ScopeExtractor, SingleScope};

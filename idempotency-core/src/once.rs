@@ -19,7 +19,7 @@ use crate::layer::IdempotencyLayer;
 use crate::outcome::Outcome;
 use crate::profile::HttpProfile;
 use crate::rejection::RejectionKind;
-use crate::reservation::OutcomeUnknown;
+use crate::reservation::{OutcomeUnknown, ReservationHandle};
 use crate::service::Idempotency;
 
 /// Idempotent functions: any async work run at most once per (scope, key), with the
@@ -199,6 +199,50 @@ impl AtMostOnce {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, WorkError<E>>> + Send + 'static,
     {
+        self.run_with_reservation(scope, key, fingerprint, |_| work())
+            .await
+    }
+
+    /// [`run`](Self::run), for work that records its result itself, in the same commit
+    /// as its own write: the work is given the call's [`WorkReservation`], whose
+    /// [`handle`](WorkReservation::handle) a store's transaction API takes (the SQL
+    /// store's `Tx::begin`) and whose [`answer`](WorkReservation::answer) is the record
+    /// to commit with the write. The layer then finalizes nothing more, and a retry of
+    /// the key replays what the work committed.
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() {
+    /// use idempotency_core::{AtMostOnce, IdempotencyLayer, WorkError};
+    /// use idempotency_store_memory::MemoryStore;
+    ///
+    /// let once = AtMostOnce::new(IdempotencyLayer::new(MemoryStore::new()));
+    /// let shipped = once
+    ///     .run_with_reservation("tenant-1", "ship-7", &7, |reservation| async move {
+    ///         // With a store that commits records in the work's transaction:
+    ///         // let mut tx = Tx::begin(&writes, reservation.handle()).await?;
+    ///         // ... the write, through &mut *tx ...
+    ///         // tx.commit(reservation.answer(&"shipped")?).await?;
+    ///         let _record = reservation.answer(&"shipped").expect("a string is JSON");
+    ///         Ok::<_, WorkError<String>>("shipped".to_owned())
+    ///     })
+    ///     .await;
+    /// assert_eq!(shipped.unwrap(), "shipped");
+    /// # }
+    /// ```
+    pub async fn run_with_reservation<T, E, F, Fut>(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &impl Serialize,
+        work: F,
+    ) -> Result<T, RunError<E>>
+    where
+        T: Serialize + DeserializeOwned + Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(WorkReservation) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, WorkError<E>>> + Send + 'static,
+    {
         let fingerprint = serde_json::to_vec(fingerprint).map_err(|error| RunError::Refused {
             outcome: None,
             status: StatusCode::BAD_REQUEST,
@@ -256,6 +300,37 @@ impl AtMostOnce {
     }
 }
 
+/// The reservation a call's work runs under, for work that commits its result with its
+/// own write ([`AtMostOnce::run_with_reservation`]).
+#[derive(Clone, Debug)]
+pub struct WorkReservation {
+    handle: Option<ReservationHandle>,
+}
+
+impl WorkReservation {
+    /// The call's reservation, as a keyed request's handler has it: what a store's
+    /// transaction API takes to commit the record with the work's write. `None` when the
+    /// layer runs the work unprotected (its store unavailable under
+    /// [fail-open](crate::IdempotencyLayer::with_fail_open)): the write then commits alone.
+    pub fn handle(&self) -> Option<&ReservationHandle> {
+        self.handle.as_ref()
+    }
+
+    /// The answer that records `result` (as [`AtMostOnce`] stores every result: a `200`
+    /// with its JSON), to commit with the work's write. Return the same `result` from the
+    /// work: the first call gets it, and every retry the committed one.
+    pub fn answer<T: Serialize>(
+        &self,
+        result: &T,
+    ) -> Result<Response<Full<Bytes>>, serde_json::Error> {
+        Ok(answer(
+            StatusCode::OK,
+            Bytes::from(serde_json::to_vec(result)?),
+            false,
+        ))
+    }
+}
+
 /// The scope of the call a request carries (the layer reads it as the request's scope).
 #[derive(Clone)]
 struct CallScope(String);
@@ -264,8 +339,10 @@ struct CallScope(String);
 #[derive(Clone)]
 struct PendingWork(Arc<Mutex<Option<BoxedWork>>>);
 
-type BoxedWork =
-    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>> + Send>;
+type BoxedWork = Box<
+    dyn FnOnce(WorkReservation) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>>
+        + Send,
+>;
 
 type Slot<T> = Arc<Mutex<Option<T>>>;
 
@@ -293,12 +370,12 @@ fn boxed<T, E, F, Fut>(work: F, failure: Slot<Failure<E>>) -> BoxedWork
 where
     T: Serialize + Send + 'static,
     E: Send + 'static,
-    F: FnOnce() -> Fut + Send + 'static,
+    F: FnOnce(WorkReservation) -> Fut + Send + 'static,
     Fut: Future<Output = Result<T, WorkError<E>>> + Send + 'static,
 {
-    Box::new(move || {
+    Box::new(move |reservation| {
         Box::pin(async move {
-            let (status, unknown) = match work().await {
+            let (status, unknown) = match work(reservation).await {
                 Ok(value) => match serde_json::to_vec(&value) {
                     Ok(json) => return answer(StatusCode::OK, Bytes::from(json), false),
                     Err(error) => {
@@ -347,9 +424,10 @@ impl Service<Request<Full<Bytes>>> for RunWork {
             .extensions()
             .get::<PendingWork>()
             .and_then(|pending| take(&pending.0));
+        let handle = request.extensions().get::<ReservationHandle>().cloned();
         Box::pin(async move {
             Ok(match work {
-                Some(work) => work().await,
+                Some(work) => work(WorkReservation { handle }).await,
                 // Only `AtMostOnce::run` builds the requests, each with its work, which
                 // runs once: the layer calls the inner service once per request.
                 None => answer(StatusCode::INTERNAL_SERVER_ERROR, Bytes::new(), false),
