@@ -239,6 +239,16 @@ async fn every_order_is_applied_once_through_redeliveries_duplicates_and_kills()
             .fetch_one(&postgres)
             .await
             .expect("count the records");
+    // One commit per order: its row and its record were written by one transaction.
+    let one_commit: (i64,) = sqlx::query_as(&format!(
+        "SELECT COUNT(*) FROM {p}_orders o JOIN {p}_records r \
+         ON r.scope = $1 AND r.idempotency_key = o.order_id WHERE o.xmin::text = r.xmin::text",
+        p = layered.prefix
+    ))
+    .bind(&layered.stream)
+    .fetch_one(&postgres)
+    .await
+    .expect("compare the rows' transactions");
     layered.clean_up(&nats, &postgres).await;
 
     let duplicates = |rows: &HashMap<String, i64>| rows.values().map(|n| n - 1).sum::<i64>();
@@ -267,4 +277,8 @@ async fn every_order_is_applied_once_through_redeliveries_duplicates_and_kills()
         assert_eq!(*count, 1, "{order} was applied {count} times");
     }
     assert_eq!(records.0, ORDERS as i64, "one record per order");
+    assert_eq!(
+        one_commit.0, ORDERS as i64,
+        "every order's row commits with its record, in one transaction"
+    );
 }
