@@ -19,7 +19,8 @@
 # Every argument goes to the `compare` binary (see benches/src/bin/compare.rs). It needs:
 # wrk (Debian package, installed here if missing), PostgreSQL at
 # postgres://postgres@127.0.0.1:5432/test and MariaDB at mysql://root@127.0.0.1:3306/test,
-# which scripts/services installs and starts when they are missing (override with
+# which scripts/services installs and starts when they are missing (with the NATS server the
+# queue consumer's script drains; override with
 # BENCH_POSTGRES_URL / BENCH_MYSQL_URL); a database that does not answer is reported as
 # skipped. The gRPC part needs nothing installed: its server and its tonic
 # load generator (grpc-server, grpc-load) are built here. The Redis benchmarks start a
@@ -49,7 +50,7 @@ if [ "${1:-}" = --smoke ]; then
     echo "building the benchmark binaries, the example catalog and the peer (debug)…" >&2
     cargo build --locked -p benches --features sql,redis --bins >&2
     # The catalog with its comparison switches (--two-commit), as the scripts want it.
-    cargo build --locked -p examples --features test-hooks --bin iceberg-catalog >&2
+    cargo build --locked -p examples --features test-hooks --bin iceberg-catalog --bin nats-orders >&2
     cargo build --locked --ignore-rust-version \
         --manifest-path "$peer_dir/Cargo.toml" --target-dir "$peer_dir/target" >&2
     echo "compare --smoke…" >&2
@@ -77,6 +78,9 @@ if [ "${1:-}" = --smoke ]; then
     smoke "benches/statement-costs.py"
     SMOKE=1 CATALOG="$catalog" benches/statement-costs.py | "$check" --tables 3 \
         --may-be-empty "calls per request"
+    smoke "benches/nats-consumer.sh"
+    SMOKE=1 NATS_ORDERS_BIN="$target_dir/debug/nats-orders" benches/nats-consumer.sh \
+        | "$check" --tables 1
     echo "smoke: every benchmark and measuring script ran, every figure checked ($((SECONDS - started)) s)" >&2
     exit 0
 fi

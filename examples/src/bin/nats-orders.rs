@@ -6,6 +6,7 @@
 //! ```text
 //! scripts/services        # PostgreSQL and NATS with JetStream, on loopback
 //! cargo run -p examples --bin nats-orders -- --database postgres://postgres@127.0.0.1:5432/test
+//! cargo run -p examples --bin nats-orders -- --database … --publish 10   # send 10 orders
 //! ```
 //!
 //! Each message is JSON: `{"order_id": "…", "item": "…", "sent_at": …}`. `order_id` is the
@@ -50,6 +51,10 @@ struct Args {
     /// layer prevents).
     #[arg(long)]
     without_idempotency: bool,
+    /// Publish this many orders (each once, with ids `<stream>-0`, `<stream>-1`, …) to
+    /// the stream, and exit.
+    #[arg(long, value_name = "ORDERS")]
+    publish: Option<u64>,
     /// Test hook: exit at once, without acking, after this percentage of commits.
     #[cfg(feature = "test-hooks")]
     #[arg(long, default_value = "0")]
@@ -90,16 +95,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let store =
         Arc::new(OneCommitStore::new(Arc::new(records), pool.clone(), &records_table).await?);
     let writes = Writes::with_records(store.clone());
-    let once = AtMostOnce::new(IdempotencyLayer::from_shared_store(store));
+    let layer = IdempotencyLayer::from_shared_store(store);
+    let once_lifetime = layer.lifetime();
+    let once = AtMostOnce::new(layer);
 
     let jetstream = jetstream::new(async_nats::connect(&args.nats).await?);
     let stream = jetstream
         .get_or_create_stream(stream::Config {
             name: args.stream.clone(),
             subjects: vec![format!("{}.placed", args.stream)],
+            // No message outlives its key: a delivery after the key expired would be
+            // applied again.
+            max_age: once_lifetime,
             ..Default::default()
         })
         .await?;
+    if let Some(orders) = args.publish {
+        for order in 0..orders {
+            let payload = serde_json::json!({
+                "order_id": format!("{}-{order}", args.stream),
+                "item": format!("item-{}", order % 17),
+                "sent_at": order,
+            });
+            let subject = format!("{}.placed", args.stream);
+            jetstream
+                .publish(subject, payload.to_string().into())
+                .await?
+                .await?;
+        }
+        return Ok(());
+    }
     let consumer: jetstream::consumer::PullConsumer = stream
         .get_or_create_consumer(
             &args.consumer,
