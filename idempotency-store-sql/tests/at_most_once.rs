@@ -1,7 +1,9 @@
 //! `AtMostOnce` (idempotent functions) on the SQL stores: two replicas of a service, each
 //! with its own pool on one table, run a piece of work once however many of their
 //! callers ask for it at once; a retryable failure lets the key run again; an unknown
-//! outcome holds it until it expires. PostgreSQL, MariaDB and SQLite.
+//! outcome holds it until it expires. PostgreSQL, MariaDB and SQLite. And work that
+//! commits its write with its record (`run_with_reservation`, `Tx`), on PostgreSQL and
+//! MariaDB: it runs once, and on PostgreSQL one transaction wrote both.
 #![cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 
 mod common;
@@ -167,3 +169,106 @@ async fn sqlite() {
         .unwrap();
     runs_once_across_replicas(Arc::new(a), Arc::new(b)).await;
 }
+
+/// Work that commits its write with its record (`run_with_reservation` and `Tx`, on the
+/// one-commit store): it runs once, its retries get its result, and its write and its
+/// record are one transaction's.
+macro_rules! work_commits_with_its_record {
+    ($name:ident, $node:path, $database:ty, $same_transaction:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            use idempotency_store_sql::{OneCommitStore, TableName, Tx, Writes};
+            let table = common::unique_table();
+            let Some(records) = $node(&table).await else {
+                return;
+            };
+            let records = records.migrate().await.unwrap();
+            let pool = records.pool().clone();
+            let store = OneCommitStore::new(
+                Arc::new(records),
+                pool.clone(),
+                &TableName::new(table.clone()).unwrap(),
+            )
+            .await
+            .unwrap();
+            let store = Arc::new(store);
+            let writes: Writes<$database> = Writes::with_records(store.clone());
+            let once =
+                AtMostOnce::new(IdempotencyLayer::from_shared_store(store).with_lifetime(LIFETIME));
+            let effects = format!("{table}_effects");
+            sqlx::query(&format!("CREATE TABLE {effects} (k VARCHAR(64))"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            let key = uuid::Uuid::new_v4().simple().to_string();
+            for attempt in 0..3_u32 {
+                let (writes, effects, key_in_row) = (writes.clone(), effects.clone(), key.clone());
+                let result = once
+                    .run_with_reservation(
+                        "tenant",
+                        &key,
+                        &"the order",
+                        move |reservation| async move {
+                            let failed =
+                                |e: &dyn std::fmt::Display| WorkError::Retryable(e.to_string());
+                            let mut tx = Tx::begin(&writes, reservation.handle())
+                                .await
+                                .map_err(|e| failed(&e))?;
+                            sqlx::query(&format!(
+                                "INSERT INTO {effects} (k) VALUES ('{key_in_row}')"
+                            ))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| failed(&e))?;
+                            let answer = reservation.answer(&attempt).map_err(|e| failed(&e))?;
+                            tx.commit(answer).await.map_err(|e| failed(&e))?;
+                            Ok::<u32, WorkError<String>>(attempt)
+                        },
+                    )
+                    .await;
+                assert_eq!(
+                    result.unwrap(),
+                    0,
+                    "attempt {attempt} gets the first run's result"
+                );
+            }
+            let (rows,): (i64,) = sqlx::query_as(&format!("SELECT COUNT(*) FROM {effects}"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(rows, 1, "the work wrote once");
+            let (records,): (i64,) = sqlx::query_as(&format!("SELECT COUNT(*) FROM {table}"))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(records, 1, "one record");
+            if let Some(same_transaction) = $same_transaction {
+                let query = format!("SELECT {same_transaction} FROM {effects} e, {table} r");
+                let (same,): (bool,) = sqlx::query_as(&query).fetch_one(&pool).await.unwrap();
+                assert!(
+                    same,
+                    "the write and its record were committed by one transaction"
+                );
+            }
+            for dropped in [effects, table] {
+                sqlx::query(&format!("DROP TABLE {dropped}"))
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+}
+
+work_commits_with_its_record!(
+    postgres_work_commits_with_its_record,
+    common::postgres_node,
+    sqlx::Postgres,
+    Some("e.xmin::text = r.xmin::text")
+);
+work_commits_with_its_record!(
+    mariadb_work_commits_with_its_record,
+    common::mysql_node,
+    sqlx::MySql,
+    None::<&str> // MariaDB does not tell which transaction wrote a row
+);
