@@ -288,6 +288,59 @@ async fn the_messages_request_id_is_the_key_and_no_metadata_is_needed() {
     assert_eq!(items(&orders), [(1, "book"), (2, "pen"), (3, "pen")]);
 }
 
+/// AIP-155 as the metadata key is tested: a bad `request_id` gets `INVALID_ARGUMENT`
+/// saying what is wrong, and never runs; a duplicate still in flight after the wait gets
+/// `UNAVAILABLE` with a pushback, and its retry the first order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_request_id_never_runs_and_a_waiting_duplicate_is_unavailable_then_replayed() {
+    let server = Server::start(&["--in-flight-wait-ms", "200"]);
+    let client = server.client().await;
+    let long = "r".repeat(300);
+    let too_long = place(&mut client.clone(), "book", &long, &[]).await;
+    assert_eq!(too_long.status().code(), Code::InvalidArgument);
+    assert!(
+        too_long
+            .status()
+            .message()
+            .contains("300 bytes long; send at most 255"),
+        "{:?}",
+        too_long.status()
+    );
+    let control = place(&mut client.clone(), "book", "tab\there", &[]).await;
+    assert_eq!(
+        control.status().code(),
+        Code::InvalidArgument,
+        "{:?}",
+        control.status()
+    );
+    let (orders, _) = list(&mut client.clone(), None).await;
+    assert!(orders.is_empty(), "no bad request_id ran: {orders:?}");
+
+    let mut first_client = client.clone();
+    let first =
+        tokio::spawn(async move { place(&mut first_client, "slow", "slow-request", &[]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let duplicate = place(&mut client.clone(), "slow", "slow-request", &[]).await;
+    assert_eq!(
+        duplicate.status().code(),
+        Code::Unavailable,
+        "{:?}",
+        duplicate.status()
+    );
+    assert!(
+        duplicate
+            .status()
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .is_some(),
+        "{:?}",
+        duplicate.status()
+    );
+    let first = first.await.unwrap();
+    let retry = place(&mut client.clone(), "slow", "slow-request", &[]).await;
+    assert_eq!((retry.order(), retry.replayed), (first.order(), true));
+}
+
 /// AIP-155 under concurrency and failure: sixteen `PlaceOrder` calls with one
 /// `request_id` on a slow item create one order; `UNAVAILABLE` releases the key (the
 /// retry runs again); `INVALID_ARGUMENT` is stored (the retry gets it, replayed).
