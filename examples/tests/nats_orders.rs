@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use idempotency_store_sql::sqlx::{self, PgPool};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const ORDERS: usize = 300;
 const CONSUMERS: usize = 3;
@@ -45,24 +47,6 @@ async fn servers() -> Option<(async_nats::Client, PgPool)> {
             eprintln!("skipped: {why}");
             None
         }
-    }
-}
-
-/// A small deterministic generator (SplitMix64), so that a failing run can be replayed
-/// with its seed.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
     }
 }
 
@@ -110,7 +94,7 @@ impl Run {
         seed: u64,
     ) -> (HashMap<String, i64>, usize, u64) {
         let jetstream = jetstream::new(nats.clone());
-        let mut random = Random(seed);
+        let mut random = StdRng::seed_from_u64(seed);
         let mut consumers: Vec<Child> = (0..CONSUMERS).map(|_| self.consumer()).collect();
         // The first consumer creates the stream, its durable consumer and the tables.
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -156,14 +140,14 @@ impl Run {
         let deadline = Instant::now() + Duration::from_secs(180);
         let mut kills = 0;
         let delivered = loop {
-            tokio::time::sleep(Duration::from_millis(200 + random.below(600))).await;
+            tokio::time::sleep(Duration::from_millis(200 + random.random_range(0..600))).await;
             for child in &mut consumers {
                 if child.try_wait().expect("consumer status").is_some() {
                     *child = self.consumer();
                 }
             }
             if kills < 8 || !publisher.is_finished() {
-                let victim = random.below(CONSUMERS as u64) as usize;
+                let victim = random.random_range(0..CONSUMERS);
                 consumers[victim].kill().expect("SIGKILL a consumer");
                 consumers[victim].wait().expect("reap a consumer");
                 consumers[victim] = self.consumer();
