@@ -14,6 +14,14 @@
 //! fingerprint, the stream its scope. Several consumers may share the durable consumer:
 //! a duplicate delivered to another one while the first still runs waits for it, then
 //! gets its result.
+//!
+//! Why NATS JetStream for the example: Debian ships its server as one static binary
+//! (`nats-server`, started by `scripts/services` in milliseconds, with no runtime of its
+//! own to install), and JetStream has what a consumer must get right: explicit acks,
+//! redelivery after an ack wait, and several consumers sharing one durable consumer.
+//! Its own de-duplication (`Nats-Msg-Id`) covers a publisher's retries within a window,
+//! not a redelivery after a consumer died between its write and its ack: the layer
+//! covers both.
 
 use std::sync::Arc;
 use std::time::Duration;
