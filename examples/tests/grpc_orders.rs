@@ -156,6 +156,13 @@ impl Answer {
             Err(status) => status,
         }
     }
+
+    /// Asserts the call failed with `code`, its message saying `says`.
+    fn assert_status(&self, code: Code, says: &str) {
+        let status = self.status();
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(says), "{status:?}");
+    }
 }
 
 fn keyed(item: &str, keys: &[&str]) -> Request<CreateOrderRequest> {
@@ -296,16 +303,9 @@ async fn a_bad_request_id_never_runs_and_a_waiting_duplicate_is_unavailable_then
     let server = Server::start(&["--in-flight-wait-ms", "200"]);
     let client = server.client().await;
     let long = "r".repeat(300);
-    let too_long = place(&mut client.clone(), "book", &long, &[]).await;
-    assert_eq!(too_long.status().code(), Code::InvalidArgument);
-    assert!(
-        too_long
-            .status()
-            .message()
-            .contains("300 bytes long; send at most 255"),
-        "{:?}",
-        too_long.status()
-    );
+    place(&mut client.clone(), "book", &long, &[])
+        .await
+        .assert_status(Code::InvalidArgument, "300 bytes long; send at most 255");
     let control = place(&mut client.clone(), "book", "tab\there", &[]).await;
     assert_eq!(
         control.status().code(),
@@ -508,39 +508,16 @@ async fn bad_keys_and_oversized_messages_get_their_status_and_never_run() {
     let server = Server::start(&[]);
     let mut client = server.client().await;
     let long = "k".repeat(300);
-    let too_long = create(&mut client, "book", &[&long]).await;
-    assert_eq!(too_long.status().code(), Code::InvalidArgument);
-    assert!(
-        too_long
-            .status()
-            .message()
-            .contains("300 bytes long; send at most 255"),
-        "{:?}",
-        too_long.status()
-    );
-    let repeated = create(&mut client, "book", &["a", "b"]).await;
-    assert_eq!(repeated.status().code(), Code::InvalidArgument);
-    assert!(
-        repeated
-            .status()
-            .message()
-            .contains("more than one idempotency-key"),
-        "{:?}",
-        repeated.status()
-    );
+    create(&mut client, "book", &[&long])
+        .await
+        .assert_status(Code::InvalidArgument, "300 bytes long; send at most 255");
+    create(&mut client, "book", &["a", "b"])
+        .await
+        .assert_status(Code::InvalidArgument, "more than one idempotency-key");
     let huge = "x".repeat(9 << 20);
-    let oversized = create(&mut client, &huge, &["big"]).await;
-    assert_eq!(
-        oversized.status().code(),
-        Code::ResourceExhausted,
-        "{:?}",
-        oversized.status()
-    );
-    assert!(
-        oversized.status().message().contains("send a smaller"),
-        "{:?}",
-        oversized.status()
-    );
+    create(&mut client, &huge, &["big"])
+        .await
+        .assert_status(Code::ResourceExhausted, "send a smaller");
     let (orders, _) = list(&mut client, None).await;
     assert!(
         orders.is_empty(),
