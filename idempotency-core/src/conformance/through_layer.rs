@@ -280,7 +280,8 @@ async fn swap_round<S: IdempotencyStore + ?Sized>(store: Arc<S>) {
 
 /// Work run through [`AtMostOnce`](crate::AtMostOnce) over the store runs once for many
 /// concurrent callers of one key, each getting its result; a retryable failure lets the
-/// next call run; the same key with another fingerprint is refused.
+/// next call run; the same key with another fingerprint is refused; work run with its
+/// reservation is given the call's own, and its retry the first result.
 pub async fn work_runs_at_most_once<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     use crate::{AtMostOnce, RunError, WorkError};
 
@@ -342,4 +343,33 @@ pub async fn work_runs_at_most_once<S: IdempotencyStore + ?Sized>(store: &Arc<S>
         again.expect("after a retryable failure the key must run again"),
         2
     );
+
+    // Work that records its result itself is given the call's reservation.
+    let expected = crate::RecordId::new(scope.clone(), "with-reservation");
+    for attempt in 0..2_usize {
+        let expected = expected.clone();
+        let result = once
+            .run_with_reservation(
+                &scope,
+                "with-reservation",
+                &"fingerprint",
+                move |work| async move {
+                    let handle = work
+                        .handle()
+                        .expect("a keyed call runs under a reservation");
+                    assert_eq!(
+                        handle.id(),
+                        &expected,
+                        "the work was given another call's reservation"
+                    );
+                    Ok::<usize, WorkError<()>>(attempt)
+                },
+            )
+            .await;
+        assert_eq!(
+            result.expect("work with its reservation got no result"),
+            0,
+            "the retry of work run with its reservation gets the first result"
+        );
+    }
 }
