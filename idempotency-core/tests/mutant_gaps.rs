@@ -407,7 +407,7 @@ fn a_scope_quota_refuses_at_each_bound_and_names_it() {
 }
 
 /// A reserved record counts its scope, key, method and path, and the body's hash; a
-/// stored answer adds its status, each header and its separator, and its body.
+/// stored answer adds its status, each header and trailer with its separator, and its body.
 #[test]
 fn a_scope_quota_counts_the_bytes_a_record_holds() {
     let id = RecordId::new("tenant", "key-1");
@@ -424,9 +424,12 @@ fn a_scope_quota_counts_the_bytes_a_record_holds() {
             ("content-type".into(), Bytes::from_static(b"text/plain")),
         ],
         body: Bytes::from_static(b"hello"),
-        trailers: Vec::new(),
+        trailers: vec![("grpc-status".into(), Bytes::from_static(b"0"))],
     };
-    assert_eq!(answer.stored_bytes(), 2 + (4 + 4 + 2) + (12 + 10 + 2) + 5);
+    assert_eq!(
+        answer.stored_bytes(),
+        2 + (4 + 4 + 2) + (12 + 10 + 2) + 5 + (11 + 1 + 2)
+    );
 }
 
 /// A store with a byte quota refuses a scope's reservation once its records hold that

@@ -59,6 +59,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+use bytes::Bytes;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasher, RandomState};
@@ -756,7 +757,12 @@ impl MemoryStore {
         match find(&mut shard, hash, id) {
             Some(record) if record.owned_by(token, now) => {
                 let added = response.stored_bytes();
-                record.state = State::Completed(response.clone());
+                record.state = State::Completed(StoredResponse {
+                    // Its own allocation, sized to the body: the layer's may be a slice of
+                    // a larger buffer, which the record would otherwise hold whole.
+                    body: Bytes::copy_from_slice(&response.body),
+                    ..response.clone()
+                });
                 record.bytes += added;
                 record.wake_waiters();
                 self.grow(&id.scope, added);

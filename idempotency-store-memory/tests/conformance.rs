@@ -328,3 +328,41 @@ async fn enforces_a_scope_quota_under_concurrency() {
     );
     idempotency_core::conformance::scope_quota_holds_under_concurrency(&store, 5).await;
 }
+
+/// A body that is a slice of a larger buffer (tonic encodes each answer into an 8 KiB
+/// one) is kept in an allocation of its own: a record that held the buffer would take
+/// several kilobytes of memory for a few bytes of answer, beyond what `max_bytes` counts.
+#[tokio::test]
+async fn a_record_keeps_its_answer_not_the_buffer_it_was_cut_from() {
+    let store = MemoryStore::new();
+    let long = Duration::from_secs(60);
+    let id = RecordId::new("", "sliced");
+    let Reservation::Reserved(token) = store.reserve(&id, &binding(), long, long).await.unwrap()
+    else {
+        panic!("a new key is reserved");
+    };
+    let buffer = bytes::Bytes::from(vec![7u8; 8192]);
+    let answer = idempotency_core::StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: buffer.slice(..10),
+        trailers: Vec::new(),
+    };
+    store.finalize(&id, token, &answer).await.unwrap();
+    drop(answer);
+    assert!(
+        buffer.is_unique(),
+        "the store still refers to the 8 KiB buffer its 10-byte answer was cut from"
+    );
+    let Reservation::Exists(record) = store.reserve(&id, &binding(), long, long).await.unwrap()
+    else {
+        panic!("the finalized key is found");
+    };
+    let kept = idempotency_core::StoredResponse {
+        status: 200,
+        headers: Vec::new(),
+        body: bytes::Bytes::from(vec![7u8; 10]),
+        trailers: Vec::new(),
+    };
+    assert_eq!(record.state, idempotency_core::RecordState::Completed(kept));
+}

@@ -18,7 +18,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -486,8 +486,8 @@ async fn postgres_cases(admin_url: &str) {
         let server = Server::start(&args);
         let client = reqwest::Client::new();
         let started = Instant::now();
-        let refused = Arc::new(AtomicU64::new(0));
-        let sent = Arc::new(AtomicU64::new(0));
+        let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
         let tasks: Vec<_> = (0..32)
             .map(|worker| {

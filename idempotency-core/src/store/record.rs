@@ -107,7 +107,9 @@ pub struct StoredResponse {
     pub status: u16,
     /// Header names (lower-case) and values, in the order they were sent.
     pub headers: Vec<(String, Bytes)>,
-    /// The body, byte for byte.
+    /// The body, byte for byte. It may be a slice of a larger buffer the inner service
+    /// encoded into (tonic's are 8 KiB): a store that keeps it in memory copies it into an
+    /// allocation of its own, or each record holds the whole buffer.
     pub body: Bytes,
     /// The trailers the body ended with (names lower-case, in the order they were sent):
     /// empty when it had none. An RPC protocol may send its status here; a replay sends
@@ -367,13 +369,15 @@ impl RecordId {
 impl StoredResponse {
     /// The bytes this answer adds to its record once finalized, as [`ScopeQuota`]
     /// counts them.
+    /// Headers and trailers count alike.
     pub fn stored_bytes(&self) -> u64 {
-        let headers: usize = self
+        let fields: usize = self
             .headers
             .iter()
+            .chain(&self.trailers)
             .map(|(name, value)| name.len() + value.len() + 2)
             .sum();
-        (2 + headers + self.body.len()) as u64
+        (2 + fields + self.body.len()) as u64
     }
 }
 
