@@ -1254,8 +1254,9 @@ fn main() {
     if wants("scale") {
         eprintln!("memory store scale…");
         let records = o.mode.pick(1_000_000, 1_000_000, 10_000);
+        let requests = o.mode.pick(10_000, 10_000, 1_000);
         section("scale", &mut rows, &mut tables, &mut |rows, _| {
-            rows.push(scale::run(&sibling("mem-scale"), records))
+            rows.extend(scale::run(&sibling("mem-scale"), records, requests))
         });
     }
     if wants("scale") || wants("purge") {

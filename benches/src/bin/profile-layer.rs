@@ -26,20 +26,15 @@
 //! `finalize` instead of taking `reserve_now` and `finalize_now`): what the store's fast
 //! paths save.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::Body;
 use benches::grpc::{BenchOrders, OrdersServer};
-use bytes::{BufMut as _, Bytes, BytesMut};
-use http::{HeaderValue, Request, Response, header};
-use http_body_util::{BodyExt as _, Full};
 use idempotency_core::{
-    Binding, FencingToken, IDEMPOTENCY_KEY, IdempotencyLayer, IdempotencyRecord, IdempotencyStore,
-    Ownership, RecordId, Reservation, StoreError, StoredResponse, Waited,
+    Binding, FencingToken, IdempotencyLayer, IdempotencyRecord, IdempotencyStore, Ownership,
+    RecordId, Reservation, StoreError, StoredResponse, Waited,
 };
 use idempotency_store_memory::MemoryStore;
-use tower::{Layer, Service, ServiceExt};
+use tower::Layer;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -48,26 +43,30 @@ fn main() {
         .next()
         .map_or(20_000, |n| n.parse().expect("a request count"));
     let metrics = args.next().as_deref() != Some("metrics-off");
+    // Keys `profile-0` … : a fresh key per request in `fresh` modes.
+    let requests = 0..requests;
     let layer = IdempotencyLayer::new(MemoryStore::new().with_max_entries(100_000_000))
         .with_metrics(metrics);
     match mode.as_str() {
-        "bare" => drive(benches::app::bare(), &mode, requests),
-        "identity" => drive(
+        "bare" => benches::drive::http(benches::app::bare(), &mode, requests),
+        "identity" => benches::drive::http(
             benches::app::bare().layer(tower::layer::util::Identity::new()),
             &mode,
             requests,
         ),
-        "per-route" => drive(benches::app::layered(layer), &mode, requests),
-        "none" | "fresh" | "replay" => drive(layer.layer(benches::app::bare()), &mode, requests),
-        "fresh-awaited" | "replay-awaited" => drive(
+        "per-route" => benches::drive::http(benches::app::layered(layer), &mode, requests),
+        "none" | "fresh" | "replay" => {
+            benches::drive::http(layer.layer(benches::app::bare()), &mode, requests)
+        }
+        "fresh-awaited" | "replay-awaited" => benches::drive::http(
             IdempotencyLayer::new(Awaited(MemoryStore::new().with_max_entries(100_000_000)))
                 .with_metrics(metrics)
                 .layer(benches::app::bare()),
             mode.trim_end_matches("-awaited"),
             requests,
         ),
-        "grpc-bare" => drive_grpc(OrdersServer::new(BenchOrders), &mode, requests),
-        "grpc-none" | "grpc-fresh" | "grpc-replay" => drive_grpc(
+        "grpc-bare" => benches::drive::grpc(OrdersServer::new(BenchOrders), &mode, requests),
+        "grpc-none" | "grpc-fresh" | "grpc-replay" => benches::drive::grpc(
             benches::grpc::memory_layer(100_000_000)
                 .with_metrics(metrics)
                 .layer(OrdersServer::new(BenchOrders)),
@@ -76,83 +75,6 @@ fn main() {
         ),
         other => panic!("unknown mode {other}"),
     }
-}
-
-fn drive<S>(app: S, mode: &str, requests: u64)
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
-{
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
-        for n in 0..requests {
-            let mut builder =
-                Request::post(benches::app::PATH).header(header::CONTENT_TYPE, "application/json");
-            match mode {
-                "fresh" => {
-                    let key = HeaderValue::try_from(format!("profile-{n}")).expect("a key");
-                    builder = builder.header(IDEMPOTENCY_KEY, key);
-                }
-                "replay" => builder = builder.header(IDEMPOTENCY_KEY, "profile-fixed"),
-                _ => {}
-            }
-            let request = builder
-                .body(Body::from(benches::app::REQUEST_BODY))
-                .expect("a valid request");
-            let response = app.clone().oneshot(request).await.expect("infallible");
-            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-                .await
-                .expect("the body");
-            std::hint::black_box(body);
-        }
-    });
-}
-
-fn drive_grpc<S, B>(service: S, mode: &str, requests: u64)
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible> + Clone,
-    B: axum::body::HttpBody<Data = Bytes>,
-    B::Error: std::fmt::Debug,
-{
-    let message = prost::Message::encode_to_vec(&benches::grpc::request_message());
-    let mut framed = BytesMut::with_capacity(5 + message.len());
-    framed.put_u8(0);
-    framed.put_u32(u32::try_from(message.len()).expect("a small message"));
-    framed.put_slice(&message);
-    let framed = framed.freeze();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
-        for n in 0..requests {
-            let mut builder = Request::post(benches::grpc::METHOD)
-                .header(header::CONTENT_TYPE, "application/grpc")
-                .header(header::TE, "trailers");
-            match mode {
-                "grpc-fresh" => {
-                    let key = HeaderValue::try_from(format!("profile-{n}")).expect("a key");
-                    builder = builder.header(IDEMPOTENCY_KEY, key);
-                }
-                "grpc-replay" => builder = builder.header(IDEMPOTENCY_KEY, "profile-fixed"),
-                _ => {}
-            }
-            let request = builder
-                .body(Full::new(framed.clone()))
-                .expect("a valid request");
-            let response = service.clone().oneshot(request).await.expect("infallible");
-            let body = response.into_body().collect().await.expect("the body");
-            assert!(
-                body.trailers()
-                    .and_then(|t| t.get("grpc-status"))
-                    .is_some_and(|s| s == "0"),
-                "the call did not succeed"
-            );
-            std::hint::black_box(body.to_bytes());
-        }
-    });
 }
 
 /// The memory store without its fast paths: every call is the trait's async one.
