@@ -108,8 +108,9 @@ pub struct StoredResponse {
     /// Header names (lower-case) and values, in the order they were sent.
     pub headers: Vec<(String, Bytes)>,
     /// The body, byte for byte. It may be a slice of a larger buffer the inner service
-    /// encoded into (tonic's are 8 KiB): a store that keeps it in memory copies it into an
-    /// allocation of its own, or each record holds the whole buffer.
+    /// encoded into (some frameworks encode into buffers of several KiB): a store that keeps
+    /// it in memory copies it into an allocation of its own, or each record holds the whole
+    /// buffer.
     pub body: Bytes,
     /// The trailers the body ended with (names lower-case, in the order they were sent):
     /// empty when it had none. An RPC protocol may send its status here; a replay sends
