@@ -4,13 +4,26 @@ use std::time::Duration;
 
 use crate::keys::{InvalidKeyPrefix, KeyPrefix};
 
-/// What the store connects to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the store connects to. Its `Debug` (and so [`RedisOptions`]') shows each URL with
+/// the password replaced by `***`: options end up in logs.
+#[derive(Clone, PartialEq, Eq)]
 pub enum Target {
     /// One server (or a proxy in front of several): `redis://[user:password@]host:port[/db]`.
     Server(String),
     /// A Redis Cluster, found through any of these nodes (`redis://host:port` each).
     Cluster(Vec<String>),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Server(url) => f.debug_tuple("Server").field(&redact(url)).finish(),
+            Target::Cluster(nodes) => {
+                let nodes: Vec<String> = nodes.iter().map(|node| redact(node)).collect();
+                f.debug_tuple("Cluster").field(&nodes).finish()
+            }
+        }
+    }
 }
 
 /// Settings for [`RedisStore::connect_with`](crate::RedisStore::connect_with), built in
@@ -256,6 +269,18 @@ mod tests {
         );
         assert_eq!(redact("redis://hunter2@h:6379"), "redis://***@h:6379");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
+
+    #[test]
+    fn options_print_no_password() {
+        for url in [
+            "redis://app:hunter2@h:6379/0",
+            "redis+cluster://app:hunter2@h1:7000,h2:7001",
+        ] {
+            let printed = format!("{:?}", RedisOptions::from_url(url).unwrap());
+            assert!(!printed.contains("hunter2"), "{printed}");
+            assert!(printed.contains("app:***@h"), "{printed}");
+        }
     }
 
     #[test]
