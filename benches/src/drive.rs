@@ -23,23 +23,11 @@ pub fn http<S>(app: S, mode: &str, requests: Range<u64>)
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
+    runtime().block_on(async {
         for n in requests.clone() {
-            let mut builder =
+            let builder =
                 Request::post(crate::app::PATH).header(header::CONTENT_TYPE, "application/json");
-            match mode {
-                "fresh" => {
-                    let key = HeaderValue::try_from(format!("profile-{n}")).expect("a key");
-                    builder = builder.header(IDEMPOTENCY_KEY, key);
-                }
-                "replay" => builder = builder.header(IDEMPOTENCY_KEY, "profile-fixed"),
-                _ => {}
-            }
-            let request = builder
+            let request = with_key(builder, mode, n)
                 .body(Body::from(crate::app::REQUEST_BODY))
                 .expect("a valid request");
             let response = app.clone().oneshot(request).await.expect("infallible");
@@ -64,24 +52,13 @@ where
     framed.put_u32(u32::try_from(message.len()).expect("a small message"));
     framed.put_slice(&message);
     let framed = framed.freeze();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    runtime.block_on(async {
+    let mode = mode.strip_prefix("grpc-").unwrap_or(mode);
+    runtime().block_on(async {
         for n in requests.clone() {
-            let mut builder = Request::post(crate::grpc::METHOD)
+            let builder = Request::post(crate::grpc::METHOD)
                 .header(header::CONTENT_TYPE, "application/grpc")
                 .header(header::TE, "trailers");
-            match mode {
-                "grpc-fresh" => {
-                    let key = HeaderValue::try_from(format!("profile-{n}")).expect("a key");
-                    builder = builder.header(IDEMPOTENCY_KEY, key);
-                }
-                "grpc-replay" => builder = builder.header(IDEMPOTENCY_KEY, "profile-fixed"),
-                _ => {}
-            }
-            let request = builder
+            let request = with_key(builder, mode, n)
                 .body(Full::new(framed.clone()))
                 .expect("a valid request");
             let response = service.clone().oneshot(request).await.expect("infallible");
@@ -95,4 +72,24 @@ where
             std::hint::black_box(body.to_bytes());
         }
     });
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// `builder` with the key that request `n` of `mode` carries: `fresh` a key of its own,
+/// `replay` the same key every time, any other mode none.
+fn with_key(builder: http::request::Builder, mode: &str, n: u64) -> http::request::Builder {
+    match mode {
+        "fresh" => {
+            let key = HeaderValue::try_from(format!("profile-{n}")).expect("a key");
+            builder.header(IDEMPOTENCY_KEY, key)
+        }
+        "replay" => builder.header(IDEMPOTENCY_KEY, "profile-fixed"),
+        _ => builder,
+    }
 }
