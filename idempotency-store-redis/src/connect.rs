@@ -14,7 +14,7 @@ use redis::{IntoConnectionInfo, RedisError, Value};
 use crate::connection::RedisConnection;
 use crate::lanes::AckLanes;
 use crate::link::Link;
-use crate::options::{RedisOptions, Target, redact};
+use crate::options::{RedisOptions, Target, redact, redact_all};
 use crate::parameters::OptionsError;
 
 /// Why [`RedisStore::connect`](crate::RedisStore::connect) failed. Every message says what
@@ -195,11 +195,7 @@ async fn open_cluster(
     nodes: &[String],
     options: &RedisOptions,
 ) -> Result<(Link, Board), ConnectError> {
-    let target = nodes
-        .iter()
-        .map(|n| redact(n))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let target = redact_all(nodes).join(", ");
     if nodes.is_empty() {
         return Err(ConnectError::NoClusterNodes);
     }

@@ -469,17 +469,7 @@ impl RedisStore {
     /// [Checks at connect](crate#checks-at-connect).
     pub async fn connect_with(options: RedisOptions) -> Result<Self, ConnectError> {
         let (link, board) = connect::open(&options).await?;
-        let target = match &options.target {
-            Target::Server(url) => crate::options::redact(url),
-            Target::Cluster(nodes) => format!(
-                "cluster {}",
-                nodes
-                    .iter()
-                    .map(|n| crate::options::redact(n))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
+        let target = options.target.redacted();
         Ok(Self {
             link,
             prefix: options.prefix,

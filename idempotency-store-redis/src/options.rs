@@ -14,14 +14,22 @@ pub enum Target {
     Cluster(Vec<String>),
 }
 
+impl Target {
+    /// The target as errors and logs show it: the server's URL, or `cluster ` and the
+    /// nodes' URLs, passwords replaced by `***`.
+    pub(crate) fn redacted(&self) -> String {
+        match self {
+            Target::Server(url) => redact(url),
+            Target::Cluster(nodes) => format!("cluster {}", redact_all(nodes).join(", ")),
+        }
+    }
+}
+
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::Server(url) => f.debug_tuple("Server").field(&redact(url)).finish(),
-            Target::Cluster(nodes) => {
-                let nodes: Vec<String> = nodes.iter().map(|node| redact(node)).collect();
-                f.debug_tuple("Cluster").field(&nodes).finish()
-            }
+            Target::Cluster(nodes) => f.debug_tuple("Cluster").field(&redact_all(nodes)).finish(),
         }
     }
 }
@@ -241,6 +249,11 @@ impl UnsupportedUrl {
     pub(crate) fn new(url: &str) -> Self {
         Self { url: redact(url) }
     }
+}
+
+/// Each of `urls` with its password replaced by `***`.
+pub(crate) fn redact_all(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact(url)).collect()
 }
 
 /// `url` with its password replaced by `***`, for errors and logs.
