@@ -4,6 +4,7 @@
 //! because the machines these run on are shared and noisy.
 
 pub mod app;
+pub mod client;
 pub mod drive;
 pub mod grpc;
 pub mod harness;

@@ -1,4 +1,4 @@
-//! `compare [--quick | --smoke] [--only inprocess,http,grpc,sql,redis,redis-acks,scale,purge] [--out FILE] …`: runs every
+//! `compare [--quick | --smoke] [--only inprocess,http,grpc,sql,redis,redis-acks,scale,client,purge] [--out FILE] …`: runs every
 //! comparison of `BENCHMARKS.md` and prints the tables (Markdown).
 //!
 //! Options:
@@ -10,7 +10,7 @@
 //!   (what `benches/run.sh --smoke` and CI run);
 //! - `--only LIST`: a comma-separated subset of `inprocess`, `http`, `grpc`, `sql`, `redis`,
 //!   `redis-acks` (what `replica_acks` costs, on a primary and a replica of the
-//!   benchmark's own), `scale`, or `purge` (only the default PostgreSQL purge of `scale`, batches of 100, without
+//!   benchmark's own), `scale`, `client` (the client layer against the bare hyper client), or `purge` (only the default PostgreSQL purge of `scale`, batches of 100, without
 //!   its batches-of-1,000 comparison: for trying purge settings and for repeated runs);
 //! - `--connections LIST`: HTTP connections and gRPC calls in flight (default `1,16,64`);
 //! - `--grpc-connections N`: HTTP/2 connections the gRPC calls are spread over (default:
@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use benches::harness::median;
 use benches::http_load::{self, Load, LoadResult, Server};
 use benches::report::{self, Row, Table, Verdict, micros};
-use benches::{inprocess, scale};
+use benches::{client, inprocess, scale};
 
 /// How long everything runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +84,7 @@ fn options() -> Options {
             "redis",
             "redis-acks",
             "scale",
+            "client",
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -145,6 +146,34 @@ fn options() -> Options {
         o.connections = vec![16];
     }
     o
+}
+
+/// The client layer against the bare hyper client, both sending keyed POSTs to the bare
+/// benchmark server (one process of its own).
+fn client_section(o: &Options, rows: &mut Vec<Row>) {
+    let settings = o.mode.pick(
+        inprocess::Settings {
+            rounds: 21,
+            iters: 4_000,
+        },
+        inprocess::Settings {
+            rounds: 7,
+            iters: 2_000,
+        },
+        inprocess::Settings::smoke(),
+    );
+    let threads = o.server_threads.to_string();
+    let server = match Server::spawn(
+        "bare",
+        &sibling("bench-server"),
+        &["--threads", &threads, "--mode", "bare"],
+    ) {
+        Ok(server) => server,
+        Err(error) => return rows.push(skipped("client layer", error)),
+    };
+    for in_flight in [1, 16] {
+        rows.extend(client::run(settings, server.addr, in_flight));
+    }
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -1257,6 +1286,12 @@ fn main() {
         let requests = o.mode.pick(10_000, 10_000, 1_000);
         section("scale", &mut rows, &mut tables, &mut |rows, _| {
             rows.extend(scale::run(&sibling("mem-scale"), records, requests))
+        });
+    }
+    if wants("client") {
+        eprintln!("client layer…");
+        section("client", &mut rows, &mut tables, &mut |rows, _| {
+            client_section(&o, rows)
         });
     }
     if wants("scale") || wants("purge") {
