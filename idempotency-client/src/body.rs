@@ -1,8 +1,8 @@
 //! Buffering a request body once, and building each attempt's body from the buffer.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::Body;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 
 use crate::error::{BoxError, Error};
 
@@ -14,7 +14,7 @@ use crate::error::{BoxError, Error};
 /// `Channel`). For a body type of your own, build it from the bytes:
 ///
 /// ```
-/// use bytes::Bytes;
+/// use bytes::{Bytes, BytesMut};
 /// use http_body_util::Full;
 /// use idempotency_client::ResendBody;
 ///
@@ -75,20 +75,108 @@ impl ResendBody for tonic::body::Body {
 }
 
 /// Reads the whole body, refusing one over `limit` bytes (before reading it, when its
-/// size is known).
+/// size is known) and one with trailers (a rebuilt body could not send them again).
 pub(crate) async fn buffer<B>(body: B, limit: usize) -> Result<Bytes, Error>
 where
-    B: Body,
+    B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
     if body.size_hint().lower() > limit as u64 {
         return Err(Error::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(Error::BodyTooLarge { limit })
+    let mut body = std::pin::pin!(body);
+    // Most bodies arrive in one frame: that one is kept as it is, without a copy.
+    let mut first = Bytes::new();
+    let mut more = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| Error::Body(error.into()))?;
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(_trailers) => {
+                return Err(Error::Body(
+                    "the request body has trailers, which the idempotency layer cannot resend: \
+                     send it outside the layer"
+                        .into(),
+                ));
+            }
+        };
+        if first.len() + more.len() + data.len() > limit {
+            return Err(Error::BodyTooLarge { limit });
         }
-        Err(error) => Err(Error::Body(error)),
+        if first.is_empty() && more.is_empty() {
+            first = data;
+        } else {
+            if !first.is_empty() {
+                more.extend_from_slice(&std::mem::take(&mut first));
+            }
+            more.extend_from_slice(&data);
+        }
+    }
+    Ok(if more.is_empty() {
+        first
+    } else {
+        more.freeze()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http::HeaderMap;
+    use http_body::Frame;
+
+    use super::*;
+
+    /// A body of the given frames, its size unknown.
+    struct Frames(std::collections::VecDeque<Frame<Bytes>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            std::task::Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    fn frames(frames: Vec<Frame<Bytes>>) -> Frames {
+        Frames(frames.into())
+    }
+
+    fn data(text: &'static str) -> Frame<Bytes> {
+        Frame::data(Bytes::from_static(text.as_bytes()))
+    }
+
+    #[tokio::test]
+    async fn frames_are_joined_and_bounded_and_trailers_refused() {
+        let one = buffer(Full::new(Bytes::from_static(b"book")), 4)
+            .await
+            .unwrap();
+        assert_eq!(one, "book");
+        let joined = buffer(frames(vec![data(""), data("bo"), data(""), data("ok")]), 4)
+            .await
+            .unwrap();
+        assert_eq!(joined, "book");
+        assert!(matches!(
+            buffer(frames(vec![data("bo"), data("oks")]), 4).await,
+            Err(Error::BodyTooLarge { limit: 4 })
+        ));
+        assert!(matches!(
+            buffer(Full::new(Bytes::from_static(b"books")), 4).await,
+            Err(Error::BodyTooLarge { limit: 4 })
+        ));
+        let trailers = buffer(
+            frames(vec![data("a"), Frame::trailers(HeaderMap::new())]),
+            4,
+        )
+        .await;
+        assert!(
+            matches!(&trailers, Err(Error::Body(e)) if e.to_string().contains("trailers")),
+            "{trailers:?}"
+        );
     }
 }

@@ -4,12 +4,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, Method, StatusCode, request};
+use http::{HeaderMap, HeaderName, Method, StatusCode, request};
 
 use crate::wait_hint;
 
 /// The answer header a server sets on a replayed answer.
-const REPLAYED: &str = "idempotent-replayed";
+const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// A gRPC answer's status code, in the headers of a trailers-only answer.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Whether the server marked an answer as the replay of an earlier attempt's.
 pub(crate) fn is_replay(headers: &HeaderMap) -> bool {
@@ -72,12 +74,16 @@ impl Policy {
 
     /// What to do with an answer.
     pub(crate) fn judge(&self, status: StatusCode, headers: &HeaderMap) -> Verdict {
+        // A gRPC answer's HTTP status is 200 whatever its gRPC status.
+        if status.is_success() && self.protocol == Protocol::Http {
+            return Verdict::Final;
+        }
         if is_replay(headers) {
             // The first execution's stored answer: final, whatever its status.
             return Verdict::Final;
         }
         if self.protocol == Protocol::Grpc {
-            if let Some(code) = headers.get("grpc-status") {
+            if let Some(code) = headers.get(GRPC_STATUS) {
                 return match (code.as_bytes(), wait_hint::grpc_pushback(headers)) {
                     (b"14", Ok(hint)) => Verdict::Retry { hint },
                     _ => Verdict::Final,
@@ -92,14 +98,16 @@ impl Policy {
                 _ => Verdict::Final,
             };
         }
-        let hint = wait_hint::retry_after(headers);
+        let retry = || Verdict::Retry {
+            hint: wait_hint::retry_after(headers),
+        };
         match status.as_u16() {
             422 => Verdict::KeyReused,
             // 409 is also an application's "already exists": only a 409 that says when to
             // come back (the server's "still running") is retried.
-            409 if hint.is_some() => Verdict::Retry { hint },
-            429 | 503 => Verdict::Retry { hint },
-            500..=599 if self.retry_server_errors => Verdict::Retry { hint },
+            409 if headers.contains_key(http::header::RETRY_AFTER) => retry(),
+            429 | 503 => retry(),
+            500..=599 if self.retry_server_errors => retry(),
             _ => Verdict::Final,
         }
     }
@@ -184,7 +192,7 @@ mod tests {
             Verdict::Retry { hint: None }
         );
         assert_eq!(
-            judge(Protocol::Http, 503, &[(REPLAYED, "true")]),
+            judge(Protocol::Http, 503, &[("idempotent-replayed", "true")]),
             Verdict::Final,
             "a replay is the first execution's answer"
         );

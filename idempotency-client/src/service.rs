@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use http::{HeaderValue, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -16,7 +16,7 @@ use crate::outcome::KeyedOutcome;
 use crate::policy::{Policy, Verdict, is_replay};
 
 /// The request header that carries the key (gRPC: the request metadata of that name).
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// A client wrapped by [`IdempotentRetryLayer`](crate::IdempotentRetryLayer).
 #[derive(Clone)]
@@ -90,7 +90,7 @@ where
                 inner: Box::pin(async move { call.await.map_err(|e| Error::Client(e.into())) }),
             };
         }
-        let key = match parts.headers.get(IDEMPOTENCY_KEY) {
+        let key = match parts.headers.get(&IDEMPOTENCY_KEY) {
             Some(key) => key.clone(),
             None => {
                 let key = mint_key();

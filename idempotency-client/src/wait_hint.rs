@@ -27,7 +27,8 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// gRPC's `grpc-retry-pushback-ms`; a negative value means "do not retry" (`Err`).
 pub(crate) fn grpc_pushback(headers: &HeaderMap) -> Result<Option<Duration>, ()> {
-    let Some(value) = headers.get("grpc-retry-pushback-ms") else {
+    const PUSHBACK: http::HeaderName = http::HeaderName::from_static("grpc-retry-pushback-ms");
+    let Some(value) = headers.get(PUSHBACK) else {
         return Ok(None);
     };
     let value = value.to_str().map_err(|_| ())?.trim();

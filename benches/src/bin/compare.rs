@@ -148,8 +148,8 @@ fn options() -> Options {
     o
 }
 
-/// The client layer against the bare hyper client, both sending keyed POSTs to the bare
-/// benchmark server (one process of its own).
+/// The client layer against the bare hyper client, both sending keyed POSTs to a keyed
+/// benchmark server (the target) and to the bare one (one process each).
 fn client_section(o: &Options, rows: &mut Vec<Row>) {
     let settings = o.mode.pick(
         inprocess::Settings {
@@ -163,16 +163,25 @@ fn client_section(o: &Options, rows: &mut Vec<Row>) {
         inprocess::Settings::smoke(),
     );
     let threads = o.server_threads.to_string();
-    let server = match Server::spawn(
-        "bare",
-        &sibling("bench-server"),
-        &["--threads", &threads, "--mode", "bare"],
-    ) {
-        Ok(server) => server,
-        Err(error) => return rows.push(skipped("client layer", error)),
-    };
-    for in_flight in [1, 16] {
-        rows.extend(client::run(settings, server.addr, in_flight));
+    for (server, mode) in [
+        (client::Server::Keyed, "memory"),
+        (client::Server::Bare, "bare"),
+    ] {
+        let process = match Server::spawn(
+            mode,
+            &sibling("bench-server"),
+            &["--threads", &threads, "--mode", mode],
+        ) {
+            Ok(process) => process,
+            Err(error) => return rows.push(skipped("client layer", error)),
+        };
+        let in_flight: &[u64] = match server {
+            client::Server::Keyed => &[1, 16],
+            client::Server::Bare => &[16],
+        };
+        for &in_flight in in_flight {
+            rows.extend(client::run(settings, server, process.addr, in_flight));
+        }
     }
 }
 
