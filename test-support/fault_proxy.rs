@@ -130,10 +130,13 @@ impl Shared {
             .headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+        // The whole request first, also for a 503: an HTTP/1 connection whose request was
+        // not read to its end is closed after the answer, and a client that reused it
+        // would see a transport error the plan did not ask for.
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         if let Fault::Unavailable(wait) = fault {
             return Ok(unavailable(grpc, wait));
         }
-        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = format!("{}{path}", self.upstream).parse().unwrap();
         parts.headers.remove(http::header::HOST);

@@ -22,8 +22,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotency_client::{Error, IdempotentRetryLayer, KeyedOutcome, iceberg};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use idempotency_client::{BoxError, Error, IdempotentRetryLayer, KeyedOutcome, iceberg};
+use tonic::transport::Channel;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 mod pb {
     #![allow(missing_docs, unreachable_pub, clippy::all)]
@@ -144,25 +145,20 @@ fn outcome<B>(response: &Response<B>) -> KeyedOutcome {
 }
 
 #[tokio::test]
-async fn iceberg_creates_through_lost_answers_and_503s_run_once_each() {
+async fn iceberg_creates_through_lost_answers_and_503s_run_once_each() -> Result<(), BoxError> {
     let (_catalog, base) = start_catalog();
     let proxy = FaultProxy::start(&base, false).await;
+    let catalog = proxy.url();
     // The layer set as the README says: the horizon from the catalog's advertised lifetime.
-    let lifetime = iceberg::fetch_key_lifetime(
-        &mut http_client(),
-        format!("{}/v1/config", proxy.url()).parse().unwrap(),
-    )
-    .await
-    .expect("read the config")
-    .expect("the catalog advertises its key lifetime");
-    assert_eq!(lifetime, Duration::from_secs(30 * 60));
+    // README: client hyper
+    let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let config = format!("{catalog}/v1/config").parse()?;
+    let lifetime = iceberg::fetch_key_lifetime(&mut http.clone(), config).await?;
     let mut client = ServiceBuilder::new()
-        .layer(
-            IdempotentRetryLayer::new()
-                .with_key_lifetime(lifetime)
-                .with_backoff(Duration::from_millis(10), Duration::from_millis(100)),
-        )
-        .service(http_client());
+        .layer(IdempotentRetryLayer::new().with_key_lifetime(lifetime.ok_or("keys ignored")?))
+        .service(http);
+    // README: end
+    assert_eq!(lifetime, Some(Duration::from_secs(30 * 60)));
 
     const CREATES: usize = 6;
     let mut names = Vec::new();
@@ -230,6 +226,65 @@ async fn iceberg_creates_through_lost_answers_and_503s_run_once_each() {
         failures, CREATES,
         "with a fresh key per attempt, each retry after a lost answer fails: the namespace it created exists"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn reqwest_creates_through_lost_answers_run_once_each() {
+    let (_catalog, base) = start_catalog();
+    let proxy = FaultProxy::start(&base, false).await;
+    // README: client reqwest
+    let client = reqwest_middleware::ClientBuilder::new(reqwest_middleware::reqwest::Client::new())
+        .with(IdempotentRetryLayer::new())
+        .build();
+    // README: end
+    const CREATES: usize = 4;
+    let mut names = Vec::new();
+    for n in 0..CREATES {
+        proxy.plan([Fault::LoseAnswer, Fault::Unavailable(Duration::ZERO)]);
+        let name = format!("reqwest_{n}");
+        let response = client
+            .post(format!("{}/v1/namespaces", proxy.url()))
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"namespace":["{name}"]}}"#))
+            .send()
+            .await
+            .expect("the middleware absorbs the faults");
+        assert_eq!(response.status(), 200, "{name}");
+        let outcome = response
+            .extensions()
+            .get::<KeyedOutcome>()
+            .cloned()
+            .unwrap();
+        assert_eq!((outcome.attempts, outcome.replayed), (3, true), "{name}");
+        names.push(name);
+    }
+    assert_eq!(
+        namespaces(&base).await,
+        names,
+        "one namespace per logical create"
+    );
+
+    // A 422 is the layer's typed error, inside reqwest-middleware's.
+    let key = uuid::Uuid::now_v7().to_string();
+    let send = |name: &str| {
+        client
+            .post(format!("{}/v1/namespaces", proxy.url()))
+            .header("idempotency-key", &key)
+            .body(format!(r#"{{"namespace":["{name}"]}}"#))
+            .send()
+    };
+    assert_eq!(send("reuse_a").await.unwrap().status(), 200);
+    proxy.clear_seen();
+    let error = send("reuse_b").await.unwrap_err();
+    let reqwest_middleware::Error::Middleware(error) = error else {
+        panic!("expected the layer's error, got {error:?}");
+    };
+    assert!(
+        matches!(error.downcast_ref::<Error>(), Some(Error::KeyReused { .. })),
+        "{error:?}"
+    );
+    assert_eq!(proxy.seen().len(), 1, "a 422 is not resent");
 }
 
 #[tokio::test]
@@ -319,22 +374,15 @@ async fn iceberg_key_reuse_retry_after_horizon_and_body_bound() {
 }
 
 #[tokio::test]
-async fn grpc_creates_through_lost_answers_and_unavailable_run_once_each() {
+async fn grpc_creates_through_lost_answers_and_unavailable_run_once_each() -> Result<(), BoxError> {
     let (_orders, url) = start_orders();
     let proxy = FaultProxy::start(&url, true).await;
-    // The README's setup: the layer under a tonic Channel.
-    let channel = tonic::transport::Channel::from_shared(proxy.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let channel = ServiceBuilder::new()
-        .layer(
-            IdempotentRetryLayer::grpc()
-                .with_backoff(Duration::from_millis(10), Duration::from_millis(100)),
-        )
-        .service(channel);
+    let address = proxy.url();
+    // README: client tonic
+    let channel = Channel::from_shared(address)?.connect().await?;
+    let channel = IdempotentRetryLayer::grpc().layer(channel);
     let mut orders = OrdersClient::new(channel);
+    // README: end
 
     const CREATES: usize = 6;
     for n in 0..CREATES {
@@ -396,11 +444,7 @@ async fn grpc_creates_through_lost_answers_and_unavailable_run_once_each() {
     assert_eq!(proxy.seen().len(), 1, "FAILED_PRECONDITION is not resent");
 
     // The control: a lost answer, and a retry with a fresh key, is a second order.
-    let channel = tonic::transport::Channel::from_shared(proxy.url())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = Channel::from_shared(proxy.url())?.connect().await?;
     let mut naive = OrdersClient::new(channel);
     for n in 0..CREATES {
         proxy.plan([Fault::LoseAnswer]);
@@ -422,4 +466,34 @@ async fn grpc_creates_through_lost_answers_and_unavailable_run_once_each() {
         2 * CREATES,
         "with a fresh key per attempt, every lost answer is a duplicate order"
     );
+    Ok(())
+}
+
+/// The README's client snippets are the lines these tests run.
+#[test]
+fn the_readme_shows_the_client_layer_as_these_tests_set_it_up() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tests = std::fs::read_to_string(root.join("tests/client_retries.rs")).unwrap();
+    let readme = std::fs::read_to_string(root.join("../README.md")).unwrap();
+    let readme: Vec<&str> = readme.lines().map(str::trim).collect();
+    for client in ["hyper", "tonic", "reqwest"] {
+        let snippet: Vec<&str> = tests
+            .lines()
+            .skip_while(|line| line.trim() != format!("// README: client {client}"))
+            .skip(1)
+            .take_while(|line| !line.contains("// README: end"))
+            .map(str::trim)
+            .collect();
+        assert!(
+            (3..=10).contains(&snippet.len()),
+            "{client}: the markers are missing, or the setup is over 10 lines"
+        );
+        assert!(
+            readme
+                .windows(snippet.len())
+                .any(|window| window == snippet),
+            "README.md must show these lines of examples/tests/client_retries.rs:\n{}",
+            snippet.join("\n")
+        );
+    }
 }

@@ -866,7 +866,7 @@ fn the_readme_shows_the_layer_as_the_example_sets_it_up() {
     );
 }
 
-/// The build script the README and the gRPC crate docs tell users to copy is the one
+/// The build script the gRPC guide and the gRPC crate docs tell users to copy is the one
 /// that builds this example.
 #[test]
 fn the_documented_build_script_is_the_one_that_builds_the_example() {
@@ -875,8 +875,8 @@ fn the_documented_build_script_is_the_one_that_builds_the_example() {
     let build: Vec<&str> = build.lines().map(str::trim).collect();
     for (name, text) in [
         (
-            "README.md",
-            std::fs::read_to_string(root.join("../README.md")).unwrap(),
+            "docs/grpc.md",
+            std::fs::read_to_string(root.join("../docs/grpc.md")).unwrap(),
         ),
         (
             "idempotency-grpc/src/lib.rs",

@@ -44,6 +44,10 @@ impl IdempotentRetryLayer {
         }
     }
 
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     fn edit(mut self, change: impl FnOnce(&mut Policy)) -> Self {
         change(Arc::make_mut(&mut self.policy));
         self

@@ -4,7 +4,8 @@
 //! A key protects a mutation only if the client mints it once, before its retries, and
 //! stops retrying before the server forgets it. [`IdempotentRetryLayer`] does both, for
 //! any `tower::Service<http::Request<B>>`: hyper-util's client, a tonic `Channel`, or any
-//! Tower HTTP client.
+//! Tower HTTP client; with the `reqwest` feature it is also `reqwest-middleware`
+//! middleware (its `reqwest` module).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -31,8 +32,9 @@
 //! - **Key**: sets `idempotency-key` to a new UUIDv7, unless the caller set one (then
 //!   that one is kept, and sent on every attempt).
 //! - **Body**: reads it whole once, up to a bound (8 MiB by default); a larger body is
-//!   refused with [`Error::BodyTooLarge`] before anything is sent. Every attempt sends
-//!   exactly these bytes.
+//!   refused with [`Error::BodyTooLarge`] before anything is sent, and so is one with
+//!   trailers (a rebuilt body could not send them again). Every attempt sends exactly
+//!   these bytes.
 //! - **Resends** after a transport error (the request may have reached the server: the
 //!   key makes resending safe), a `503`, `429`, a `409` with `Retry-After` (the server's
 //!   "the first attempt is still running"), and any other `5xx` unless
@@ -58,27 +60,34 @@
 //!
 //! ```text
 //! let channel = Channel::from_static("http://127.0.0.1:50051").connect().await?;
-//! let channel = ServiceBuilder::new().layer(IdempotentRetryLayer::grpc()).service(channel);
+//! let channel = IdempotentRetryLayer::grpc().layer(channel); // tower::Layer
 //! let mut orders = OrdersClient::new(channel);
 //! ```
 //!
-//! (compiled in the workspace's `grpc-orders` tests).
+//! (the workspace's `examples/tests/client_retries.rs` runs these lines against its gRPC
+//! example behind a proxy that loses answers).
 //!
 //! # Feature flags
 //!
 //! - `tonic`: [`ResendBody`] for `tonic::body::Body`, so the layer wraps a tonic
 //!   `Channel`.
+//! - `reqwest`: the layer is also `reqwest-middleware` middleware, for a `reqwest` client
+//!   (the `reqwest` module).
 
 #![deny(unsafe_code, unreachable_pub)]
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempts;
 mod body;
 mod error;
 pub mod iceberg;
 mod layer;
 mod outcome;
 mod policy;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod reqwest;
 mod service;
 mod wait_hint;
 
@@ -87,3 +96,8 @@ pub use error::{BoxError, Error};
 pub use layer::IdempotentRetryLayer;
 pub use outcome::KeyedOutcome;
 pub use service::{IdempotentRetry, ResponseFuture};
+
+/// The README's snippet, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -4,19 +4,15 @@ use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{Request, Response};
 use tower_service::Service;
 use tracing::Instrument;
 
+use crate::attempts::{Attempts, Step, key_of};
 use crate::body::{ResendBody, buffer};
 use crate::error::{BoxError, Error};
-use crate::outcome::KeyedOutcome;
-use crate::policy::{Policy, Verdict, is_replay};
-
-/// The request header that carries the key (gRPC: the request metadata of that name).
-const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+use crate::policy::Policy;
 
 /// A client wrapped by [`IdempotentRetryLayer`](crate::IdempotentRetryLayer).
 #[derive(Clone)]
@@ -90,14 +86,7 @@ where
                 inner: Box::pin(async move { call.await.map_err(|e| Error::Client(e.into())) }),
             };
         }
-        let key = match parts.headers.get(&IDEMPOTENCY_KEY) {
-            Some(key) => key.clone(),
-            None => {
-                let key = mint_key();
-                parts.headers.insert(IDEMPOTENCY_KEY, key.clone());
-                key
-            }
-        };
+        let key = key_of(&mut parts.headers);
         let span = tracing::info_span!(
             "idempotent_request",
             method = %parts.method,
@@ -106,63 +95,26 @@ where
         );
         let attempts = async move {
             let bytes = buffer(body, policy.max_body_bytes).await?;
-            let started = Instant::now();
-            let mut sent = 0;
+            let mut attempts = Attempts::new(&policy, key);
             loop {
-                sent += 1;
+                let number = attempts.send();
                 let attempt =
                     Request::from_parts(parts.clone(), ReqBody::from_bytes(bytes.clone()));
-                let answer: Result<Response<ResBody>, BoxError> = async {
+                let answer = async {
                     poll_fn(|cx| inner.poll_ready(cx)).await?;
                     inner.call(attempt).await
                 }
-                .instrument(tracing::debug_span!("attempt", number = sent))
+                .instrument(tracing::debug_span!("attempt", number))
                 .await
                 .map_err(Into::into);
-                let wait = match answer {
-                    Ok(mut response) => {
-                        let wait = match policy.judge(response.status(), response.headers()) {
-                            Verdict::Final => None,
-                            Verdict::KeyReused => return Err(Error::KeyReused { key }),
-                            Verdict::Retry { hint } => policy.next_wait(started, sent, hint),
-                        };
-                        let Some(wait) = wait else {
-                            let replayed = is_replay(response.headers());
-                            tracing::debug!(status = %response.status(), attempts = sent, replayed, "answered");
-                            response.extensions_mut().insert(KeyedOutcome {
-                                key,
-                                attempts: sent,
-                                replayed,
-                            });
-                            return Ok(response);
-                        };
-                        tracing::debug!(status = %response.status(), ?wait, "retrying");
-                        wait
-                    }
-                    Err(source) => {
-                        let Some(wait) = policy.next_wait(started, sent, None) else {
-                            return Err(Error::Transport {
-                                key,
-                                attempts: sent,
-                                source,
-                            });
-                        };
-                        tracing::debug!(error = %source, ?wait, "retrying");
-                        wait
-                    }
-                };
-                tokio::time::sleep(wait).await;
+                match attempts.settle(answer) {
+                    Step::Return(result) => return result,
+                    Step::Wait(wait) => tokio::time::sleep(wait).await,
+                }
             }
         };
         ResponseFuture {
             inner: Box::pin(attempts.instrument(span)),
         }
     }
-}
-
-/// A new key: a UUIDv7, time-ordered, so that a server's index of keys stays compact.
-fn mint_key() -> HeaderValue {
-    let mut text = uuid::Uuid::encode_buffer();
-    let text = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut text);
-    HeaderValue::from_str(text).expect("a UUID is a valid header value")
 }
