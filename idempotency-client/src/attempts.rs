@@ -1,7 +1,9 @@
 //! One logical request's attempts: what each answer means, and when to stop. The Tower
 //! service and the reqwest middleware send; this decides, the same way for both.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 

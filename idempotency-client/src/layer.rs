@@ -44,6 +44,7 @@ impl IdempotentRetryLayer {
         }
     }
 
+    #[cfg(feature = "reqwest")]
     pub(crate) fn policy(&self) -> &Policy {
         &self.policy
     }

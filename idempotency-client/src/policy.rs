@@ -2,7 +2,9 @@
 //! the service asks, this answers.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{HeaderMap, HeaderName, Method, StatusCode, request};
 
