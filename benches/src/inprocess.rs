@@ -16,7 +16,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::app;
 use crate::harness::{Paired, paired};
-use crate::report::{Row, Verdict, nanos};
+use crate::report::{Row, Verdict, paired_row as row};
 
 /// How long the in-process benchmarks run.
 #[derive(Clone, Copy, Debug)]
@@ -151,23 +151,6 @@ fn layer() -> IdempotencyLayer {
             .with_max_entries(100_000_000)
             .with_max_bytes(u64::MAX),
     )
-}
-
-fn row(name: &str, result: Paired, baseline: &str, target: &str, verdict: Verdict) -> Row {
-    Row {
-        name: name.to_owned(),
-        measured: format!("{}/req", nanos(result.subject_ns)),
-        baseline: format!("{}/req ({baseline})", nanos(result.baseline_ns)),
-        ratio: format!(
-            "{:.3}× {baseline} throughput (median round {:.3}, rounds {:.2}–{:.2})",
-            result.throughput_ratio,
-            result.median_ratio,
-            result.ratio_range.0,
-            result.ratio_range.1
-        ),
-        target: target.to_owned(),
-        verdict,
-    }
 }
 
 /// Runs the in-process comparisons and returns their rows.

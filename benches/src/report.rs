@@ -2,6 +2,8 @@
 
 use std::fmt::Write as _;
 
+use crate::harness::Paired;
+
 /// Whether a figure meets its target (the targets are listed in BENCHMARKS.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -134,4 +136,29 @@ pub fn nanos(ns: f64) -> String {
 /// Formats microseconds with a readable unit.
 pub fn micros(us: f64) -> String {
     nanos(us * 1_000.0)
+}
+
+/// The row of a paired measurement: per-request times, and the subject's throughput as a
+/// fraction of `baseline`'s by the fastest rounds, with the median round and the range.
+pub fn paired_row(
+    name: &str,
+    result: Paired,
+    baseline: &str,
+    target: &str,
+    verdict: Verdict,
+) -> Row {
+    Row {
+        name: name.to_owned(),
+        measured: format!("{}/req", nanos(result.subject_ns)),
+        baseline: format!("{}/req ({baseline})", nanos(result.baseline_ns)),
+        ratio: format!(
+            "{:.3}× {baseline} throughput (median round {:.3}, rounds {:.2}–{:.2})",
+            result.throughput_ratio,
+            result.median_ratio,
+            result.ratio_range.0,
+            result.ratio_range.1
+        ),
+        target: target.to_owned(),
+        verdict,
+    }
 }
