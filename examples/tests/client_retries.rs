@@ -32,7 +32,7 @@ mod pb {
 }
 
 use pb::orders_client::OrdersClient;
-use pb::{CreateOrderRequest, ListOrdersRequest};
+use pb::{CreateOrderRequest, ListOrdersRequest, PlaceOrderRequest};
 
 /// A server process, killed when dropped.
 struct Process {
@@ -427,6 +427,20 @@ async fn grpc_creates_through_lost_answers_and_unavailable_run_once_each() -> Re
         CREATES,
         "one order per logical create"
     );
+
+    // A method whose key is its message's `request_id` (AIP-155): the layer resends the
+    // message as it is, so the retry carries the same request_id and is replayed.
+    proxy.plan([Fault::LoseAnswer]);
+    let request_id = uuid::Uuid::now_v7().to_string();
+    let placed = orders
+        .place_order(PlaceOrderRequest {
+            item: "placed-1".into(),
+            request_id,
+        })
+        .await?;
+    let outcome = placed.extensions().get::<KeyedOutcome>().cloned().unwrap();
+    assert_eq!((outcome.attempts, outcome.replayed), (2, true));
+    assert_eq!(count("placed-").await, 1, "placed once");
 
     // FAILED_PRECONDITION (the key reused for another message) is not resent.
     let mut request = tonic::Request::new(CreateOrderRequest { item: "a".into() });
