@@ -138,25 +138,52 @@ pub fn micros(us: f64) -> String {
     nanos(us * 1_000.0)
 }
 
-/// The row of a paired measurement: per-request times, and the subject's throughput as a
-/// fraction of `baseline`'s by the fastest rounds, with the median round and the range.
+/// Which of a paired measurement's ratios a row reads its target by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Estimate {
+    /// Each side's fastest round: in process, where noise only ever adds time.
+    FastestRounds,
+    /// The median of the per-round ratios: over sockets, where a round's latency swings
+    /// with the scheduler (as the HTTP and gRPC sections read `wrk` and `grpc-load`).
+    MedianRound,
+}
+
+impl Estimate {
+    /// The ratio this estimate reads from `result`.
+    pub fn of(self, result: &Paired) -> f64 {
+        match self {
+            Self::FastestRounds => result.throughput_ratio,
+            Self::MedianRound => result.median_ratio,
+        }
+    }
+}
+
+/// The row of a paired measurement: per-request times (fastest rounds), and the subject's
+/// throughput as a fraction of `baseline`'s by `estimate`, with the other estimate and
+/// the rounds' range beside it.
 pub fn paired_row(
     name: &str,
     result: Paired,
+    estimate: Estimate,
     baseline: &str,
     target: &str,
     verdict: Verdict,
 ) -> Row {
+    let (headline, other, other_name) = match estimate {
+        Estimate::FastestRounds => (result.throughput_ratio, result.median_ratio, "median round"),
+        Estimate::MedianRound => (
+            result.median_ratio,
+            result.throughput_ratio,
+            "fastest rounds",
+        ),
+    };
     Row {
         name: name.to_owned(),
         measured: format!("{}/req", nanos(result.subject_ns)),
         baseline: format!("{}/req ({baseline})", nanos(result.baseline_ns)),
         ratio: format!(
-            "{:.3}× {baseline} throughput (median round {:.3}, rounds {:.2}–{:.2})",
-            result.throughput_ratio,
-            result.median_ratio,
-            result.ratio_range.0,
-            result.ratio_range.1
+            "{headline:.3}× {baseline} throughput ({other_name} {other:.3}, rounds {:.2}–{:.2})",
+            result.ratio_range.0, result.ratio_range.1
         ),
         target: target.to_owned(),
         verdict,
