@@ -27,6 +27,7 @@ use crate::IdempotentRetryLayer;
 use crate::attempts::{Answer, Attempts, Step, key_of};
 use crate::error::{BoxError, Error};
 use crate::outcome::KeyedOutcome;
+use crate::policy::Policy;
 
 impl Answer for Response {
     fn status(&self) -> http::StatusCode {
@@ -51,7 +52,7 @@ impl Middleware for IdempotentRetryLayer {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let policy = self.policy();
-        if !(policy.is_mutation)(&parts_of(&request)) {
+        if !is_mutation(policy, &mut request) {
             return next.run(request, extensions).await;
         }
         let key = key_of(request.headers_mut());
@@ -102,12 +103,15 @@ impl Middleware for IdempotentRetryLayer {
     }
 }
 
-/// The request's method, URI, version and headers, for the mutation predicate.
-fn parts_of(request: &Request) -> http::request::Parts {
+/// Asks the mutation predicate about a reqwest request, shown to it as `http` parts: the
+/// headers are lent to the parts and given back, not copied, on every request.
+fn is_mutation(policy: &Policy, request: &mut Request) -> bool {
     let (mut parts, ()) = http::Request::new(()).into_parts();
     parts.method = request.method().clone();
     parts.uri = request.url().as_str().parse().unwrap_or_default();
     parts.version = request.version();
-    parts.headers = request.headers().clone();
-    parts
+    parts.headers = std::mem::take(request.headers_mut());
+    let mutation = (policy.is_mutation)(&parts);
+    *request.headers_mut() = parts.headers;
+    mutation
 }
