@@ -42,9 +42,6 @@ pub struct ReservationHandle {
 struct Shared {
     id: RecordId,
     token: FencingToken,
-    /// Whether the ownership has a lease the layer renews while the request runs (an
-    /// uncommitted reservation has none).
-    leased: bool,
     settings: Arc<Settings>,
     /// The keyed request's method and URI, for what decides what of its answer is kept.
     request_line: (Method, Uri),
@@ -60,13 +57,11 @@ impl ReservationHandle {
         request_line: (Method, Uri),
         id: RecordId,
         token: FencingToken,
-        leased: bool,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 id,
                 token,
-                leased,
                 settings,
                 request_line,
                 finalized: AtomicBool::new(false),
@@ -82,11 +77,6 @@ impl ReservationHandle {
     /// The token that owns it.
     pub fn token(&self) -> FencingToken {
         self.shared.token
-    }
-
-    /// Whether the ownership has a lease to renew while the request runs.
-    pub(crate) fn is_leased(&self) -> bool {
-        self.shared.leased
     }
 
     /// The layer the request runs in.

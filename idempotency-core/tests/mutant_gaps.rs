@@ -1,6 +1,5 @@
 //! Checks that mutation testing found missing: the owner's retries of a failing store
-//! (their bound and backoff), an uncommitted reservation whose outcome the store did
-//! not take, a wait that ends on another request's record, the maximum run time, the
+//! (their bound and backoff), a reservation whose outcome the store did not take, a wait that ends on another request's record, the maximum run time, the
 //! default polling wait's backoff, the scope quota's byte accounting, and the `Arc`
 //! forwarding of the store traits.
 //!
@@ -29,12 +28,10 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 /// The memory store with switches for what a real backend may do that it never does:
-/// answer uncommitted reservations, hide an in-flight record behind `Busy`, fail to
-/// finalize. Every call to the fenced methods is logged with its (virtual) instant.
+/// hide an in-flight record behind `Busy`, fail to finalize. Every call to the fenced methods is logged with its (virtual) instant.
 #[derive(Clone, Default)]
 struct Switched {
     inner: MemoryStore,
-    uncommitted: bool,
     busy: bool,
     finalize_fails: bool,
     calls: Arc<Mutex<Vec<(&'static str, Instant)>>>,
@@ -99,9 +96,6 @@ impl IdempotencyStore for Switched {
     ) -> Result<Reservation, StoreError> {
         self.log("reserve");
         match self.inner.reserve(id, binding, lease, lifetime).await? {
-            Reservation::Reserved(token) if self.uncommitted => {
-                Ok(Reservation::ReservedUncommitted(token))
-            }
             Reservation::Exists(IdempotencyRecord {
                 state: RecordState::InFlight { .. },
                 ..
@@ -234,17 +228,16 @@ async fn a_finalize_that_keeps_failing_is_retried_with_doubling_pauses_then_give
     );
     assert_eq!(
         store.count("release"),
-        0,
-        "a leased reservation is left for its lease to lapse"
+        1,
+        "then released, so that nothing it holds outlives the request"
     );
 }
 
-/// An uncommitted reservation has no lease that would lapse: when its finalize fails for
-/// good, it is released, and a retry runs the request again.
+/// A reservation may have no lease that would lapse (one held unseen, in a transaction):
+/// when its finalize fails for good, it is released, and a retry runs the request again.
 #[tokio::test(start_paused = true)]
-async fn an_uncommitted_reservation_whose_finalize_failed_is_released() {
+async fn a_reservation_whose_finalize_failed_is_released() {
     let store = Switched {
-        uncommitted: true,
         finalize_fails: true,
         ..Switched::default()
     };
@@ -263,13 +256,10 @@ async fn an_uncommitted_reservation_whose_finalize_failed_is_released() {
     assert_eq!(runs.load(Ordering::SeqCst), 2, "the released key ran again");
 }
 
-/// An uncommitted reservation whose answer was stored is not released after it.
+/// A reservation whose answer was stored is not released after it.
 #[tokio::test(start_paused = true)]
-async fn an_uncommitted_reservation_whose_answer_was_stored_is_kept() {
-    let store = Switched {
-        uncommitted: true,
-        ..Switched::default()
-    };
+async fn a_reservation_whose_answer_was_stored_is_kept() {
+    let store = Switched::default();
     let runs = Arc::new(AtomicUsize::new(0));
     let app = app(
         IdempotencyLayer::new(store.clone()),
@@ -288,24 +278,6 @@ async fn an_uncommitted_reservation_whose_answer_was_stored_is_kept() {
         ("created from a", Some(Outcome::Replayed))
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-/// An uncommitted reservation has no lease: however long its request runs, nothing is
-/// renewed.
-#[tokio::test(start_paused = true)]
-async fn an_uncommitted_reservation_is_never_renewed() {
-    let store = Switched {
-        uncommitted: true,
-        ..Switched::default()
-    };
-    let layer = IdempotencyLayer::new(store.clone()).with_lease(Duration::from_millis(300));
-    let app = app(layer, Arc::default(), Arc::default());
-    let (status, _, outcome) = send(&app, with_header(order("k", "a"), "x-sleep-ms", "2000")).await;
-    assert_eq!(
-        (status, outcome),
-        (StatusCode::CREATED, Some(Outcome::Executed))
-    );
-    assert_eq!(store.count("renew"), 0);
 }
 
 /// A store that cannot show the owner's record answers `Busy`; when the wait then ends

@@ -203,6 +203,7 @@ async fn the_simulation_keeps_every_rule_on_a_cluster() {
             namespace: String::new(),
             effects: None,
             own_faults: None,
+            reservations_unseen: false,
         };
         let settings = simulation::Settings {
             clock_tolerance: std::time::Duration::from_millis(50),

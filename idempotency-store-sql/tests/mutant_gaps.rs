@@ -158,7 +158,7 @@ async fn a_stale_token_settles_nothing_of_a_newer_reservation<DB: RecordDatabase
     let id = common::id();
     let binding = common::binding();
     let uncommitted = |reservation| match reservation {
-        Reservation::ReservedUncommitted(token) => token,
+        Reservation::Reserved(token) => token,
         other => panic!("a free key answered {other:?}"),
     };
     let stale = uncommitted(
@@ -224,7 +224,7 @@ async fn uncommitted_reservations_count_their_bytes<DB: RecordDatabase>(store: O
             .await
             .unwrap()
         {
-            Reservation::ReservedUncommitted(token) => held.push((id, token)),
+            Reservation::Reserved(token) => held.push((id, token)),
             other => panic!("a scope with room answered {other:?}"),
         }
     }
@@ -244,7 +244,7 @@ async fn uncommitted_reservations_count_their_bytes<DB: RecordDatabase>(store: O
         .await
         .unwrap()
     {
-        Reservation::ReservedUncommitted(token) => held.push((&elsewhere, token)),
+        Reservation::Reserved(token) => held.push((&elsewhere, token)),
         other => panic!("another scope answered {other:?}"),
     }
     for (id, token) in held {
@@ -267,7 +267,7 @@ async fn a_full_scope_answers_its_own_key<DB: RecordDatabase>(store: OneCommitSt
                 .await
         }
     };
-    let Ok(Reservation::ReservedUncommitted(token)) = reserve(id.clone()).await else {
+    let Ok(Reservation::Reserved(token)) = reserve(id.clone()).await else {
         panic!("an empty scope did not reserve");
     };
     match reserve(id.clone()).await {

@@ -666,7 +666,7 @@ where
         };
         match outcome {
             None => {}
-            Some(Ok(Reservation::ReservedUncommitted(token))) => {
+            Some(Ok(Reservation::Reserved(token))) => {
                 database.store.release(&id, token).await.unwrap();
             }
             // A reservation cut short a moment ago is still letting go of the key.
@@ -684,7 +684,7 @@ where
     )
     .await
     .expect("the reservation must not wait");
-    let Ok(Reservation::ReservedUncommitted(token)) = reserved else {
+    let Ok(Reservation::Reserved(token)) = reserved else {
         panic!("after callers that went away, the key must be free: {reserved:?}");
     };
     database.store.release(&id, token).await.unwrap();
@@ -704,7 +704,7 @@ where
     };
     let (id, binding, lease, lifetime) = a_key();
     let reserved = database.store.reserve(&id, &binding, lease, lifetime).await;
-    let Ok(Reservation::ReservedUncommitted(token)) = reserved else {
+    let Ok(Reservation::Reserved(token)) = reserved else {
         panic!("the key is free: {reserved:?}");
     };
     for timeout in [Duration::from_millis(150), Duration::from_millis(400)] {
@@ -886,8 +886,8 @@ async fn an_unknown_outcome_holds_its_key_until_it_expires_and_holds_nothing_els
 }
 
 /// Every check of the store contract that applies to this path, found by the suite
-/// itself: its reservations are uncommitted (nobody else sees them before they commit;
-/// they have no lease to renew, lapse or take over), and it has every capability.
+/// itself: its reservations are held unseen (nobody else sees them before they commit;
+/// they have no lease to lapse or take over), and it has every capability.
 async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend) {
     use idempotency_core::conformance::Suite;
     let Some(database) = Database::<DB>::open(backend).await else {
@@ -913,7 +913,7 @@ async fn the_conformance_checks_that_apply<DB: RecordDatabase>(backend: Backend)
     // The multi-node checks run with two replicas in this file's own tests.
     for (check, why) in &report.skipped {
         assert!(
-            why.contains("uncommitted") || why.contains("second handle"),
+            why.contains("held unseen") || why.contains("second handle"),
             "{check} was skipped for another reason than the reservations' kind: {why}"
         );
     }

@@ -172,6 +172,13 @@ impl Indexed {
             .find(|call| call.operation == operation && call.result == StoreResult::Held)
     }
 
+    /// Whether another owner took the key over from `token`: its reservation was a record
+    /// under a lease, whatever the store's kind.
+    fn taken_over(&self, token: i64) -> bool {
+        self.calls_with(token)
+            .any(|call| matches!(call.result, StoreResult::TookOver(Some(_))))
+    }
+
     /// The end of the last lease the store granted `token` (reserve, takeover, renew,
     /// hold) in a call that had ended by `before`; an uncommitted reservation's lasts
     /// for ever. Calls that were cancelled or failed before the store grant nothing
@@ -183,9 +190,12 @@ impl Indexed {
             .filter_map(|grant| {
                 let lease = grant.lease?;
                 let granted = match grant.result {
-                    StoreResult::ReservedUncommitted(reserved) if reserved == token => {
+                    StoreResult::ReservedUncommitted(reserved)
+                        if reserved == token && !self.taken_over(token) =>
+                    {
                         return Some(Duration::MAX);
                     }
+                    StoreResult::ReservedUncommitted(reserved) => reserved == token,
                     StoreResult::Reserved(reserved) => reserved == token,
                     StoreResult::TookOver(Some(taken)) => taken == token,
                     StoreResult::Held => {

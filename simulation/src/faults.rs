@@ -55,6 +55,8 @@ pub(crate) struct FaultyStore {
     enabled: AtomicBool,
     rng: Mutex<StdRng>,
     history: Arc<History>,
+    /// The store holds its reservations unseen, in a transaction of its own.
+    reservations_unseen: bool,
 }
 
 impl FaultyStore {
@@ -63,6 +65,7 @@ impl FaultyStore {
         faults: Faults,
         rng: StdRng,
         history: Arc<History>,
+        reservations_unseen: bool,
     ) -> Self {
         Self {
             inner,
@@ -70,6 +73,7 @@ impl FaultyStore {
             enabled: AtomicBool::new(true),
             rng: Mutex::new(rng),
             history,
+            reservations_unseen,
         }
     }
 
@@ -129,7 +133,12 @@ impl FaultyStore {
         } else {
             match call.await {
                 Ok(answer) => {
-                    let result = summary(&answer);
+                    let result = match summary(&answer) {
+                        StoreResult::Reserved(token) if self.reservations_unseen => {
+                            StoreResult::ReservedUncommitted(token)
+                        }
+                        result => result,
+                    };
                     // An uncommitted reservation lives in the store's process: its answer
                     // cannot be lost on the way to the layer without the store knowing.
                     if let StoreResult::ReservedUncommitted(_) = result {
@@ -185,7 +194,6 @@ fn ownership(answer: &Ownership) -> StoreResult {
 fn reservation(answer: &Reservation) -> StoreResult {
     match answer {
         Reservation::Reserved(token) => StoreResult::Reserved(token.0),
-        Reservation::ReservedUncommitted(token) => StoreResult::ReservedUncommitted(token.0),
         Reservation::Exists(record) => record_result(record),
         Reservation::Busy => StoreResult::Busy,
     }

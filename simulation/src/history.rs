@@ -48,7 +48,9 @@ pub enum Ending {
 pub enum StoreResult {
     /// `reserve`: the caller owns the key under this token and a lease.
     Reserved(i64),
-    /// `reserve`: the caller owns the key under this token, uncommitted (no lease).
+    /// `reserve`: the caller owns the key under this token, on a store that holds its
+    /// reservations unseen, uncommitted (no lease, unless it is taken over: the store
+    /// handed the key to a record under a lease).
     ReservedUncommitted(i64),
     /// `reserve`, `load`, `wait`: a live record in flight under this token.
     InFlight(i64),

@@ -45,6 +45,11 @@ pub struct Target {
     /// Faults of the target's own (a proxy in front of its database): turned on with the
     /// run's seed as it begins, off when the quiet phase does.
     pub own_faults: Option<Arc<dyn OwnFaults>>,
+    /// Whether the store holds its reservations unseen, in a transaction of its own (the
+    /// one-commit store with `Reservations::Uncommitted`): the store's answers cannot say
+    /// so, and the checker then knows that such a reservation has no lease that could
+    /// lapse (unless it is taken over, which proves it a record under a lease).
+    pub reservations_unseen: bool,
 }
 
 /// Faults a target injects itself, beside the store wrapper's: a proxy in front of its
@@ -261,6 +266,7 @@ pub async fn simulate(target: &Target, settings: &Settings, seed: u64) -> Run {
         settings.faults,
         StdRng::seed_from_u64(seed ^ 0x5eed_fa17),
         history.clone(),
+        target.reservations_unseen,
     ));
     let handler = Handler {
         history: history.clone(),

@@ -21,6 +21,7 @@ fn run(seed: u64, settings: &Settings) -> Run {
                 namespace: String::new(),
                 effects: None,
                 own_faults: None,
+                reservations_unseen: false,
             };
             simulate(&target, settings, seed).await
         })

@@ -112,6 +112,7 @@ fn first_seed_that_catches(bug: Bug, rule: &str) -> Option<u64> {
                     namespace: String::new(),
                     effects: None,
                     own_faults: None,
+                    reservations_unseen: false,
                 };
                 simulate(&target, &settings, seed).await
             });

@@ -169,6 +169,7 @@ fn store_target(store: Arc<dyn FullStore>) -> Target {
         namespace: namespace(),
         effects: None,
         own_faults: None,
+        reservations_unseen: false,
     }
 }
 
@@ -418,6 +419,7 @@ async fn one_commit<DB: RecordDatabase>(
         namespace: namespace(),
         effects: Some(effects(Writes::with_records(store), pool).await),
         own_faults: proxy.clone().map(proxy_faults),
+        reservations_unseen: reservations == Reservations::Uncommitted,
     };
     let histories = sweep(name, target).await;
     assert!(
@@ -598,6 +600,7 @@ async fn records_in_redis_changes_in_postgres() {
         namespace: namespace(),
         effects: Some(effects),
         own_faults: Some(proxy_faults(proxy.clone())),
+        reservations_unseen: false,
     };
     let histories = sweep("records in Redis, changes in PostgreSQL", target).await;
     assert!(

@@ -6,10 +6,10 @@
 //! feature in your dev-dependencies and run a [`Suite`] from a test with a fresh store
 //! (multi-threaded runtime recommended, since the races are real). The suite runs the
 //! checks that apply to what the store has: give it the capabilities your store
-//! implements, and it finds out by itself whether its reservations have a lease
-//! ([`Reservation::Reserved`]) or are uncommitted until the owner's transaction commits
-//! ([`Reservation::ReservedUncommitted`]), and skips, by name and with the reason, the
-//! checks that do not apply:
+//! implements, and it finds out by itself whether its reservations are records under a
+//! lease, which a duplicate sees, or are held unseen until the owner's transaction
+//! commits (a duplicate is answered [`Reservation::Busy`]), and skips, by name and with
+//! the reason, the checks that do not apply:
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -161,7 +161,7 @@ fn response(body: &'static [u8]) -> StoredResponse {
     }
 }
 
-/// Reserves a key nobody holds, leased or uncommitted, and returns its token.
+/// Reserves a key nobody holds and returns its token.
 async fn reserve_new<S: IdempotencyStore + ?Sized>(
     store: &S,
     id: &RecordId,
@@ -184,7 +184,7 @@ async fn reserve_bound<S: IdempotencyStore + ?Sized>(
         .await
         .expect("reserve failed")
     {
-        Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => token,
+        Reservation::Reserved(token) => token,
         other => panic!("reserve of a key nobody holds answered {other:?}"),
     }
 }
@@ -205,7 +205,7 @@ async fn reserve_when_free<S: IdempotencyStore + ?Sized>(
             .await
             .expect("reserve failed")
         {
-            Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => {
+            Reservation::Reserved(token) => {
                 return token;
             }
             Reservation::Busy => {

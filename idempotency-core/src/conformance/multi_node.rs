@@ -28,9 +28,7 @@ pub async fn two_nodes_race_one_winner<S: IdempotencyStore + ?Sized>(a: &Arc<S>,
         let mut seen = Vec::new();
         while let Some(result) = tasks.join_next().await {
             match result.unwrap().expect("reserve failed under contention") {
-                Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => {
-                    winners.push(token)
-                }
+                Reservation::Reserved(token) => winners.push(token),
                 Reservation::Busy => {}
                 Reservation::Exists(record) => match record.state {
                     RecordState::InFlight {

@@ -37,7 +37,7 @@ pub async fn reserve_then_load<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
 
 /// A key held by an owner is shown to everyone else as it is — the owner's record, bound
 /// as the owner bound it — or as [`Busy`](Reservation::Busy) by a store that cannot show
-/// it (an [uncommitted](Reservation::ReservedUncommitted) reservation): never as a record
+/// it (a reservation held unseen, in the owner's transaction): never as a record
 /// the store does not hold (bound like the caller), never reserved twice. Once finalized
 /// it is the completed record, bound as its owner reserved it; once released the key is
 /// free.
@@ -97,9 +97,7 @@ pub async fn concurrent_reserves_have_one_winner<S: IdempotencyStore + ?Sized>(s
         .iter()
         .filter_map(
             |r| match r.as_ref().expect("reserve failed under contention") {
-                Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) => {
-                    Some(*token)
-                }
+                Reservation::Reserved(token) => Some(*token),
                 Reservation::Exists(_) | Reservation::Busy => None,
             },
         )
@@ -132,9 +130,7 @@ pub async fn concurrent_reserves_from_tasks<S: IdempotencyStore + ?Sized>(store:
     }
     let mut winners = Vec::new();
     while let Some(result) = tasks.join_next().await {
-        if let Reservation::Reserved(token) | Reservation::ReservedUncommitted(token) =
-            result.unwrap().expect("reserve failed")
-        {
+        if let Reservation::Reserved(token) = result.unwrap().expect("reserve failed") {
             winners.push(token);
         }
     }
@@ -158,7 +154,7 @@ pub async fn scopes_are_isolated<S: IdempotencyStore + ?Sized>(store: &Arc<S>) {
     let finished =
         futures_util::future::join_all(ids.iter().enumerate().map(|(i, id)| async move {
             let token = match store.reserve(id, &binding(b"{}"), LONG, LONG).await {
-                Ok(Reservation::Reserved(token) | Reservation::ReservedUncommitted(token)) => token,
+                Ok(Reservation::Reserved(token)) => token,
                 other => panic!(
                     "scope {} saw another scope's reservation: {other:?}",
                     id.scope
@@ -257,9 +253,7 @@ pub async fn scope_quota_holds_under_concurrency<S: IdempotencyStore + ?Sized>(
     let mut winners = Vec::new();
     while let Some(joined) = tasks.join_next().await {
         match joined.unwrap() {
-            (id, Ok(Reservation::Reserved(token) | Reservation::ReservedUncommitted(token))) => {
-                winners.push((id, token))
-            }
+            (id, Ok(Reservation::Reserved(token))) => winners.push((id, token)),
             (_, Err(crate::StoreError::QuotaExceeded { .. })) => {}
             (_, other) => panic!("a reserve over the quota answered {other:?}"),
         }
@@ -274,7 +268,7 @@ pub async fn scope_quota_holds_under_concurrency<S: IdempotencyStore + ?Sized>(
     assert!(
         matches!(
             store.reserve(&other, &binding(b"{}"), LONG, LONG).await,
-            Ok(Reservation::Reserved(_) | Reservation::ReservedUncommitted(_))
+            Ok(Reservation::Reserved(_))
         ),
         "a scope at its quota locked another scope out"
     );
@@ -284,7 +278,7 @@ pub async fn scope_quota_holds_under_concurrency<S: IdempotencyStore + ?Sized>(
     assert!(
         matches!(
             store.reserve(&again, &binding(b"{}"), LONG, LONG).await,
-            Ok(Reservation::Reserved(_) | Reservation::ReservedUncommitted(_))
+            Ok(Reservation::Reserved(_))
         ),
         "a released record did not give its room back to its scope"
     );

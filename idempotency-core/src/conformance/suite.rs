@@ -19,9 +19,10 @@ use crate::store::{EvictInFlight, Eviction};
 /// [`Suite::full`]). What a store does not do is found out, never assumed, and the
 /// checks that need it are skipped by name, with the reason, in the [`Report`]:
 ///
-/// - whether its reservations have a lease, from its first reservation: a store that
-///   answers [`ReservedUncommitted`](Reservation::ReservedUncommitted) is not asked to
-///   renew, lapse or take over, nor to show an uncommitted reservation to anyone;
+/// - whether its reservations have a lease, from its first reservation: one that a
+///   duplicate's reserve sees as a record has one; one that it is answered
+///   [`Busy`](Reservation::Busy) about is held unseen (in the owner's transaction), and
+///   is not asked to lapse or be taken over, nor to be shown to anyone;
 /// - whether it can evict (the trait's default `evict` answers
 ///   [`StoreError::Unsupported`](crate::StoreError::Unsupported));
 /// - whether its `inspect` tells times (the trait's default leaves them `None`).
@@ -77,7 +78,7 @@ impl fmt::Display for Report {
 
 const NO_ADMIN: &str = "the store was given without RecordAdmin (Suite::with_admin)";
 const NO_PURGE: &str = "the store was given without PurgeExpired (Suite::with_purge)";
-const NO_LEASE: &str = "the store's reservations are uncommitted: no lease to renew, lapse or take over, and nobody else sees them before they commit";
+const NO_LEASE: &str = "the store's reservations are held unseen until they commit: no lease to lapse or take over, and nobody else sees them";
 const NO_SECOND_NODE: &str =
     "the store was given no second handle on its backend (Suite::with_second_node)";
 const NO_EVICT: &str = "the store's RecordAdmin::evict answers Unsupported";
@@ -488,18 +489,27 @@ async fn inspects_times<S: RecordAdmin + ?Sized>(admin: &S) -> bool {
     inspected.created_at.is_some()
 }
 
-/// Whether the store's reservations have a lease: it reserves a key of its own and
-/// releases it.
+/// Whether the store's reservations are records under a lease: a duplicate's reserve
+/// of a key in flight is shown the owner's record, which has a lease; one held unseen
+/// (in the owner's transaction) answers [`Busy`](Reservation::Busy), and has none.
 async fn has_leases<S: IdempotencyStore + ?Sized>(store: &S) -> bool {
     let id = fresh_id();
-    let answer = store
+    let token = match store
         .reserve(&id, &binding(b"{}"), LONG, LONG)
         .await
-        .expect("reserve failed");
-    let (token, leased) = match answer {
-        Reservation::Reserved(token) => (token, true),
-        Reservation::ReservedUncommitted(token) => (token, false),
+        .expect("reserve failed")
+    {
+        Reservation::Reserved(token) => token,
         other => panic!("reserve of a key nobody holds answered {other:?}"),
+    };
+    let leased = match store
+        .reserve(&id, &binding(b"{}"), LONG, LONG)
+        .await
+        .expect("a duplicate's reserve failed")
+    {
+        Reservation::Exists(_) => true,
+        Reservation::Busy => false,
+        Reservation::Reserved(_) => panic!("a key in flight was reserved a second time"),
     };
     assert_eq!(
         store.release(&id, token).await.expect("release failed"),

@@ -95,8 +95,8 @@ pub(crate) fn prepare_for_inner(settings: &Settings, headers: &mut HeaderMap) {
 /// The renewal runs on a task of its own, so the lease is kept even while nobody polls
 /// `work` (a caller may hold the response future for a while without polling it). It
 /// starts only if `work` does not finish on its first poll, and stops when `work` ends or
-/// is dropped. An uncommitted reservation has no lease, and nothing is renewed. Losing
-/// the lease does not stop the work: the request is already running, and the store's
+/// is dropped (a reservation held unseen by the store answers each renewal from what
+/// holds it). Losing the lease does not stop the work: the request is already running, and the store's
 /// fencing keeps the stale owner from overwriting the new one.
 async fn hold_lease<F: Future>(
     settings: &Arc<Settings>,
@@ -106,9 +106,6 @@ async fn hold_lease<F: Future>(
     let first_poll = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
     if let Poll::Ready(output) = first_poll {
         return output;
-    }
-    if !reservation.is_leased() {
-        return work.await;
     }
     let _renewing =
         AbortOnDropHandle::new(tokio::spawn(renew_lease(settings.clone(), reservation)));

@@ -102,11 +102,9 @@ where
     // 3. Reserve.
     match reserve::reserve(&settings, &id, &binding).await {
         // 4 to 6.
-        Next::Run {
-            token,
-            leased,
-            outcome,
-        } => own::<S, B>(settings, inner, request, id, (token, leased), outcome, held).await,
+        Next::Run { token, outcome } => {
+            own::<S, B>(settings, inner, request, id, token, outcome, held).await
+        }
         // 7. Replay.
         Next::Replay(stored) => {
             let replayed = replay::replay::<S, B>(&settings, inner, &request, stored).await;
@@ -139,7 +137,7 @@ fn own<S, B>(
     inner: S,
     request: Request<Bytes>,
     id: RecordId,
-    (token, leased): (FencingToken, bool),
+    token: FencingToken,
     first_run: Outcome,
     mut held: Held,
 ) -> FinishOnDrop<Answer<B, S::Error>>
@@ -148,7 +146,7 @@ where
     B: Bodies,
 {
     let request_line = (request.method().clone(), request.uri().clone());
-    let reservation = ReservationHandle::new(settings.clone(), request_line, id, token, leased);
+    let reservation = ReservationHandle::new(settings.clone(), request_line, id, token);
     let tracker = settings.in_flight.clone();
     // The request's bytes (and then its answer's) stay taken from the budget while it
     // runs, even after its caller went away.

@@ -35,12 +35,10 @@ const MAX_ATTEMPTS: usize = 4;
 /// What comes after the reservation.
 pub(crate) enum Next {
     /// The request owns the key and runs (stages 4 to 6): a first execution, or a
-    /// takeover of a key whose owner stopped renewing its lease. `leased` says whether
-    /// the ownership has a lease to renew while it runs (an uncommitted reservation has
-    /// none); `outcome` is what a stored answer's outcome will be.
+    /// takeover of a key whose owner stopped renewing its lease; `outcome` is what a
+    /// stored answer's outcome will be.
     Run {
         token: FencingToken,
-        leased: bool,
         outcome: Outcome,
     },
     /// The key holds a finished answer for this very request: replay it (stage 7).
@@ -90,10 +88,7 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
     let mut wait_until = None;
     for _ in 0..MAX_ATTEMPTS {
         let mut step = match store.reserve(id, binding).await {
-            Ok(Reservation::Reserved(token)) => return owner(settings, id, token, true),
-            Ok(Reservation::ReservedUncommitted(token)) => {
-                return owner(settings, id, token, false);
-            }
+            Ok(Reservation::Reserved(token)) => return owner(settings, id, token),
             Ok(Reservation::Exists(record)) => next_step(record, binding),
             Ok(Reservation::Busy) => Step::Wait,
             Err(error) => return Next::StoreFailed(error),
@@ -125,7 +120,6 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
                     tracing::warn!(outcome = "took-over", key = %settings.log_key(id), "idempotency: took over a reservation whose owner stopped renewing its lease");
                     return Next::Run {
                         token,
-                        leased: true,
                         outcome: Outcome::TookOver,
                     };
                 }
@@ -142,11 +136,10 @@ pub(crate) async fn reserve(settings: &Settings, id: &RecordId, binding: &Bindin
 }
 
 /// A first execution: the key is this request's.
-fn owner(settings: &Settings, id: &RecordId, token: FencingToken, leased: bool) -> Next {
+fn owner(settings: &Settings, id: &RecordId, token: FencingToken) -> Next {
     tracing::debug!(outcome = "reserved", key = %settings.log_key(id), "idempotency: reserved the key");
     Next::Run {
         token,
-        leased,
         outcome: Outcome::Executed,
     }
 }

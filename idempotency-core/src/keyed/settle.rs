@@ -434,17 +434,17 @@ where
     }
 }
 
-/// An uncommitted reservation has no lease that could lapse: when the store did not take
-/// the owner's outcome, the reservation is released, so that nothing it holds (a
-/// transaction, a lock, a pooled connection) outlives the request. That is the lesser
-/// harm, the same one a failed finalize leaves on a leased reservation: a retry may run
-/// the request again.
+/// A reservation whose outcome the store did not take is released, so that nothing it
+/// holds outlives the request: a reservation held unseen (a transaction, a lock, a pooled
+/// connection) has no lease that would lapse, and the layer cannot tell one kind from the
+/// other. That is the lesser harm, the one a lapsing lease would have allowed anyway,
+/// only later: a retry may run the request again.
 async fn end_unsettled(
     settings: &Settings,
     reservation: &ReservationHandle,
     outcome: Outcome,
 ) -> Outcome {
-    if outcome != Outcome::Unsettled || reservation.is_leased() {
+    if outcome != Outcome::Unsettled {
         return outcome;
     }
     let (id, token) = (reservation.id(), reservation.token());
@@ -452,7 +452,7 @@ async fn end_unsettled(
         settings,
         id,
         token,
-        "an uncommitted reservation whose outcome the store did not take",
+        "a reservation whose outcome the store did not take",
     )
     .await;
     outcome

@@ -193,21 +193,19 @@ pub struct IdempotencyRecord {
 /// the store knows about the key, and what the caller must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reservation {
-    /// The caller owns the key under a lease. It renews the lease while the request
-    /// runs (a lease that lapses may be taken over by a duplicate), and then finalizes
-    /// or releases the key.
+    /// The caller owns the key. While the request runs it [renews](crate::IdempotencyStore::renew)
+    /// the reservation (a store whose reservation is a record under a lease extends the
+    /// lease, which may otherwise lapse and be taken over by a duplicate; one whose
+    /// reservation is held where nobody else can see it, by a transaction of its own,
+    /// answers whether it still holds the key), and then it finalizes, releases or holds
+    /// the key.
     Reserved(FencingToken),
-    /// The caller owns the key, and nobody else can see the reservation until the
-    /// caller's own database transaction commits it (a store that reserves inside the
-    /// handler's transaction). There is no lease to renew and nothing for anyone to take
-    /// over: the reservation ends with that transaction, or with the caller. The caller
-    /// finalizes or releases the key, and never renews it.
-    ReservedUncommitted(FencingToken),
     /// A live record holds the key: the caller checks its binding, then replays, waits
     /// for or takes over that record as its state says.
     Exists(IdempotencyRecord),
-    /// Another owner holds the key, and the store cannot show its record (it is not
-    /// committed yet). The caller [waits](crate::IdempotencyStore::wait), then reserves
+    /// Another owner holds the key where the store cannot show its record: in a
+    /// transaction not committed yet (a reservation nobody else can see, with no lease
+    /// that could lapse). The caller [waits](crate::IdempotencyStore::wait), then reserves
     /// again: only then is there a record whose binding it can check.
     Busy,
 }

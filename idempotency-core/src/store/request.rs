@@ -37,8 +37,7 @@ use super::record::{
 ///
 /// | `reserve` answers | the store knows | the layer then |
 /// |---|---|---|
-/// | [`Reserved(T)`](Reservation::Reserved) | the caller owns the key under a lease | runs the request, [`renew`](Self::renew)s the lease meanwhile, then [`finalize`](Self::finalize)s, [`release`](Self::release)s or [`hold`](Self::hold)s (outcome unknown) with `T` |
-/// | [`ReservedUncommitted(T)`](Reservation::ReservedUncommitted) | the caller owns the key in a transaction nobody else sees yet | runs the request, then finalizes, releases or [`hold`](Self::hold)s with `T`; never renews (there is no lease) |
+/// | [`Reserved(T)`](Reservation::Reserved) | the caller owns the key | runs the request, [`renew`](Self::renew)s the reservation meanwhile, then [`finalize`](Self::finalize)s, [`release`](Self::release)s or [`hold`](Self::hold)s (outcome unknown) with `T`; if none of those took, releases it |
 /// | [`Exists(record)`](Reservation::Exists) | a live record holds the key | checks the record's binding (another request's record: refused, whatever its state), then replays a completed record, takes over a lapsed lease ([`take_over`](Self::take_over)), or waits for a live one |
 /// | [`Busy`](Reservation::Busy) | another owner holds the key, whose record it cannot show | waits, then reserves again |
 ///
@@ -53,9 +52,19 @@ use super::record::{
 ///
 /// A store answers what it knows and nothing more: it never makes up a record, a token
 /// or a binding to fit an answer. A store that cannot show a record says
-/// [`Busy`](Reservation::Busy) or [`Running(None)`](Waited::Running); one whose
-/// reservations have no lease says so with
-/// [`ReservedUncommitted`](Reservation::ReservedUncommitted).
+/// [`Busy`](Reservation::Busy) or [`Running(None)`](Waited::Running).
+///
+/// # Two kinds of reservation, one contract
+///
+/// A reservation is either a **record under a lease**, committed where every duplicate
+/// sees it (and may take it over once the lease lapses), or **held unseen**, by a
+/// transaction of the store's own that commits the record with the request's write (a
+/// lock, an uncommitted row): duplicates get [`Busy`](Reservation::Busy) until it ends,
+/// and nothing of it can lapse. Which kind is the store's business: the layer makes the
+/// same calls for both, and each answer is backed by what the store holds. What an
+/// unseen reservation holds (a transaction, a lock, a pooled connection) is let go by
+/// `finalize`, `release` and `hold` whether they succeed or fail, and by `release`
+/// called after them: nothing outlives its request.
 ///
 /// # The rules every store keeps
 ///
@@ -142,8 +151,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     }
 
     /// Extends the lease of the record `token` owns to `lease` from now, and its expiry to
-    /// the end of that lease if it would end sooner. Called only for
-    /// [leased](Reservation::Reserved) reservations and takeovers.
+    /// the end of that lease if it would end sooner. Called every third of the lease
+    /// while the owner's request runs. A reservation held unseen (by a transaction of the
+    /// store's) has no lease to extend: `Held` while that transaction still holds the key
+    /// for `token`, `Lost` once it does not.
     async fn renew(
         &self,
         id: &RecordId,
@@ -159,15 +170,14 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// that no retry runs the change again before the record expires, and every retry
     /// after it does.
     ///
-    /// Called for every kind of reservation, and it ends it: a store whose reservation
-    /// is uncommitted ([`ReservedUncommitted`](Reservation::ReservedUncommitted)) commits
-    /// an in-flight record here, under the reservation's token, and holds nothing (no
-    /// transaction, lock or connection) afterwards. `Held` only if such a record now
-    /// holds the key under `token`.
+    /// It ends the reservation, whatever its kind: a store whose reservation is held
+    /// unseen (by a transaction of its own) commits an in-flight record here, under the
+    /// reservation's token, and holds nothing (no transaction, lock or connection)
+    /// afterwards. `Held` only if such a record now holds the key under `token`.
     ///
     /// The default [renews](Self::renew) the lease for `kept_for`, which is exactly this
-    /// for a [leased](Reservation::Reserved) reservation; a store whose reservations are
-    /// uncommitted must implement it.
+    /// for a record under a lease; a store whose reservations are held unseen must
+    /// implement it.
     async fn hold(
         &self,
         id: &RecordId,
@@ -185,9 +195,8 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         response: &StoredResponse,
     ) -> Result<Ownership, StoreError>;
 
-    /// Deletes the in-flight record `token` owns (or, for an
-    /// [uncommitted](Reservation::ReservedUncommitted) reservation, drops it), so that a
-    /// retry runs again.
+    /// Deletes the in-flight record `token` owns (or, for a reservation held unseen,
+    /// ends what holds it), so that a retry runs again.
     async fn release(&self, id: &RecordId, token: FencingToken) -> Result<Ownership, StoreError>;
 
     /// Takes over an in-flight record whose lease has lapsed while `lapsed` still owns it:

@@ -22,6 +22,10 @@ pub(super) enum PendingState<T> {
     Open(T),
     /// The handler took the transaction; it commits or rolls it back.
     Taken,
+    /// PostgreSQL, MySQL/MariaDB: the transaction the handler took ended without the
+    /// answer: it committed the record in flight, under its lease, or rolled back and
+    /// left nothing. Only the table tells which.
+    Ended,
     /// SQLite: the handler wrote the record in its transaction; the claim goes when that
     /// transaction ends.
     Finalized,
@@ -96,6 +100,15 @@ impl<T> Claims<T> {
         (pending.contains_key(id), count, bytes)
     }
 
+    /// Whether this process holds the key for `token` where nobody else can see it: a
+    /// claim, or a transaction not ended yet. Once the handler's transaction ended
+    /// without the answer, whatever holds the key is in the table.
+    pub(super) fn holds_unseen(&self, id: &RecordId, token: FencingToken) -> bool {
+        self.lock().get(id).is_some_and(|entry| {
+            entry.token == token && !matches!(entry.state, PendingState::Ended)
+        })
+    }
+
     /// Marks the reservation as finalized in its handler's transaction.
     pub(super) fn finalized(&self, id: &RecordId, token: FencingToken) {
         if let Some(entry) = self.lock().get_mut(id).filter(|entry| entry.token == token) {
@@ -128,6 +141,10 @@ pub(super) struct ClaimGuard<T> {
     pub(super) token: FencingToken,
     /// PostgreSQL: how to keep the key held past a `COMMIT` without the answer.
     pub(super) in_flight: Option<InFlightUnlessFinalized>,
+    /// PostgreSQL, MySQL/MariaDB: the transaction is what holds the key, so that once it
+    /// ended without the answer the reservation is whatever it left in the table.
+    /// SQLite's claim holds the key until the layer settles it.
+    pub(super) held_by_transaction: bool,
 }
 
 /// PostgreSQL: the in-flight record a reservation's transaction inserts before a `COMMIT`
@@ -153,11 +170,20 @@ impl<T> ClaimGuard<T> {
 
 impl<T> Drop for ClaimGuard<T> {
     fn drop(&mut self) {
-        let finalized = self.claims.lock().get(&self.id).is_some_and(|entry| {
-            entry.token == self.token && matches!(entry.state, PendingState::Finalized)
-        });
-        if finalized {
-            self.claims.forget(&self.id, self.token);
+        let mut claims = self.claims.lock();
+        let Some(entry) = claims
+            .get_mut(&self.id)
+            .filter(|entry| entry.token == self.token)
+        else {
+            return;
+        };
+        match entry.state {
+            PendingState::Finalized => {
+                drop(claims);
+                self.claims.forget(&self.id, self.token);
+            }
+            PendingState::Taken if self.held_by_transaction => entry.state = PendingState::Ended,
+            _ => {}
         }
     }
 }

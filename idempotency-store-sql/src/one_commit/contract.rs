@@ -56,7 +56,7 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
                         terms,
                     },
                 );
-                Ok(Reservation::ReservedUncommitted(token))
+                Ok(Reservation::Reserved(token))
             }
             // A committed record (finished, in flight under a typed store, or expired):
             // the typed store's rules, which replace an expired one.
@@ -102,9 +102,10 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Ownership, StoreError> {
-        // The layer never renews an uncommitted reservation (it has no lease); one that
-        // is asked to anyway is held, and nothing of it can lapse.
-        if self.is_pending(id, token) {
+        // A reservation held unseen (a claim, or a transaction) has no lease: nothing of
+        // it can lapse while it holds. Once the handler's transaction ended without the
+        // answer, the record it committed in flight, if any, is what holds the key.
+        if self.claims.holds_unseen(id, token) {
             return Ok(Ownership::Held);
         }
         self.records.renew(id, token, lease).await
@@ -169,7 +170,7 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
             // its answer is deleted; if it committed none (it rolled back), nothing of the
             // reservation is left, which is what releasing asks for, unless another
             // request's record holds the key by now.
-            PendingState::Taken | PendingState::Finalized => {
+            PendingState::Taken | PendingState::Ended | PendingState::Finalized => {
                 self.until_the_handlers_transaction_ended(id).await?;
                 if self.records.release(id, token).await? == Ownership::Held {
                     return Ok(Ownership::Held);

@@ -33,39 +33,55 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         &self,
         reservation: Option<&ReservationHandle>,
     ) -> Result<WriteTransaction<DB>, StoreError> {
-        if let Some(reservation) = reservation {
-            let (id, token) = (reservation.id(), reservation.token());
-            let claim = |in_flight| ClaimGuard {
-                claims: self.claims.clone(),
-                id: id.clone(),
-                token,
-                in_flight,
-            };
-            match self.take(id, token) {
-                // PostgreSQL: the record is written whole by `finalize_in`, in this
-                // transaction; if the handler commits without it, the record is
-                // inserted in flight at its `COMMIT`, so that the key stays held.
-                Some(Taken::Open(transaction)) if self.dialect == Dialect::Postgres => {
-                    let in_flight = InFlightUnlessFinalized {
-                        statement: self.sql.insert_in_flight.clone(),
-                        lock_key: self.table.record_lock_key(id),
-                    };
-                    return Ok(transaction.holding(claim(Some(in_flight))));
-                }
-                Some(Taken::Open(transaction)) => return Ok(transaction),
-                // SQLite: the record is written whole by `finalize_in`, in this
-                // transaction, and the claim is let go when it ends.
-                Some(Taken::Claimed) => {
-                    let room = self.room().await?;
-                    let transaction = self.begin_raw().await.map_err(backend)?;
-                    return Ok(WriteTransaction::new(transaction, room).holding(claim(None)));
-                }
-                None => {}
-            }
+        if let Some(reservation) = reservation
+            && let Some(transaction) = self
+                .reserved_transaction(reservation.id(), reservation.token())
+                .await?
+        {
+            return Ok(transaction);
         }
         let room = self.room().await?;
         let transaction = self.begin_raw().await.map_err(backend)?;
         Ok(WriteTransaction::new(transaction, room))
+    }
+
+    /// The transaction that holds the reservation `token` made of `id`, taken by its
+    /// handler: `None` if the reservation is not this store's to hand over (a typed
+    /// store's, or taken already).
+    pub(super) async fn reserved_transaction(
+        &self,
+        id: &RecordId,
+        token: FencingToken,
+    ) -> Result<Option<WriteTransaction<DB>>, StoreError> {
+        let claim = |in_flight| ClaimGuard {
+            claims: self.claims.clone(),
+            id: id.clone(),
+            token,
+            in_flight,
+            held_by_transaction: self.dialect != Dialect::Sqlite,
+        };
+        Ok(Some(match self.take(id, token) {
+            // PostgreSQL: the record is written whole by `finalize_in`, in this
+            // transaction; if the handler commits without it, the record is inserted in
+            // flight at its `COMMIT`, so that the key stays held.
+            Some(Taken::Open(transaction)) if self.dialect == Dialect::Postgres => {
+                let in_flight = InFlightUnlessFinalized {
+                    statement: self.sql.insert_in_flight.clone(),
+                    lock_key: self.table.record_lock_key(id),
+                };
+                transaction.holding(claim(Some(in_flight)))
+            }
+            // MySQL/MariaDB: the record is in flight in this transaction already.
+            Some(Taken::Open(transaction)) => transaction.holding(claim(None)),
+            // SQLite: the record is written whole by `finalize_in`, in this transaction,
+            // and the claim is let go when it ends.
+            Some(Taken::Claimed) => {
+                let room = self.room().await?;
+                let transaction = self.begin_raw().await.map_err(backend)?;
+                WriteTransaction::new(transaction, room).holding(claim(None))
+            }
+            None => return Ok(None),
+        }))
     }
 
     /// Marks the reservation `token` holds on `id` as taken by its handler, and hands over
@@ -205,13 +221,6 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         token: FencingToken,
     ) -> Option<Pending<WriteTransaction<DB>>> {
         self.claims.forget(id, token)
-    }
-
-    pub(super) fn is_pending(&self, id: &RecordId, token: FencingToken) -> bool {
-        self.claims
-            .lock()
-            .get(id)
-            .is_some_and(|entry| entry.token == token)
     }
 
     /// The terms of a reservation whose record `finalize_in` writes whole: one whose

@@ -98,7 +98,10 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 ///   the key committed there, and fails with a 5xx that changed nothing; the client's
 ///   retry is replayed.)
 /// - **No lease to lose**: an uncommitted record cannot be taken over, so the layer's
-///   renewals cost nothing, and a slow handler is never run twice beside itself.
+///   renewals cost nothing (each asks this process whether the transaction still holds
+///   the key), and a slow handler is never run twice beside itself. Once the handler's
+///   transaction committed without the answer, the record it left in flight is renewed
+///   as a leased one.
 ///
 /// # What it costs, and when to use it
 ///

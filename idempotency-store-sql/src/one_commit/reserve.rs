@@ -505,7 +505,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         }
         match read? {
             Some(record) => Ok(Reservation::Exists(record)),
-            None if claimed => Ok(Reservation::ReservedUncommitted(token)),
+            None if claimed => Ok(Reservation::Reserved(token)),
             None => Ok(Reservation::Busy),
         }
     }

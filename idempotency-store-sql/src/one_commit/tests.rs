@@ -86,7 +86,8 @@ async fn postgres() {
         .await
         .unwrap();
     let store = one_commit(records, &pool, &table).await;
-    nothing_of_an_uncommitted_reservation_lapses(&store).await;
+    nothing_of_an_unseen_reservation_lapses(&store).await;
+    a_renewal_after_the_handlers_transaction_answers_from_the_table(&store).await;
     holds_answers_and_replays_a_key(store).await;
     drop_table(&pool, &format!("DROP TABLE IF EXISTS \"{table}\"")).await;
 }
@@ -124,6 +125,7 @@ async fn on_mysql(mysql_8: bool) {
         (!mysql_8).then_some(true),
         "the reservation in BEGIN: {in_begin:?}"
     );
+    a_renewal_after_the_handlers_transaction_answers_from_the_table(&store).await;
     holds_answers_and_replays_a_key(store).await;
     drop_table(&pool, &format!("DROP TABLE IF EXISTS `{table}`")).await;
 }
@@ -145,16 +147,13 @@ where
     sqlx::Executor::execute(pool, statement).await.unwrap();
 }
 
-/// Renewing an uncommitted reservation (the layer never does: it has no lease) holds it
-/// under its own token, and nothing under another. (PostgreSQL: on MariaDB another
-/// token's renewal waits for the reservation's row lock.)
-async fn nothing_of_an_uncommitted_reservation_lapses<DB: RecordDatabase>(
-    store: &OneCommitStore<DB>,
-) {
+/// Renewing a reservation held in its transaction holds it under its own token, and
+/// nothing under another. (PostgreSQL: on MariaDB another token's renewal waits for the
+/// reservation's row lock.)
+async fn nothing_of_an_unseen_reservation_lapses<DB: RecordDatabase>(store: &OneCommitStore<DB>) {
     let id = RecordId::new("renew", uuid::Uuid::new_v4().to_string());
     let lease = Duration::from_secs(30);
-    let Reservation::ReservedUncommitted(token) =
-        store.reserve(&id, &binding(), lease, lease).await.unwrap()
+    let Reservation::Reserved(token) = store.reserve(&id, &binding(), lease, lease).await.unwrap()
     else {
         panic!("a free key is reserved");
     };
@@ -168,6 +167,61 @@ async fn nothing_of_an_uncommitted_reservation_lapses<DB: RecordDatabase>(
         Ownership::Lost
     );
     assert_eq!(store.release(&id, token).await.unwrap(), Ownership::Held);
+}
+
+/// Once the handler's transaction ended without the answer, a renewal answers from the
+/// table: it extends the lease of the record the `COMMIT` left in flight, and says
+/// `Lost` after a rollback, which left the key free.
+async fn a_renewal_after_the_handlers_transaction_answers_from_the_table<DB: RecordDatabase>(
+    store: &OneCommitStore<DB>,
+) {
+    let lease = Duration::from_secs(1);
+    let lifetime = Duration::from_secs(30);
+    for commits in [true, false] {
+        let id = RecordId::new("renew", uuid::Uuid::new_v4().to_string());
+        let Reservation::Reserved(token) = store
+            .reserve(&id, &binding(), lease, lifetime)
+            .await
+            .unwrap()
+        else {
+            panic!("a free key is reserved");
+        };
+        let transaction = store
+            .reserved_transaction(&id, token)
+            .await
+            .unwrap()
+            .expect("the reservation's transaction is handed over");
+        if commits {
+            transaction.commit().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            assert_eq!(
+                store.renew(&id, token, lease).await.unwrap(),
+                Ownership::Held
+            );
+            // 1.2 s after the commit: the first lease has lapsed, the renewed one has not.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let record = store.load(&id).await.unwrap().expect("the record is live");
+            assert!(
+                matches!(
+                    record.state,
+                    idempotency_core::RecordState::InFlight {
+                        lease_lapsed: false,
+                        ..
+                    }
+                ),
+                "the renewal extended the committed record's lease: {record:?}"
+            );
+        } else {
+            transaction.rollback().await.unwrap();
+            assert_eq!(
+                store.renew(&id, token, lease).await.unwrap(),
+                Ownership::Lost,
+                "after a rollback nothing holds the key"
+            );
+        }
+        assert_eq!(store.release(&id, token).await.unwrap(), Ownership::Held);
+        assert_eq!(store.load(&id).await.unwrap(), None);
+    }
 }
 
 /// A binding whose path text spliced into SQL would break.
@@ -190,8 +244,7 @@ async fn holds_answers_and_replays_a_key<DB: RecordDatabase>(store: OneCommitSto
     let binding = binding();
     let (lease, lifetime) = (Duration::from_secs(30), Duration::from_secs(600));
 
-    let Reservation::ReservedUncommitted(token) =
-        store.reserve(&id, &binding, lease, lifetime).await.unwrap()
+    let Reservation::Reserved(token) = store.reserve(&id, &binding, lease, lifetime).await.unwrap()
     else {
         panic!("a free key is reserved");
     };
@@ -205,8 +258,7 @@ async fn holds_answers_and_replays_a_key<DB: RecordDatabase>(store: OneCommitSto
     assert!(matches!(duplicate, Ok(Reservation::Busy)), "{duplicate:?}");
     assert_eq!(store.release(&id, token).await.unwrap(), Ownership::Held);
 
-    let Reservation::ReservedUncommitted(token) =
-        store.reserve(&id, &binding, lease, lifetime).await.unwrap()
+    let Reservation::Reserved(token) = store.reserve(&id, &binding, lease, lifetime).await.unwrap()
     else {
         panic!("a released key is reserved again");
     };
