@@ -20,7 +20,8 @@ prints per request, as a Markdown table:
     SMOKE=1 CATALOG=target/debug/iceberg-catalog benches/statement-counts.py   # CI's smoke run
 
 SMOKE=1: 3 requests of each kind after 10 warm-up pairs (N still applies): every figure
-once, not worth reading.
+once, not worth reading. Every run fails if a key adds more statements to a first
+execution, or a replay sends more, than BUDGETS (what BENCHMARKS.md states) allows.
 
 Needs the servers of scripts/services (PostgreSQL on 5432, MariaDB on 3306, Redis on
 6379) and the catalog built with its comparison switches, for `--two-commit`
@@ -227,15 +228,45 @@ async def measure(database, records):
         server.close()
 
 
+# What BENCHMARKS.md states, per database and way of keeping records: the most statements
+# a key adds to a first execution, and the most a replay sends. A run past either fails.
+BUDGETS = {
+    ("postgres", "with-the-change"): (3, 1),
+    ("postgres", "two-commit"): (2, 1),
+    ("postgres", "redis"): (1, 0),
+    ("mysql", "with-the-change"): (1, 2),
+    ("mysql", "two-commit"): (2, 1),
+    ("mysql", "redis"): (0, 0),
+}
+
+
+def over_budget(database, records, rows):
+    """The budgets of BUDGETS that these rows break, in words."""
+    added, replay = BUDGETS[(database, records)]
+    statements = {request: count for request, count, *_ in rows}
+    broken = []
+    if statements["keyed"] - statements["unkeyed"] > added + 0.5:
+        broken.append(f"a key adds {statements['keyed'] - statements['unkeyed']:.1f} statements (at most {added})")
+    if statements["replayed"] > replay + 0.5:
+        broken.append(f"a replay sends {statements['replayed']:.1f} statements (at most {replay})")
+    return [f"{database}, records {records}: {what}" for what in broken]
+
+
 async def main():
     databases = sys.argv[1].split() if len(sys.argv) > 1 else ["postgres", "mysql"]
     print("| database | records | request | statements | round trips | of which prepares | of which health checks | Redis commands |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    broken = []
     for database in databases:
         for records in RECORDS:
-            for request, statements, round_trips, prepares, checks, redis in await measure(database, records):
+            rows = await measure(database, records)
+            for request, statements, round_trips, prepares, checks, redis in rows:
                 redis = "" if redis is None else f"{redis:.1f}"
                 print(f"| {database} | {records} | {request} | {statements:.1f} | {round_trips:.1f} | {prepares:.1f} | {checks:.1f} | {redis} |", flush=True)
+            broken += over_budget(database, records, rows)
+    if broken:
+        print("statement budgets broken:\n  " + "\n  ".join(broken), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

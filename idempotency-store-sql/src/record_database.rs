@@ -153,10 +153,10 @@ pub trait RecordDatabase: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
 
     #[doc(hidden)]
-    /// PostgreSQL: takes `id`'s advisory lock (`lock_key`) for the transaction unless a
-    /// record holds the key, with the backend's reservation statement (`sql`):
+    /// PostgreSQL: whether a record holds `id`, and whether the transaction holds the
+    /// key's advisory lock (`lock_key`), with the backend's look statement (`sql`):
     /// `(committed, locked)`.
-    fn lock_key(
+    fn look_under_lock(
         connection: &mut Self::Connection,
         sql: &str,
         id: &RecordId,
@@ -353,7 +353,7 @@ macro_rules! record_database {
                 }
             }
 
-            async fn lock_key(
+            async fn look_under_lock(
                 connection: &mut Self::Connection,
                 sql: &str,
                 id: &RecordId,

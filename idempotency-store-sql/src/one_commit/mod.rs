@@ -50,7 +50,8 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// The layer's reservation opens a transaction on the pool the handler writes with (a
 /// `PgPool`, `MySqlPool` or `SqlitePool`, or an `AnyPool` on any of them: see
 /// [`RecordDatabase`]) and holds the key in it: on PostgreSQL it takes the key's
-/// transaction-scoped advisory lock (after finding no record under the key), on
+/// transaction-scoped advisory lock (after finding no record under the key, in a read
+/// outside any transaction that is all a replay costs), on
 /// MySQL/MariaDB it inserts the in-flight record, uncommitted (MariaDB in the round trip
 /// that opens the transaction). The handler takes that
 /// transaction (its `Tx`), writes its mutation, hands its answer over (`Tx::commit`:
@@ -215,12 +216,9 @@ pub enum Reservations {
 
 /// The statements of the one-commit path, in one dialect.
 struct Statements {
-    /// PostgreSQL (only): the reservation, the key's advisory lock taken unless a record
-    /// holds the key.
-    lock_key: Option<Arc<str>>,
-    /// PostgreSQL (only): the key's record looked up again once its lock is taken (see
-    /// [`crate::postgres::record_of_key_statement`]).
-    lookup_after_lock: Option<Arc<str>>,
+    /// PostgreSQL (only): the reservation's look at the key once its transaction began
+    /// with the key's lock (see [`crate::postgres::look_under_lock_statement`]).
+    look_under_lock: Option<Arc<str>>,
     /// MySQL/MariaDB (only): a duplicate's wait for the owner's uncommitted row (see
     /// `crate::mysql::owners_row_statement`).
     owners_row: Option<Arc<str>>,
@@ -262,8 +260,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "PostgreSQL" => (
                 Dialect::Postgres,
                 Statements {
-                    lock_key: Some(crate::postgres::reserve_lock_statement(table).into()),
-                    lookup_after_lock: Some(crate::postgres::record_of_key_statement(table).into()),
+                    look_under_lock: Some(crate::postgres::look_under_lock_statement(table).into()),
                     owners_row: None,
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::postgres::insert_completed_statement(table)),
@@ -275,8 +272,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "MySQL" => (
                 Dialect::MySql,
                 Statements {
-                    lock_key: None,
-                    lookup_after_lock: None,
+                    look_under_lock: None,
                     owners_row: Some(crate::mysql::owners_row_statement(table).into()),
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: None,
@@ -288,8 +284,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
             "SQLite" => (
                 Dialect::Sqlite,
                 Statements {
-                    lock_key: None,
-                    lookup_after_lock: None,
+                    look_under_lock: None,
                     owners_row: None,
                     insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::sqlite::insert_completed_statement(table)),

@@ -66,11 +66,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let room = self.room().await?;
         let record = NewRecord::new(id, binding, token, lease, lifetime);
         let reserving = Reserving {
-            lock: self
-                .sql
-                .lock_key
-                .clone()
-                .zip(self.sql.lookup_after_lock.clone()),
+            look_under_lock: self.sql.look_under_lock.clone(),
             lock_key: self.table.record_lock_key(id),
             begin_reserved: self.reserve_begin_statement(&record),
             insert: self.sql.insert_in_flight.clone(),
@@ -186,9 +182,9 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
 /// One reservation in a transaction, with everything it needs owned, so that it runs on
 /// a task of its own.
 struct Reserving {
-    /// PostgreSQL (only): the reservation (the key's lock unless a record holds the key),
-    /// and the key's record looked up again under the lock.
-    lock: Option<(Arc<str>, Arc<str>)>,
+    /// PostgreSQL (only): the look at the key in the transaction that began with its
+    /// lock.
+    look_under_lock: Option<Arc<str>>,
     /// PostgreSQL: the key's lock.
     lock_key: i64,
     /// MariaDB (only): the reservation, sent as the transaction's `BEGIN` (see
@@ -224,8 +220,8 @@ impl Reserving {
         room: OwnedSemaphorePermit,
     ) -> Result<Attempt<DB>, StoreError> {
         for _ in 0..MAX_DEADLOCK_RETRIES {
-            let tried = match (&self.lock, &self.begin_reserved) {
-                (Some((lock, lookup)), _) => self.lock_key(pool, lock, lookup).await?,
+            let tried = match (&self.look_under_lock, &self.begin_reserved) {
+                (Some(look), _) => self.lock_key(pool, look).await,
                 // One round trip: `BEGIN` and the insert. A failure leaves the
                 // connection outside any transaction.
                 (None, Some(begin)) => match pool.begin_with(begin.clone()).await {
@@ -252,41 +248,26 @@ impl Reserving {
     }
 
     /// PostgreSQL: a transaction holding the key's advisory lock, unless a record or
-    /// another transaction holds the key.
-    async fn lock_key<DB: RecordDatabase>(
-        &self,
-        pool: &Pool<DB>,
-        lock: &str,
-        lookup: &str,
-    ) -> Result<Tried<DB>, StoreError> {
-        let mut transaction = begin_on(pool).await.map_err(backend)?;
-        let locked = match DB::lock_key(&mut transaction, lock, &self.id, self.lock_key).await {
-            // The lookup saw the table as the statement began: a transaction that
-            // committed the key's record and let go of its lock while the statement ran
-            // is not in it. Under the lock, a statement of its own sees that record
-            // (found by the simulation: a duplicate ran beside a record committed a
-            // moment before).
-            Ok((false, true)) => DB::rows_of_key(&mut transaction, lookup, &self.id)
-                .await
-                .map(|rows| {
-                    if rows > 0 {
-                        (true, false)
-                    } else {
-                        (false, true)
-                    }
-                }),
-            other => other,
+    /// another transaction holds the key. Two round trips: the `BEGIN` that tries the
+    /// lock, then a look at the key that sees every record committed before the lock was
+    /// taken.
+    async fn lock_key<DB: RecordDatabase>(&self, pool: &Pool<DB>, look: &str) -> Tried<DB> {
+        let begin = crate::postgres::begin_locking_statement(self.lock_key);
+        let mut transaction = match pool.begin_with(begin).await {
+            Ok(transaction) => transaction,
+            Err(error) => return Tried::Failed(error),
         };
-        let tried = match locked {
-            Ok((_, true)) => return Ok(Tried::Held(transaction)),
-            Ok((true, false)) => Tried::Committed,
+        let tried = match DB::look_under_lock(&mut transaction, look, &self.id, self.lock_key).await
+        {
+            Ok((false, true)) => return Tried::Held(transaction),
+            Ok((true, _)) => Tried::Committed,
             Ok((false, false)) => Tried::Busy,
             Err(error) => Tried::Failed(error),
         };
         // A failed statement may have ended the transaction; a rollback that fails
         // changes nothing here.
         let _ = transaction.rollback().await;
-        Ok(tried)
+        tried
     }
 
     /// MySQL 8: a transaction with the key's record inserted in flight, or the insert's

@@ -28,8 +28,8 @@ mod statements;
 use notices::{Notices, SAFETY_POLL};
 use statements::Statements;
 pub(crate) use statements::{
-    finalize_quietly_statement, finalize_statement, insert_completed_statement,
-    insert_in_flight_statement, record_of_key_statement, reserve_lock_statement,
+    begin_locking_statement, finalize_quietly_statement, finalize_statement,
+    insert_completed_statement, insert_in_flight_statement, look_under_lock_statement,
     scope_usage_statement,
 };
 

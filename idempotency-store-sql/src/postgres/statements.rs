@@ -76,7 +76,7 @@ impl Statements {
             // written, so a replay is a read. An expired row comes back flagged and is
             // replaced by `replace_expired`. A key without a row is inserted only if its
             // advisory lock ($9) is free: a one-commit owner holds it while its record is
-            // not written yet (see `reserve_lock_statement`); the answer is then one row
+            // not written yet (see `begin_locking_statement`); the answer is then one row
             // flagged `busy`.
             reserve: format!(
                 "WITH clock AS MATERIALIZED (SELECT {NOW_MS} AS now_ms),
@@ -202,34 +202,37 @@ pub(crate) fn finalize_quietly_statement(table: &TableName) -> String {
     Statements::new(table).finalize_quietly
 }
 
-/// The one-commit path's reservation ([`OneCommitStore`](crate::OneCommitStore)): takes
-/// the key's advisory lock for the transaction, unless a record holds the key. Nothing is
-/// written: the record is inserted once, finished, by [`insert_completed_statement`] in
-/// the same transaction. `committed`: a record (live or expired) holds the key; `locked`:
-/// the lock is this transaction's (not: another transaction holds it, a duplicate of a
-/// running request). A replay never takes the lock, so replays never wait on each other.
-/// Parameters: scope, key, the record's lock.
-pub(crate) fn reserve_lock_statement(table: &TableName) -> String {
+/// The one-commit path's `BEGIN`, which tries the key's advisory lock (`lock_key`) in the
+/// same round trip and notes, for the transaction, the lock it took: the key's
+/// (`lock_key` as text) or none (`''`). The lock key is a number the store computed, never
+/// client text.
+pub(crate) fn begin_locking_statement(lock_key: i64) -> String {
     format!(
-        "WITH existing AS MATERIALIZED (
-             SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text
-         )
-         SELECT EXISTS (SELECT 1 FROM existing) AS committed,
-                CASE WHEN EXISTS (SELECT 1 FROM existing) THEN FALSE
-                     ELSE pg_try_advisory_xact_lock($3::bigint) END AS locked"
+        "BEGIN; SELECT set_config('{KEY_LOCKED}', \
+         CASE WHEN pg_try_advisory_xact_lock({lock_key}) THEN '{lock_key}' ELSE '' END, TRUE)"
     )
 }
 
-/// The one-commit path's second look at a key, once [`reserve_lock_statement`] took its
-/// lock: in PostgreSQL's default isolation a statement sees the table as it was when the
-/// statement began, so a record committed by the lock's previous holder while the lock
-/// statement ran is only seen by a later statement. Parameters: scope, key.
-pub(crate) fn record_of_key_statement(table: &TableName) -> String {
-    format!("SELECT 1 FROM \"{table}\" WHERE scope = $1::text AND idempotency_key = $2::text")
+/// The transaction-local setting in which [`begin_locking_statement`] notes the lock it
+/// took.
+const KEY_LOCKED: &str = "idempotency.key_locked";
+
+/// The one-commit path's look at a key once its transaction began with
+/// [`begin_locking_statement`]: whether a record holds the key (`committed`), and whether
+/// this transaction holds the key's lock (`locked`). A statement sees the table as it was
+/// when the statement began, so only a statement after the lock was taken sees a record
+/// that the lock's previous holder committed as it let the lock go. Parameters: scope,
+/// key, lock key.
+pub(crate) fn look_under_lock_statement(table: &TableName) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM \"{table}\"
+                        WHERE scope = $1::text AND idempotency_key = $2::text) AS committed,
+                COALESCE(current_setting('{KEY_LOCKED}', TRUE), '') = $3::bigint::text AS locked"
+    )
 }
 
 /// The one-commit path's record, inserted finished in the handler's transaction under the
-/// key's advisory lock (see [`reserve_lock_statement`]); an expired record is replaced,
+/// key's advisory lock (see [`begin_locking_statement`]); an expired record is replaced,
 /// and a live one (committed by another store since the lock was taken) is left alone:
 /// no row inserted. Bound as the SQLite statement of the same name is.
 pub(crate) fn insert_completed_statement(table: &TableName) -> String {
