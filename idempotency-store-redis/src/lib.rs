@@ -87,7 +87,10 @@
 //! announces on a shard channel of that slot too), so it runs on a cluster as on a
 //! single server. "Now" is the server's `TIME`, read inside
 //! the script; the client's clock is never used, so clock skew between replicas cannot
-//! cause a double execution. A lease or an expiry ending at `t` is over at `t`. The
+//! cause a double execution. A lease or an expiry ending at `t` is over at `t`: the
+//! server deletes a record's key as its expiry begins (`PEXPIREAT` one millisecond
+//! before, since Redis keeps a key through its expiry's millisecond), so a finished
+//! record that is there is live, and a replay reads no clock. The
 //! scripts are sent by SHA-1 (`EVALSHA`); a server that does not know one yet (first
 //! use, after a restart or a failover) gets it once with `EVAL`. [`RedisStore::script`]
 //! shows each script.
@@ -95,8 +98,8 @@
 //! - **reserve**: if a live record holds the key, return it whole (so a replay is one
 //!   round trip). Otherwise (absent, or expired but not yet dropped) write a fresh
 //!   in-flight record: lease until `now + lease`, expiry at `now + max(lifetime, lease)`
-//!   (a record in flight under a live lease never expires), and `PEXPIREAT` at that
-//!   expiry, so the server deletes the record by itself when its life ends.
+//!   (a record in flight under a live lease never expires), and `PEXPIREAT` as that
+//!   expiry begins, so the server deletes the record by itself when its life ends.
 //! - **load**: the live record, with `lease_lapsed` decided by the server's clock.
 //! - **renew**, **finalize**, **release**, **take over** are fenced: they act only if the
 //!   record exists, has not expired, is in flight and holds the given token (an owner

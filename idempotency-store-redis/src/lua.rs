@@ -8,9 +8,10 @@ pub(crate) const PRELUDE: &str = r#"
 -- Shared by every script of idempotency-store-redis (prepended to each one).
 --
 -- A record is one hash at KEYS[1]. Times are epoch milliseconds by this server's clock;
--- a lease or an expiry that ends at t is over at t. Fencing tokens are decimal strings
--- and are only ever compared as strings: Lua numbers are doubles and would round a
--- 63-bit token.
+-- a lease or an expiry that ends at t is over at t. The server deletes a record's key as
+-- its expiry begins (`expire_at`), so a record that is there has not expired. Fencing
+-- tokens are decimal strings and are only ever compared as strings: Lua numbers are
+-- doubles and would round a 63-bit token.
 
 -- Redis 6 needs this before a write that follows TIME; Redis 7+ and Valkey always
 -- replicate a script's effects, and keep the call as a no-op.
@@ -18,12 +19,25 @@ if redis.replicate_commands then
     redis.replicate_commands()
 end
 
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+-- The server's clock, read when a script first needs it: a replay never does.
+local now_ms
+local function now()
+    if not now_ms then
+        local clock = redis.call('TIME')
+        now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    end
+    return now_ms
+end
 
 -- Integers go to Redis as plain digits, never in exponent notation.
 local function digits(number)
     return string.format('%d', number)
+end
+
+-- Has the server delete the record's key as its expiry at `expires_at` begins: Redis
+-- keeps a key through the millisecond its time is set to, and a record expires at it.
+local function expire_at(key, expires_at)
+    redis.call('PEXPIREAT', key, digits(expires_at - 1))
 end
 
 -- The record's small fields, when `token` owns it: it exists, has not expired, is in
@@ -31,7 +45,7 @@ end
 local function owned_by(key, token)
     local record = redis.call('HMGET', key,
         'expires_at_ms', 'fencing_token', 'response_status', 'lease_expires_at_ms')
-    if record[1] and now < tonumber(record[1]) and not record[3] and record[2] == token then
+    if record[1] and now() < tonumber(record[1]) and not record[3] and record[2] == token then
         return record
     end
     return nil
@@ -79,7 +93,7 @@ end
 -- Stops counting up to `limit` records that expired (the server deleted them by
 -- itself); answers whether more may be left.
 local function prune(limit)
-    local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', digits(now),
+    local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', digits(now()),
         'LIMIT', 0, limit)
     for _, member in ipairs(expired) do
         forget(member)
@@ -100,11 +114,11 @@ end
 -- expires, so the expiry (the field and the key's TTL) moves out to the lease's end when
 -- the lease would outlive it.
 local function lease_for(key, expires_at, lease_ms)
-    local lease_end = now + lease_ms
+    local lease_end = now() + lease_ms
     redis.call('HSET', key, 'lease_expires_at_ms', digits(lease_end))
     if lease_end > expires_at then
         redis.call('HSET', key, 'expires_at_ms', digits(lease_end))
-        redis.call('PEXPIREAT', key, digits(lease_end))
+        expire_at(key, lease_end)
         if accounted then
             redis.call('ZADD', KEYS[2], 'XX', digits(lease_end), key)
             keep_accounting()
@@ -119,29 +133,36 @@ local function operator_view(key)
     local record = redis.call('HMGET', key,
         'expires_at_ms', 'created_at_ms', 'lease_expires_at_ms', 'response_status',
         'method', 'path', 'body_sha256')
-    if not record[1] or now >= tonumber(record[1]) then
+    if not record[1] or now() >= tonumber(record[1]) then
         return false
     end
     return {record[2], record[1], record[3], record[4], record[5], record[6], record[7],
-            digits(now)}
+            digits(now())}
 end
 
 -- What `load` and a conflicting `reserve` answer: the live record, or false if there is
--- none. Reads the response body only when the record has one.
+-- none. Reads the response body only when the record has one. A finished record that is
+-- there is live (its key goes as it expires), and is answered without the clock; one in
+-- flight reads its expiry and lease against it.
 local function live_record(key)
     local record = redis.call('HMGET', key,
-        'expires_at_ms', 'fencing_token', 'lease_expires_at_ms', 'response_status',
-        'method', 'path', 'body_sha256', 'response_headers', 'response_body',
-        'response_trailers')
-    if not record[1] or now >= tonumber(record[1]) then
+        'fencing_token', 'response_status', 'method', 'path', 'body_sha256',
+        'response_headers', 'response_body', 'response_trailers')
+    if not record[1] then
         return false
     end
     local lapsed = 0
-    if not record[4] and now >= tonumber(record[3]) then
-        lapsed = 1
+    if not record[2] then
+        local times = redis.call('HMGET', key, 'expires_at_ms', 'lease_expires_at_ms')
+        if now() >= tonumber(times[1]) then
+            return false
+        end
+        if now() >= tonumber(times[2]) then
+            lapsed = 1
+        end
     end
-    return {record[2], lapsed, record[5], record[6], record[7],
-            record[4], record[8], record[9], record[10]}
+    return {record[1], lapsed, record[3], record[4], record[5],
+            record[2], record[6], record[7], record[8]}
 end
 "#;
 
@@ -170,7 +191,7 @@ if accounted then
     -- expired since (each is pruned once: the work is spread over the reservations).
     forget(key)
     local more = prune(64)
-    local records = redis.call('ZCOUNT', KEYS[2], '(' .. digits(now), '+inf')
+    local records = redis.call('ZCOUNT', KEYS[2], '(' .. digits(now()), '+inf')
     local bytes = tonumber(redis.call('HGET', KEYS[3], 'total') or '0')
     local max_records = tonumber(ARGV[7])
     local max_bytes = tonumber(ARGV[8])
@@ -182,25 +203,25 @@ if accounted then
     end
     if (max_records and records >= max_records) or (max_bytes and bytes >= max_bytes) then
         local wait = -1
-        local soonest = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. digits(now), '+inf',
+        local soonest = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. digits(now()), '+inf',
             'WITHSCORES', 'LIMIT', 0, 1)
         if soonest[2] then
-            wait = tonumber(soonest[2]) - now
+            wait = tonumber(soonest[2]) - now()
         end
         return {'over-quota', records, bytes, wait}
     end
 end
 -- An expired record that the server has not dropped yet counts as absent.
 redis.call('DEL', key)
-local expires_at = now + math.max(lifetime_ms, lease_ms)
+local expires_at = now() + math.max(lifetime_ms, lease_ms)
 redis.call('HSET', key,
     'method', ARGV[4], 'path', ARGV[5], 'body_sha256', ARGV[6],
     'fencing_token', ARGV[1],
-    'created_at_ms', digits(now),
+    'created_at_ms', digits(now()),
     'expires_at_ms', digits(expires_at),
-    'lease_expires_at_ms', digits(now + lease_ms))
+    'lease_expires_at_ms', digits(now() + lease_ms))
 -- At its expiry the server deletes the record by itself (immediately, if that is now).
-redis.call('PEXPIREAT', key, digits(expires_at))
+expire_at(key, expires_at)
 if accounted then
     redis.call('ZADD', KEYS[2], digits(expires_at), key)
     redis.call('HSET', KEYS[3], key, ARGV[9])
@@ -278,7 +299,7 @@ if owned_by(KEYS[1], ARGV[2]) then
     return 1
 end
 local record = owned_by(KEYS[1], ARGV[1])
-if not record or now < tonumber(record[4]) then
+if not record or now() < tonumber(record[4]) then
     return 0
 end
 redis.call('HSET', KEYS[1], 'fencing_token', ARGV[2])

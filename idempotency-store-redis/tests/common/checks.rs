@@ -82,6 +82,20 @@ pub async fn expiry_is_native(store: &RedisStore) {
         kept <= ttl && kept > 88_000,
         "finalize changed the TTL to {kept}"
     );
+    // The key goes as the record expires: Redis keeps a key through the millisecond its
+    // expiry is set to, and a record has expired at its `expires_at_ms`. A replay reads
+    // no clock, so the key's own expiry is what ends it.
+    let expires_at: i64 = connection.hget(&key, "expires_at_ms").await.unwrap();
+    let key_expires_at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(
+        key_expires_at,
+        expires_at - 1,
+        "the key must expire as the record does"
+    );
 
     let short = super::id();
     let short_key = store.record_key(&short);
