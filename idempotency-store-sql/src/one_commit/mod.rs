@@ -219,6 +219,9 @@ struct Statements {
     /// PostgreSQL (only): the reservation's look at the key once its transaction began
     /// with the key's lock (see [`crate::postgres::look_under_lock_statement`]).
     look_under_lock: Option<Arc<str>>,
+    /// PostgreSQL (only): the reservation's `BEGIN`, which tries the key's lock (see
+    /// [`crate::postgres::begin_locking_statement`]), given the lock key.
+    begin_locking: Option<fn(i64) -> String>,
     /// MySQL/MariaDB (only): a duplicate's wait for the owner's uncommitted row (see
     /// `crate::mysql::owners_row_statement`).
     owners_row: Option<Arc<str>>,
@@ -261,6 +264,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::Postgres,
                 Statements {
                     look_under_lock: Some(crate::postgres::look_under_lock_statement(table).into()),
+                    begin_locking: Some(crate::postgres::begin_locking_statement),
                     owners_row: None,
                     insert_in_flight: crate::postgres::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::postgres::insert_completed_statement(table)),
@@ -273,6 +277,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::MySql,
                 Statements {
                     look_under_lock: None,
+                    begin_locking: None,
                     owners_row: Some(crate::mysql::owners_row_statement(table).into()),
                     insert_in_flight: crate::mysql::insert_in_flight_statement(table).into(),
                     insert_completed: None,
@@ -285,6 +290,7 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
                 Dialect::Sqlite,
                 Statements {
                     look_under_lock: None,
+                    begin_locking: None,
                     owners_row: None,
                     insert_in_flight: crate::sqlite::insert_in_flight_statement(table).into(),
                     insert_completed: Some(crate::sqlite::insert_completed_statement(table)),

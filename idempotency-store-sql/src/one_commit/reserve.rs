@@ -66,7 +66,11 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
         let room = self.room().await?;
         let record = NewRecord::new(id, binding, token, lease, lifetime);
         let reserving = Reserving {
-            look_under_lock: self.sql.look_under_lock.clone(),
+            lock: self
+                .sql
+                .begin_locking
+                .map(|begin| begin(self.table.record_lock_key(id)))
+                .zip(self.sql.look_under_lock.clone()),
             lock_key: self.table.record_lock_key(id),
             begin_reserved: self.reserve_begin_statement(&record),
             insert: self.sql.insert_in_flight.clone(),
@@ -182,9 +186,9 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
 /// One reservation in a transaction, with everything it needs owned, so that it runs on
 /// a task of its own.
 struct Reserving {
-    /// PostgreSQL (only): the look at the key in the transaction that began with its
-    /// lock.
-    look_under_lock: Option<Arc<str>>,
+    /// PostgreSQL (only): the `BEGIN` that tries the key's lock, and the look at the key
+    /// in the transaction it opened.
+    lock: Option<(String, Arc<str>)>,
     /// PostgreSQL: the key's lock.
     lock_key: i64,
     /// MariaDB (only): the reservation, sent as the transaction's `BEGIN` (see
@@ -220,8 +224,8 @@ impl Reserving {
         room: OwnedSemaphorePermit,
     ) -> Result<Attempt<DB>, StoreError> {
         for _ in 0..MAX_DEADLOCK_RETRIES {
-            let tried = match (&self.look_under_lock, &self.begin_reserved) {
-                (Some(look), _) => self.lock_key(pool, look).await,
+            let tried = match (&self.lock, &self.begin_reserved) {
+                (Some((begin, look)), _) => self.lock_key(pool, begin, look).await,
                 // One round trip: `BEGIN` and the insert. A failure leaves the
                 // connection outside any transaction.
                 (None, Some(begin)) => match pool.begin_with(begin.clone()).await {
@@ -251,9 +255,13 @@ impl Reserving {
     /// another transaction holds the key. Two round trips: the `BEGIN` that tries the
     /// lock, then a look at the key that sees every record committed before the lock was
     /// taken.
-    async fn lock_key<DB: RecordDatabase>(&self, pool: &Pool<DB>, look: &str) -> Tried<DB> {
-        let begin = crate::postgres::begin_locking_statement(self.lock_key);
-        let mut transaction = match pool.begin_with(begin).await {
+    async fn lock_key<DB: RecordDatabase>(
+        &self,
+        pool: &Pool<DB>,
+        begin: &str,
+        look: &str,
+    ) -> Tried<DB> {
+        let mut transaction = match pool.begin_with(begin.to_owned()).await {
             Ok(transaction) => transaction,
             Err(error) => return Tried::Failed(error),
         };
