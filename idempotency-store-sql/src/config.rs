@@ -8,7 +8,7 @@ use std::sync::Arc;
 use idempotency_core::FullStore;
 use idempotency_core::config::{ConfigError, IdempotencyConfig};
 
-use crate::common::{PoolSettings, SynchronousReplication};
+use crate::pool_settings::{PoolSettings, SynchronousReplication};
 use crate::properties::{
     DATABASE_PASSWORD, DATABASE_POOL_SIZE, DATABASE_SYNCHRONOUS_REPLICATION, DATABASE_URL,
     DATABASE_USER, KEYS, STORE_TYPE,

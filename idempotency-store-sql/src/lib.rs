@@ -231,6 +231,7 @@ mod mysql;
     allow(dead_code)
 )]
 mod one_commit;
+mod pool_settings;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub mod properties;
@@ -243,7 +244,7 @@ mod table;
 mod transactions;
 
 pub use commit_outcome::{CommitError, OUTCOME_CHECK_FOR};
-pub use common::{Operation, PoolSettings, SynchronousReplication, UnknownSynchronousReplication};
+pub use common::Operation;
 // For the benchmarks, which bind the stores' statements through the stores' own
 // `reserve_query` and `finalize_query`; not part of the API.
 #[doc(hidden)]
@@ -253,6 +254,7 @@ pub use in_transaction::FinalizeError;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
 pub use one_commit::{OneCommitStore, Reservations, WriteTransaction};
+pub use pool_settings::{PoolSettings, SynchronousReplication, UnknownSynchronousReplication};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use record_database::RecordDatabase;

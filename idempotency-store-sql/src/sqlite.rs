@@ -12,9 +12,10 @@ use idempotency_core::{
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
 use crate::common::{
-    EncodedAnswer, Operation, PoolSettings, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord,
-    backend, evict_as_read, new_token_other_than, ownership, row_bytes,
+    EncodedAnswer, Operation, REPLACE_WITH_EXCLUDED, RawInspection, RawRecord, backend,
+    evict_as_read, new_token_other_than, ownership, row_bytes,
 };
+use crate::pool_settings::PoolSettings;
 use crate::table::{InvalidTableName, TableName};
 
 mod writer;

@@ -7,8 +7,8 @@ use std::borrow::Cow;
 use idempotency_core::StoreError;
 use sqlx::postgres::PgPool;
 
-use crate::common::SynchronousReplication;
 use crate::common::backend;
+use crate::pool_settings::SynchronousReplication;
 
 /// The PostgreSQL URL parameter that sets [`PoolSettings::synchronous_replication`]
 /// (`postgres://…?synchronous-replication=require`); the store takes it out of the URL

@@ -14,9 +14,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPool, MySqlRow};
 use tokio::sync::OnceCell;
 
 use crate::common::{
-    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, backend,
-    evict_as_read, millis, new_token_other_than, ownership,
+    EncodedAnswer, MAX_ATTEMPTS, Operation, RawInspection, RawRecord, backend, evict_as_read,
+    millis, new_token_other_than, ownership,
 };
+use crate::pool_settings::PoolSettings;
 use crate::table::{InvalidTableName, TableName};
 
 mod reserve;

@@ -13,12 +13,11 @@ use sqlx::{FromRow, Row};
 use tokio::sync::{OnceCell, broadcast};
 use tokio::time::Instant;
 
-use crate::common::SynchronousReplication;
 use crate::common::{
-    EncodedAnswer, MAX_ATTEMPTS, Operation, PoolSettings, RawInspection, RawRecord, ScopeUsage,
-    backend, evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership,
-    too_many_races,
+    EncodedAnswer, MAX_ATTEMPTS, Operation, RawInspection, RawRecord, ScopeUsage, backend,
+    evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership, too_many_races,
 };
+use crate::pool_settings::{PoolSettings, SynchronousReplication};
 use crate::synchronous;
 use crate::table::{InvalidTableName, TableName};
 
