@@ -41,6 +41,36 @@ pub(crate) fn millis(duration: Duration) -> i64 {
     ms as i64
 }
 
+/// A statement that reserves (the reserve, or the replacement of an expired record) with
+/// its first eight parameters, in the order PostgreSQL's and SQLite's statements take
+/// them: scope, key, method, path, body hash, token, lease, lifetime.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn reservation_query<'q, DB>(
+    sql: &'q str,
+    id: &'q idempotency_core::RecordId,
+    binding: &'q Binding,
+    token: FencingToken,
+    lease: Duration,
+    lifetime: Duration,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+where
+    DB: sqlx::Database,
+    &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    sqlx::query(sql)
+        .bind(id.scope.as_str())
+        .bind(id.key.as_str())
+        .bind(binding.method.as_str())
+        .bind(binding.path.as_str())
+        .bind(&binding.body_sha256[..])
+        .bind(token.0)
+        .bind(millis(lease))
+        // In flight under a live lease, a record never expires.
+        .bind(millis(lifetime.max(lease)))
+}
+
 /// A fresh fencing token: 64 random bits, so that a token is never reused across
 /// release / re-reserve cycles, on any node.
 pub(crate) fn new_token() -> FencingToken {

@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use crate::common::{
     EncodedAnswer, MAX_ATTEMPTS, Operation, RawInspection, RawRecord, ScopeUsage, backend,
-    evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership, too_many_races,
+    evict_as_read, millis, new_token, new_token_other_than, notice_for, ownership,
+    reservation_query, too_many_races,
 };
 use crate::pool_settings::{PoolSettings, SynchronousReplication};
 use crate::synchronous;
@@ -33,28 +34,6 @@ pub(crate) use statements::{
 };
 
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
-
-/// A statement that reserves (the reserve, or the replacement of an expired record) with
-/// its first eight parameters: scope, key, method, path, body hash, token, lease, lifetime.
-fn record_query<'q>(
-    sql: &'q str,
-    id: &'q RecordId,
-    binding: &'q Binding,
-    token: FencingToken,
-    lease: Duration,
-    lifetime: Duration,
-) -> PgQuery<'q> {
-    sqlx::query(sql)
-        .bind(&id.scope)
-        .bind(&id.key)
-        .bind(&binding.method)
-        .bind(&binding.path)
-        .bind(&binding.body_sha256[..])
-        .bind(token.0)
-        .bind(millis(lease))
-        // In flight under a live lease, a record never expires.
-        .bind(millis(lifetime.max(lease)))
-}
 
 /// An [`IdempotencyStore`] on PostgreSQL (12 or later). Cheap to clone: clones share the
 /// pool.
@@ -223,7 +202,7 @@ impl PostgresStore {
         lease: Duration,
         lifetime: Duration,
     ) -> PgQuery<'q> {
-        record_query(&self.sql.reserve, id, binding, token, lease, lifetime)
+        reservation_query(&self.sql.reserve, id, binding, token, lease, lifetime)
             .bind(self.table.record_lock_key(id))
     }
 
@@ -255,7 +234,7 @@ impl PostgresStore {
                 // An expired record counts as absent: replace it, unless another request
                 // replaced (or purge removed) it first, in which case look again.
                 Some(row) if row.try_get::<bool, _>("expired").map_err(backend)? => {
-                    let replaced = record_query(
+                    let replaced = reservation_query(
                         &self.sql.replace_expired,
                         id,
                         binding,

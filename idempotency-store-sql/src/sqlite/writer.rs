@@ -23,7 +23,8 @@ use tokio::sync::{Mutex as AsyncMutex, mpsc, oneshot};
 
 use super::{SqliteQuery, Statements};
 use crate::common::{
-    EncodedAnswer, MAX_ATTEMPTS, RawRecord, ScopeUsage, backend, millis, new_token, too_many_races,
+    EncodedAnswer, MAX_ATTEMPTS, RawRecord, ScopeUsage, backend, millis, new_token,
+    reservation_query, too_many_races,
 };
 
 /// The most writes committed in one transaction. Every write in a batch waits for the
@@ -123,29 +124,7 @@ pub(super) fn reserve_query<'q>(
     lease: Duration,
     lifetime: Duration,
 ) -> SqliteQuery<'q> {
-    record_query(&sql.reserve, id, binding, token, lease, lifetime)
-}
-
-/// A statement that reserves (the reserve, or the replacement of an expired record) with
-/// its parameters: scope, key, method, path, body hash, token, lease, lifetime.
-fn record_query<'q>(
-    sql: &'q str,
-    id: &'q RecordId,
-    binding: &'q Binding,
-    token: FencingToken,
-    lease: Duration,
-    lifetime: Duration,
-) -> SqliteQuery<'q> {
-    sqlx::query(sql)
-        .bind(&id.scope)
-        .bind(&id.key)
-        .bind(&binding.method)
-        .bind(&binding.path)
-        .bind(&binding.body_sha256[..])
-        .bind(token.0)
-        .bind(millis(lease))
-        // In flight under a live lease, a record never expires.
-        .bind(millis(lifetime.max(lease)))
+    reservation_query(&sql.reserve, id, binding, token, lease, lifetime)
 }
 
 /// A statement whose first three parameters are the record id and a token.
@@ -453,7 +432,7 @@ async fn reserve(
         if expires_at_ms > raw.now_ms {
             return Ok(Reservation::Exists(raw.into_record()?));
         }
-        let replaced = record_query(&sql.replace_expired, id, binding, token, lease, lifetime)
+        let replaced = reservation_query(&sql.replace_expired, id, binding, token, lease, lifetime)
             .execute(&mut *connection)
             .await
             .map_err(backend)?;
