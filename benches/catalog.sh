@@ -12,6 +12,7 @@
 #   benches/catalog.sh "sqlite postgres" two-commit      # records reserved in a commit of their own
 #   CATALOG_BIN=/tmp/catalog-before benches/catalog.sh postgres   # another build (e.g. another commit's)
 #   SMOKE=1 CATALOG_BIN=target/debug/iceberg-catalog benches/catalog.sh   # CI's smoke run
+#   PREFILL_RECORDS=1000000 benches/catalog.sh     # a records table that already holds 1M live records
 #
 # SMOKE=1: one 1 s round at 16 connections (ROUNDS, SECONDS_PER_ROUND and CONNECTIONS
 # still apply), figures not worth reading, and a failed request fails the script.
@@ -112,10 +113,38 @@ start_catalog() {
     sleep 0.2
   done
   curl -sf -X POST "http://127.0.0.1:$port/v1/namespaces" -d '{"namespace":["bench"]}' >/dev/null
+  [ "${PREFILL_RECORDS:-0}" -gt 0 ] && prefill "$database" "$PREFILL_RECORDS"
   for t in $(seq 0 63); do
     curl -sf -X POST "http://127.0.0.1:$port/v1/namespaces/bench/tables" \
       -d "{\"name\":\"t$t\",\"schema\":{\"type\":\"struct\",\"schema-id\":0,\"fields\":[{\"id\":1,\"name\":\"id\",\"required\":true,\"type\":\"long\"}]}}" >/dev/null
   done
+}
+
+# prefill URL N: N live finished records (another scope's, expiring in an hour) in the
+# catalog's records table, so that every lookup searches a table of that size.
+prefill() {
+  local now_ms=$(( $(date +%s) * 1000 ))
+  # scope, key, method, path, body hash, token, created, expires, lease, status, headers,
+  # body, trailers; `$bytes` is a database's empty byte string.
+  local columns="'prefill', 'key-' || g, 'POST', '/v1/namespaces', \$bytes, g, $now_ms,
+    $now_ms + 3600000, $now_ms, 200, \$bytes, \$bytes, NULL"
+  case "$1" in
+    postgres*)
+      psql "$1" -qc "INSERT INTO idempotency_records
+        SELECT ${columns//\$bytes/\'\'::bytea} FROM generate_series(1, $2) AS g;
+        ANALYZE idempotency_records" >&2 ;;
+    sqlite*)
+      python3 - "$work/catalog.db" "$2" "SELECT ${columns//\$bytes/X\'\'} FROM n" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], timeout=30)
+db.execute(f"""INSERT INTO idempotency_records
+  WITH RECURSIVE n(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM n WHERE g < {int(sys.argv[2])})
+  {sys.argv[3]}""")
+db.commit()
+PY
+      ;;
+  esac
+  echo "prefilled $2 records" >&2
 }
 
 stop_catalog() {

@@ -64,7 +64,7 @@ if [ "${1:-}" = --smoke ]; then
     # (Its records-in-Redis and --two-commit forms start the same catalog with the flags
     # statement-counts.py runs below.)
     smoke "benches/catalog.sh"
-    SMOKE=1 CATALOG_BIN="$catalog" benches/catalog.sh "sqlite postgres" | "$check" --tables 1
+    SMOKE=1 PREFILL_RECORDS=1000 CATALOG_BIN="$catalog" benches/catalog.sh "sqlite postgres" | "$check" --tables 1
     smoke "benches/catalog-snapshots.sh"
     SMOKE=1 CATALOG_BIN="$catalog" benches/catalog-snapshots.sh | "$check" --tables 1
     for db in sqlite postgres; do
