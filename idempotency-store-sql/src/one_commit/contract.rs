@@ -26,17 +26,9 @@ impl<DB: RecordDatabase> IdempotencyStore for OneCommitStore<DB> {
         lease: Duration,
         lifetime: Duration,
     ) -> Result<Reservation, StoreError> {
-        // PostgreSQL: a key that a live record holds is answered from one read, outside
-        // any transaction and before any quota (a replay is one statement); only a key
-        // without one begins the transaction that takes its lock. MariaDB's reservation
-        // rides in its `BEGIN`: a read first would add a round trip to every first
-        // execution.
-        if self.reservations == Reservations::Uncommitted
-            && self.dialect == Dialect::Postgres
-            && let Some(record) = self.records.load(id).await?
-        {
-            return Ok(Reservation::Exists(record));
-        }
+        // No read of the key comes first, though it would answer a replay in one
+        // statement: it costs every first execution a round trip and a pool acquire, and
+        // first executions are the many (DESIGN.md, "The one-commit path").
         let _checked = match &self.quota {
             Some(quota) => Some(self.within_quota(quota, id).await?),
             None => None,

@@ -50,9 +50,8 @@ const MAX_DEADLOCK_RETRIES: usize = 3;
 /// The layer's reservation opens a transaction on the pool the handler writes with (a
 /// `PgPool`, `MySqlPool` or `SqlitePool`, or an `AnyPool` on any of them: see
 /// [`RecordDatabase`]) and holds the key in it: on PostgreSQL it takes the key's
-/// transaction-scoped advisory lock (after finding no record under the key, in a read
-/// outside any transaction that is all a replay costs), on
-/// MySQL/MariaDB it inserts the in-flight record, uncommitted (MariaDB in the round trip
+/// transaction-scoped advisory lock in the `BEGIN`'s round trip, then looks the key up
+/// once, on MySQL/MariaDB it inserts the in-flight record, uncommitted (MariaDB in the round trip
 /// that opens the transaction). The handler takes that
 /// transaction (its `Tx`), writes its mutation, hands its answer over (`Tx::commit`:
 /// PostgreSQL inserts the record finished, once — one row, as the mutation's own;
