@@ -124,17 +124,19 @@ start_catalog() {
 # catalog's records table, so that every lookup searches a table of that size.
 prefill() {
   local now_ms=$(( $(date +%s) * 1000 ))
-  # scope, key, method, path, body hash, token, created, expires, lease, status, headers,
-  # body, trailers; `$bytes` is a database's empty byte string.
-  local columns="'prefill', 'key-' || g, 'POST', '/v1/namespaces', \$bytes, g, $now_ms,
-    $now_ms + 3600000, $now_ms, 200, \$bytes, \$bytes, NULL"
+  # A row per g: scope, key, method, path, body hash, token, created, expires, lease,
+  # status, headers, body, trailers; $1 is the database's empty byte string.
+  row() {
+    echo "'prefill', 'key-' || g, 'POST', '/v1/namespaces', $1, g, $now_ms,
+      $now_ms + 3600000, $now_ms, 200, $1, $1, NULL"
+  }
   case "$1" in
     postgres*)
       psql "$1" -qc "INSERT INTO idempotency_records
-        SELECT ${columns//\$bytes/\'\'::bytea} FROM generate_series(1, $2) AS g;
+        SELECT $(row "''::bytea") FROM generate_series(1, $2) AS g;
         ANALYZE idempotency_records" >&2 ;;
     sqlite*)
-      python3 - "$work/catalog.db" "$2" "SELECT ${columns//\$bytes/X\'\'} FROM n" <<'PY'
+      python3 - "$work/catalog.db" "$2" "SELECT $(row "X''") FROM n" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1], timeout=30)
 db.execute(f"""INSERT INTO idempotency_records

@@ -65,13 +65,14 @@ impl<DB: RecordDatabase> OneCommitStore<DB> {
     ) -> Result<Attempt<DB>, StoreError> {
         let room = self.room().await?;
         let record = NewRecord::new(id, binding, token, lease, lifetime);
+        let lock_key = self.table.record_lock_key(id);
         let reserving = Reserving {
             lock: self
                 .sql
                 .begin_locking
-                .map(|begin| begin(self.table.record_lock_key(id)))
+                .map(|begin| begin(lock_key))
                 .zip(self.sql.look_under_lock.clone()),
-            lock_key: self.table.record_lock_key(id),
+            lock_key,
             begin_reserved: self.reserve_begin_statement(&record),
             insert: self.sql.insert_in_flight.clone(),
             id: id.clone(),
